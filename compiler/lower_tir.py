@@ -1,0 +1,366 @@
+"""High-level IR + tunable values -> TVMScript -> TIR PrimFunc (the DSL's kernel template).
+
+Tunables and vlen become constants, and so do the scalar parameters the caller fixes
+(`fixed`, e.g. a model's head_dim: loops over them get static trip counts and local arrays
+shaped by them stay on the stack). The other scalar parameters stay PrimFunc arguments
+and array parameters become buffers whose symbolic shapes TVM checks at call time.
+
+Workarounds for TVM 0.27 (see compiler/lower_vector.py for the `vector` loops): every
+loop is emitted zero-based and its variable is substituted as an expression, never
+let-bound (a loop whose start depends on an outer loop variable is mislowered, and a
+let-bound index into a local array breaks CompactBufferAllocation: "Buffer ... is used
+before its definition"); nested parallel loops are fused or run serially.
+"""
+
+from __future__ import annotations
+
+from sandwich.compiler import lower_vector as V
+from sandwich.dsl import ast as A
+from sandwich.dsl.errors import DSLError
+from sandwich.dsl.highlevel import ast as H
+from sandwich.dsl.highlevel.printer import print_expr
+from sandwich.dsl.interp import Interpreter
+from sandwich.dsl.space import constraints, require_valid
+
+_TVM = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "i32": "int32",
+        "i64": "int64", "bool": "bool"}
+_FUNCS = {"exp": "T.exp", "log": "T.log", "sqrt": "T.sqrt", "rsqrt": "T.rsqrt",
+          "tanh": "T.tanh", "sigmoid": "T.sigmoid", "sin": "T.sin", "cos": "T.cos",
+          "erf": "T.erf", "floor": "T.floor", "ceil": "T.ceil", "pow": "T.pow", "max": "T.max",
+          "min": "T.min", "abs": "T.abs", "select": "T.Select"}
+_LOOP = {"range": "range", "parallel": "T.parallel", "unroll": "T.unroll"}
+
+
+def _assigned(stmts, out: set[str]) -> set[str]:
+    """Names of scalars that are assigned after their declaration (they need a buffer)."""
+    for s in stmts:
+        if isinstance(s, A.Assign) and isinstance(s.target, A.Name):
+            out.add(s.target.id)
+        elif isinstance(s, A.Decl) and not s.shape and s.init is None:
+            out.add(s.name)
+        elif isinstance(s, A.If):
+            _assigned(s.then, out)
+            _assigned(s.orelse, out)
+        elif isinstance(s, H.For):
+            _assigned(s.body, out)
+    return out
+
+
+def _affine(start: str, index: str, step: str) -> str:
+    """start + index * step, without the no-op parts."""
+    scaled = index if step == "1" else f"{index} * {step}"
+    return f"({scaled})" if start == "0" else f"({start} + {scaled})"
+
+
+class _Emitter:
+    def __init__(self, kernel: H.Kernel, consts: dict, vlen: int) -> None:
+        self.consts, self.vlen = consts, vlen
+        self.types: dict[str, str] = {p.name: p.dtype for p in kernel.params}
+        self.mutable = _assigned(kernel.body, set())
+        self.boxed: set[str] = set()  # local scalars, held in 1-element arrays
+        self.lines: list[str] = []
+        self.fresh = 0
+        # user names end in "_" (so `T` or `range` cannot clash with TVMScript), and every
+        # local binding gets its own name: TVM wants each variable bound once
+        self.names = {p.name: p.name + "_" for p in kernel.params}
+        self.lanes: dict[str, str] = {}  # scalar -> its per-lane buffer, inside a vector loop
+        self.lane = ""  # the lane index inside a vector loop body
+        self.in_vector = False
+        self.parallel_depth = 0
+
+    def bind(self, name: str) -> str:
+        self.fresh += 1
+        self.names[name] = f"{name}_{self.fresh}_"
+        return self.names[name]
+
+    def line(self, depth: int, text: str) -> None:
+        self.lines.append("    " * depth + text)
+
+    def const(self, e) -> int | None:
+        """The value of an integer expression of constants only, else None."""
+        try:
+            v = Interpreter(dict(self.consts)).expr(e)
+        except Exception:  # a name that is not constant, a division by zero, ...
+            return None
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    def dtype(self, e) -> str:
+        """Just enough type inference to pick integer or float division."""
+        if isinstance(e, A.IntLit):
+            return "i32"
+        if isinstance(e, A.FloatLit):
+            return "f32"
+        if isinstance(e, A.BoolLit):
+            return "bool"
+        if isinstance(e, A.Name):
+            return self.types.get(e.id, "i32")
+        if isinstance(e, A.Index):
+            return self.types[e.array]
+        if isinstance(e, A.Cast):
+            return e.dtype
+        if isinstance(e, A.Binary) and e.op in ("<", "<=", ">", ">=", "==", "!=", "and", "or"):
+            return "bool"
+        parts = {A.Unary: lambda: [e.operand], A.Binary: lambda: [e.left, e.right],
+                 A.Call: lambda: list(e.args[-2:])}[type(e)]()
+        types = [self.dtype(p) for p in parts]
+        return next((t for t in types if t in ("f32", "bf16", "f16")), types[0])
+
+    def expr(self, e) -> str:
+        if isinstance(e, A.Name):
+            if e.id in self.consts:
+                v = self.consts[e.id]
+                return f"T.float32({v!r})" if isinstance(v, float) else str(v)
+            if e.id in self.lanes:
+                return f"{self.lanes[e.id]}[{self.lane}]"
+            name = self.names[e.id]
+            return f"{name}[0]" if e.id in self.boxed else name
+        if isinstance(e, A.IntLit):
+            return str(e.value)
+        if isinstance(e, A.FloatLit):
+            return f'T.float32("{e.value}")' if e.value == float("inf") else f"T.float32({e.value!r})"
+        if isinstance(e, A.BoolLit):
+            return f"T.bool({e.value})"
+        if isinstance(e, A.Index):
+            return f"{self.names[e.array]}[{', '.join(self.expr(i) for i in e.indices)}]"
+        if isinstance(e, A.Unary):
+            return f"T.Not({self.expr(e.operand)})" if e.op == "not" else f"(-{self.expr(e.operand)})"
+        if isinstance(e, A.Cast):
+            return f'T.Cast("{_TVM[e.dtype]}", {self.expr(e.value)})'
+        if isinstance(e, A.Call):
+            args = [self.expr(a) for a in e.args]
+            if e.func == "fma":
+                return f"({args[0]} * {args[1]} + {args[2]})"
+            if e.func == "exp" and self.in_vector and self.dtype(e) == "f32":
+                return V.fast_exp(args[0])
+            return f"{_FUNCS[e.func]}({', '.join(args)})"
+        a, b = self.expr(e.left), self.expr(e.right)
+        if e.op in ("and", "or"):
+            return f"T.{'And' if e.op == 'and' else 'Or'}({a}, {b})"
+        if e.op in ("/", "%") and self.dtype(e) in A.INT_DTYPES:
+            return f"T.floordiv({a}, {b})" if e.op == "/" else f"T.floormod({a}, {b})"
+        return f"({a} {e.op} {b})"
+
+    def block(self, stmts, depth: int) -> None:
+        if not stmts:
+            self.line(depth, "T.evaluate(0)")
+        for s in stmts:
+            self.stmt(s, depth)
+
+    def cast(self, dtype: str, e) -> str:
+        return f'T.Cast("{_TVM[dtype]}", {self.expr(e)})'
+
+    def alloc(self, depth: int, name: str, shape: str, dtype: str) -> None:
+        # "global" scope: TVM keeps small constant-size allocations on the stack (LLVM can
+        # then promote them to registers); "local" ones become heap workspace
+        self.line(depth, f'{name} = T.alloc_buffer(({shape},), "{_TVM[dtype]}", scope="global")')
+
+    def stmt(self, s, depth: int) -> None:
+        if isinstance(s, A.Decl):
+            self.types[s.name] = s.dtype
+            self.consts.pop(s.name, None)
+            if (not s.shape and s.name not in self.mutable and s.name not in self.lanes
+                    and s.dtype in A.INT_DTYPES and s.init is not None):
+                value = self.const(s.init)
+                if value is not None:  # e.g. `group = H / KVH` with H and KVH fixed
+                    self.consts[s.name] = value
+                    return
+            init = None if s.init is None else self.cast(s.dtype, s.init)
+            if s.name in self.lanes:  # a scalar inside a vector loop: one slot per lane
+                if init is not None:
+                    self.line(depth, f"{self.lanes[s.name]}[{self.lane}] = {init}")
+                return
+            # a scalar is a 1-element stack array, not a let binding: TVM 0.27 turns let
+            # variables into "local" arrays, which live on the heap (slow, and they alias)
+            shape = ", ".join(self.expr(d) for d in s.shape) if s.shape else "1"
+            name = self.bind(s.name)
+            self.boxed.add(s.name) if not s.shape else self.boxed.discard(s.name)
+            self.alloc(depth, name, shape, s.dtype)
+            if init is not None:
+                self.line(depth, f"{name}[0] = {init}")
+        elif isinstance(s, A.Assign):
+            target = self.expr(s.target)
+            value = self.expr(s.value)
+            if s.op != "=":
+                value = f"({target} {s.op[0]} {value})"
+            self.line(depth, f"{target} = {value}")
+        elif isinstance(s, A.Assert):
+            text = print_expr(s.cond).replace('"', "'")
+            self.line(depth, f'assert {self.expr(s.cond)}, "kernel requirement failed: {text}"')
+        elif isinstance(s, A.If):
+            self.line(depth, f"if {self.expr(s.cond)}:")
+            self.block(s.then, depth + 1)
+            if s.orelse:
+                self.line(depth, "else:")
+                self.block(s.orelse, depth + 1)
+        elif isinstance(s, H.For):
+            self.loop(s, depth)
+
+    def trips(self, s: H.For) -> tuple[str, int | None]:
+        """Trip count of a loop as TVMScript, and its value when it is a constant."""
+        n = self.const(A.Binary("-", s.stop, s.start))
+        step = self.const(s.step)
+        if n is not None and step is not None and step > 0:
+            c = max(0, -(-n // step))
+            return str(c), c
+        start, stop, step_s = self.expr(s.start), self.expr(s.stop), self.expr(s.step)
+        diff = f"({stop}) - ({start})" if start != "0" else f"({stop})"
+        count = f"T.ceildiv({diff}, {step_s})" if step_s != "1" else diff
+        return f"T.max({count}, 0)", None
+
+    def loop(self, s: H.For, depth: int) -> None:
+        self.types[s.var] = "i32"
+        trips, const_trips = self.trips(s)
+        start, step = self.expr(s.start), self.expr(s.step)
+        self.fresh += 1
+        u = f"t{self.fresh}"
+        inner = s.body[0] if len(s.body) == 1 else None
+        if (s.kind == "parallel" and isinstance(inner, H.For) and inner.kind == "parallel"
+                and s.var not in set(V.names_in(inner.start, inner.stop, inner.step))):
+            self.fused(s, inner, u, start, step, trips, depth)
+            return
+        reds = V.reductions(s) if s.kind == "vector" else None
+        if reds is None:
+            kind = _LOOP.get(s.kind, "range")
+            if s.kind == "unroll" and const_trips is None:
+                kind = "range"  # TVM unrolls only constant trip counts
+            if s.kind == "parallel" and self.parallel_depth:
+                kind = "range"  # TVM's thread pool does not nest parallel loops
+            self.parallel_depth += s.kind == "parallel"
+            self.line(depth, f"for {u} in {kind}({trips}):")
+            self.names[s.var] = _affine(start, u, step)
+            self.block(s.body, depth + 1)
+            self.parallel_depth -= s.kind == "parallel"
+            return
+        self.vector(s, reds, u, start, step, trips, const_trips, depth)
+
+    def vector(self, s, reds, u, start, step, trips, const_trips, depth: int) -> None:
+        """Full vlen-wide chunks in a T.vectorized loop, then the tail as a serial loop."""
+        vl = self.vlen
+        saved = dict(self.lanes), self.lane, self.in_vector
+        parts = {}
+        for r in reds:
+            dtype = self.types.get(r.name, "f32")
+            parts[r.name] = buf = f"{r.name}_{u}_part"
+            self.alloc(depth, buf, str(vl), dtype)
+            self.line(depth, f"for {u}z in T.vectorized({vl}):")
+            self.line(depth + 1, f"{buf}[{u}z] = {r.identity(dtype)}")
+        for d in V.scalar_decls(s.body):
+            self.types[d.name] = d.dtype
+            self.lanes[d.name] = buf = f"{d.name}_{u}_lane"
+            self.alloc(depth, buf, str(vl), d.dtype)
+        if const_trips is not None:
+            full, tail = str(const_trips // vl), str(const_trips % vl)
+        else:
+            full = f"T.floordiv({trips}, {vl})"
+            tail = f"{trips} - {full} * {vl}"
+        if full != "0":
+            # a few constant chunks are unrolled, so per-lane accumulators become registers
+            outer = "T.unroll" if const_trips is not None and const_trips // vl <= 8 else "range"
+            self.line(depth, f"for {u}o in {outer}({full}):")
+            self.line(depth + 1, f"for {u}i in T.vectorized({vl}):")
+            self.vector_body(s, reds, parts, f"{u}i", f"{u}o * {vl} + {u}i", start, step, depth + 2)
+        if tail != "0":
+            self.line(depth, f"for {u}t in range({tail}):")
+            self.vector_body(s, reds, parts, f"{u}t", f"{full} * {vl} + {u}t", start, step,
+                             depth + 1)
+        self.lanes, self.lane, self.in_vector = saved
+        for r in reds:  # horizontal reduction of the per-lane partials: a tree of halves
+            buf, width = parts[r.name], vl
+            while width > 1 and width % 2 == 0:
+                width //= 2
+                self.line(depth, f"for {u}h in T.vectorized({width}):")
+                self.line(depth + 1, f"{buf}[{u}h] = {r.combine(f'{buf}[{u}h]', f'{buf}[{u}h + {width}]')}")
+            target = self.expr(A.Name(r.name))
+            self.line(depth, f"for {u}h in T.unroll({width}):")
+            self.line(depth + 1, f"{target} = {r.combine(target, f'{buf}[{u}h]')}")
+
+    def vector_body(self, s, reds, parts, lane, index, start, step, depth: int) -> None:
+        self.lane, self.in_vector = lane, True
+        self.names[s.var] = _affine(start, f"({index})", step)
+        for stmt in s.body:
+            self.vector_stmt(stmt, reds, parts, lane, depth)
+
+    def vector_stmt(self, stmt, reds, parts, lane, depth: int) -> None:
+        if isinstance(stmt, A.If):
+            self.line(depth, f"if {self.expr(stmt.cond)}:")
+            for t in stmt.then or ():
+                self.vector_stmt(t, reds, parts, lane, depth + 1)
+            if not stmt.then:
+                self.line(depth + 1, "T.evaluate(0)")
+            if stmt.orelse:
+                self.line(depth, "else:")
+                for t in stmt.orelse:
+                    self.vector_stmt(t, reds, parts, lane, depth + 1)
+            return
+        red = V.as_reduction(stmt, set(self.lanes))
+        if red is not None:
+            acc = f"{parts[red.name]}[{lane}]"
+            self.line(depth, f"{acc} = {red.combine(acc, self.expr(red.value))}")
+            return
+        self.stmt(stmt, depth)
+
+    def fused(self, s: H.For, inner: H.For, u, start, step, trips, depth: int) -> None:
+        """Two directly nested parallel loops become one parallel loop over both."""
+        i_trips, _ = self.trips(inner)
+        self.types[inner.var] = "i32"
+        self.line(depth, f"for {u} in T.parallel({trips} * {i_trips}):")
+        self.names[s.var] = _affine(start, f"({u} // {i_trips})", step)
+        self.names[inner.var] = _affine(self.expr(inner.start), f"({u} % {i_trips})",
+                                        self.expr(inner.step))
+        self.parallel_depth += 1
+        self.block(inner.body, depth + 1)
+        self.parallel_depth -= 1
+
+
+def _check_fixed(kernel: H.Kernel, fixed: dict) -> None:
+    scalars = {p.name: p for p in kernel.params if not p.shape}
+    for name, value in fixed.items():
+        if name not in scalars:
+            raise DSLError(f"kernel {kernel.name}: cannot fix {name!r}: not a scalar parameter "
+                           f"(scalar parameters: {', '.join(scalars) or 'none'})")
+        want_int = scalars[name].dtype in A.INT_DTYPES
+        if want_int != isinstance(value, int) or isinstance(value, bool):
+            raise DSLError(f"kernel {kernel.name}: {name} is {scalars[name].dtype}, "
+                           f"got {value!r}")
+
+
+def to_tvmscript(kernel: H.Kernel, *, tunables: dict[str, int], vlen: int,
+                 fixed: dict | None = None) -> str:
+    """TVMScript source of `main(<params in order>)` for one point of the search space.
+
+    `fixed` scalar parameters keep their place in the signature; a call with another value
+    fails the kernel's entry assertion.
+    """
+    require_valid(kernel, tunables, vlen=vlen)
+    fixed = dict(fixed or {})
+    _check_fixed(kernel, fixed)
+    consts = {**tunables, A.VLEN: vlen, **fixed}
+    e = _Emitter(kernel, consts, vlen)
+    args = ", ".join(f"{p.name}_h: T.handle" if p.shape else f"{p.name}_: T.{_TVM[p.dtype]}"
+                     for p in kernel.params)
+    e.line(0, "@T.prim_func")
+    e.line(0, f"def main({args}):")
+    e.line(1, 'T.func_attr({"global_symbol": "main", "tir.noalias": True})')
+    for p in kernel.params:
+        if p.shape:
+            shape = ", ".join(e.expr(d) for d in p.shape)
+            e.line(1, f'{p.name}_ = T.match_buffer({p.name}_h, ({shape},), "{_TVM[p.dtype]}")')
+    for name, value in fixed.items():
+        e.line(1, f'assert {name}_ == {e.expr(A.Name(name))}, "{name} must be {value}: '
+               'the kernel was built for it"')
+    skip = set(constraints(kernel))  # already checked above, with the tunable values
+    e.block(tuple(s for s in kernel.body if s not in skip), 1)
+    return "\n".join(e.lines) + "\n"
+
+
+def lower_to_tir(kernel: H.Kernel, *, tunables: dict[str, int], vlen: int,
+                 fixed: dict | None = None):
+    """The TIR PrimFunc, in an IRModule ready for tvm.compile."""
+    from sandwich.compiler.build import parse_tvmscript
+
+    source = to_tvmscript(kernel, tunables=tunables, vlen=vlen, fixed=fixed)
+    try:
+        return parse_tvmscript(source)
+    except Exception as err:  # TVMScript raises many types; name the kernel
+        raise DSLError(f"kernel {kernel.name}: cannot lower to TIR: "
+                       f"{str(err).strip().splitlines()[0] if str(err).strip() else err}") from err

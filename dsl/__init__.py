@@ -1,0 +1,1 @@
+"""sandwich.dsl."""

@@ -1,0 +1,163 @@
+"""AST nodes shared by both IR levels: expressions, parameters, tunables, plain statements.
+
+Every node is a frozen dataclass; `loc` (where it came from) is left out of equality so
+that `parse(print(ir)) == ir` compares meaning, not positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+DTYPES = ("f32", "bf16", "f16", "i32", "i64", "bool")
+INT_DTYPES = ("i32", "i64")
+FLOAT_DTYPES = ("f32", "bf16", "f16")
+VLEN = "vlen"  # builtin symbol: SIMD lanes of f32 on the target, fixed when a kernel is built
+
+
+@dataclass(frozen=True)
+class Loc:
+    """A position in a source file (1-based line and column)."""
+
+    file: str
+    line: int
+    column: int
+
+
+def _loc():
+    return field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Name:
+    id: str
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class IntLit:
+    """A non-negative integer literal; `-3` is Unary('-', IntLit(3))."""
+
+    value: int
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class FloatLit:
+    """A non-negative float literal (may be inf); negative values are Unary('-', ...)."""
+
+    value: float
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class BoolLit:
+    value: bool
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class Unary:
+    """op is '-' or 'not'."""
+
+    op: str
+    operand: Expr
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class Binary:
+    """op is one of + - * / % < <= > >= == != and or (integer '/' truncates, as in C)."""
+
+    op: str
+    left: Expr
+    right: Expr
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class Call:
+    """A builtin call: exp, max, rsqrt, select(cond, a, b), ..."""
+
+    func: str
+    args: tuple[Expr, ...]
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class Cast:
+    dtype: str
+    value: Expr
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class Index:
+    """Element of a multi-dimensional array: A[i, j]."""
+
+    array: str
+    indices: tuple[Expr, ...]
+    loc: Loc | None = _loc()
+
+
+Expr = Union[Name, IntLit, FloatLit, BoolLit, Unary, Binary, Call, Cast, Index]
+
+
+@dataclass(frozen=True)
+class Param:
+    """A kernel argument: a scalar (shape == ()) or an array with symbolic shape."""
+
+    name: str
+    dtype: str
+    shape: tuple[Expr, ...] = ()
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class Tunable:
+    """A key parameter the tuner searches; domain entries are constant in literals and vlen."""
+
+    name: str
+    dtype: str
+    domain: tuple[Expr, ...] | None
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class Decl:
+    """A local scalar (optionally initialised) or a local array (shape != (), no init)."""
+
+    name: str
+    dtype: str
+    shape: tuple[Expr, ...] = ()
+    init: Expr | None = None
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class Assign:
+    """target op value, op in = += -= *= /=."""
+
+    target: Name | Index
+    op: str
+    value: Expr
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class If:
+    cond: Expr
+    then: tuple
+    orelse: tuple = ()
+    loc: Loc | None = _loc()
+
+
+@dataclass(frozen=True)
+class Assert:
+    """A requirement on parameters and tunables (e.g. pack_n % mu_n == 0)."""
+
+    cond: Expr
+    loc: Loc | None = _loc()
+
+
+ASSIGN_OPS = ("=", "+=", "-=", "*=", "/=")

@@ -1,0 +1,28 @@
+"""Builtin functions and reserved words, shared by the checker and the lowerings."""
+
+from __future__ import annotations
+
+# name -> (argument kinds, result). Kinds: "float" (a float; an integer literal is fine),
+# "num" (int or float), "bool", "any" (numeric arguments of one category, joined).
+# Result "same" is the joined type of the numeric arguments.
+FUNCS: dict[str, tuple[tuple[str, ...], str]] = {
+    **{f: (("float",), "same") for f in (
+        "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "sin", "cos", "erf", "floor",
+        "ceil")},
+    "pow": (("float", "float"), "same"),
+    "fma": (("float", "float", "float"), "same"),
+    "max": (("num", "num"), "same"),
+    "min": (("num", "num"), "same"),
+    "abs": (("num",), "same"),
+    "select": (("bool", "any", "any"), "same"),
+}
+
+LOW_KEYWORDS = frozenset({
+    "kernel", "tunable", "in", "for", "if", "else", "assert", "parallel", "vectorize",
+    "unroll", "true", "false", "inf"})
+HIGH_KEYWORDS = frozenset({
+    "def", "tunable", "in", "for", "if", "elif", "else", "and", "or", "not", "assert", "pass",
+    "range", "parallel", "vector", "unroll", "True", "False", "inf", "int", "float"})
+TYPE_NAMES = frozenset({"f32", "bf16", "f16", "i32", "i64", "bool"})
+# A name must be usable at both levels (lowering must print), and not shadow vlen.
+RESERVED = LOW_KEYWORDS | HIGH_KEYWORDS | TYPE_NAMES | {"vlen"}

@@ -1,0 +1,1 @@
+"""High-level IR: Python-like, with explicit tunables and SIMD/parallel loop kinds."""

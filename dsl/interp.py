@@ -1,0 +1,160 @@
+"""A slow reference interpreter of the high-level IR, to test kernel sources on tiny shapes.
+
+It runs every loop serially in Python and checks every index, so a kernel source can be
+validated against numpy before any TIR exists. Uninitialised float locals hold NaN so
+that reading one shows up in the result.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from sandwich.dsl import ast as A
+from sandwich.dsl.errors import DSLError
+from sandwich.dsl.highlevel import ast as H
+from sandwich.errors import ShapeError
+
+_NP = {"f32": np.float32, "bf16": np.float32, "f16": np.float16, "i32": np.int32,
+       "i64": np.int64, "bool": np.bool_}
+
+
+def _div(a, b):
+    if isinstance(a, int) and isinstance(b, int):
+        q = abs(a) // abs(b)
+        return q if (a >= 0) == (b >= 0) else -q
+    return a / b if b else (math.copysign(math.inf, a) if a else math.nan)
+
+
+def _mod(a, b):
+    return a - _div(a, b) * b
+
+
+_BIN = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+        "/": _div, "%": _mod, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
+        ">": lambda a, b: a > b, ">=": lambda a, b: a >= b, "==": lambda a, b: a == b,
+        "!=": lambda a, b: a != b}
+
+
+def _exp(x):
+    return math.exp(x) if x < 700 else math.inf
+
+
+_FUNCS = {"exp": _exp, "log": math.log, "sqrt": math.sqrt, "rsqrt": lambda x: 1 / math.sqrt(x),
+          "tanh": math.tanh, "sigmoid": lambda x: 1 / (1 + _exp(-x)), "sin": math.sin,
+          "cos": math.cos, "erf": math.erf, "floor": math.floor, "ceil": math.ceil,
+          "pow": math.pow, "fma": lambda a, b, c: a * b + c, "max": max, "min": min, "abs": abs,
+          "select": lambda c, a, b: a if c else b}
+
+
+def _cast(dtype: str, v):
+    if dtype in ("i32", "i64"):
+        return int(v)
+    return bool(v) if dtype == "bool" else float(v)
+
+
+class Interpreter:
+    def __init__(self, env: dict) -> None:
+        self.env = env
+
+    def fail(self, message: str, node) -> DSLError:
+        loc = getattr(node, "loc", None)
+        where = f"{loc.file}:{loc.line}:{loc.column}: " if loc else ""
+        return DSLError(f"{where}{message}")
+
+    def expr(self, e):
+        if isinstance(e, (A.IntLit, A.FloatLit, A.BoolLit)):
+            return e.value
+        if isinstance(e, A.Name):
+            return self.env[e.id]
+        if isinstance(e, A.Index):
+            arr, idx = self.element(e)
+            v = arr[idx]
+            return float(v) if arr.dtype.kind == "f" else (bool(v) if arr.dtype == bool else int(v))
+        if isinstance(e, A.Unary):
+            v = self.expr(e.operand)
+            return (not v) if e.op == "not" else -v
+        if isinstance(e, A.Binary):
+            if e.op == "and":
+                return self.expr(e.left) and self.expr(e.right)
+            if e.op == "or":
+                return self.expr(e.left) or self.expr(e.right)
+            return _BIN[e.op](self.expr(e.left), self.expr(e.right))
+        if isinstance(e, A.Cast):
+            return _cast(e.dtype, self.expr(e.value))
+        if isinstance(e, A.Call):
+            return _FUNCS[e.func](*(self.expr(a) for a in e.args))
+        raise self.fail(f"cannot evaluate {type(e).__name__}", e)
+
+    def element(self, e: A.Index):
+        arr = self.env[e.array]
+        idx = tuple(self.expr(i) for i in e.indices)
+        for axis, (i, n) in enumerate(zip(idx, arr.shape, strict=True)):
+            if not 0 <= i < n:
+                raise self.fail(f"index {i} out of bounds for axis {axis} of '{e.array}' "
+                                f"(size {n})", e)
+        return arr, idx
+
+    def block(self, stmts) -> None:
+        for s in stmts:
+            self.stmt(s)
+
+    def stmt(self, s) -> None:
+        if isinstance(s, A.Decl):
+            if s.shape:
+                shape = tuple(self.expr(d) for d in s.shape)
+                fill = np.nan if s.dtype in ("f32", "bf16", "f16") else 0
+                self.env[s.name] = np.full(shape, fill, dtype=_NP[s.dtype])
+            else:
+                self.env[s.name] = None if s.init is None else _cast(s.dtype, self.expr(s.init))
+        elif isinstance(s, A.Assign):
+            self.assign(s)
+        elif isinstance(s, A.Assert):
+            if not self.expr(s.cond):
+                raise self.fail("assertion failed", s)
+        elif isinstance(s, A.If):
+            self.block(s.then if self.expr(s.cond) else s.orelse)
+        elif isinstance(s, H.For):
+            start, stop, step = (self.expr(x) for x in (s.start, s.stop, s.step))
+            if step <= 0:
+                raise self.fail(f"loop step must be positive, got {step}", s)
+            for i in range(start, stop, step):
+                self.env[s.var] = i
+                self.block(s.body)
+
+    def assign(self, s: A.Assign) -> None:
+        value = self.expr(s.value)
+        if isinstance(s.target, A.Index):
+            arr, idx = self.element(s.target)
+            old = arr[idx]
+        else:
+            old = self.env[s.target.id]
+        if s.op != "=":
+            value = _BIN[s.op[0]](old.item() if hasattr(old, "item") else old, value)
+        if isinstance(s.target, A.Index):
+            arr[idx] = value
+        else:
+            self.env[s.target.id] = value
+
+
+def run(kernel: H.Kernel, *, tunables: dict[str, int], vlen: int = 16, **args) -> None:
+    """Run `kernel` in place on numpy arrays; scalar and array arguments by name."""
+    env: dict = {A.VLEN: vlen, **tunables}
+    missing = [t.name for t in kernel.tunables if t.name not in tunables]
+    missing += [p.name for p in kernel.params if p.name not in args]
+    if missing:
+        raise ShapeError(f"kernel {kernel.name}: missing arguments {', '.join(missing)}")
+    interp = Interpreter(env)
+    for p in kernel.params:
+        if not p.shape:
+            env[p.name] = _cast(p.dtype, args[p.name])
+    for p in kernel.params:
+        if p.shape:
+            want = tuple(interp.expr(d) for d in p.shape)
+            arr = args[p.name]
+            if tuple(arr.shape) != want:
+                raise ShapeError(f"kernel {kernel.name}: '{p.name}' has shape {arr.shape}, "
+                                 f"expected {want}")
+            env[p.name] = arr
+    interp.block(kernel.body)

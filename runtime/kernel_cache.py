@@ -1,0 +1,202 @@
+"""The kernel cache: tuned GEMM kernels (records + verified `.so` files) behind a small API.
+
+    from sandwich.runtime import KernelCache
+    gemm = KernelCache(cache_dir).gemm(n=N, k=K, dtype="float32")
+    wp = gemm.pack(w)      # w: (K, N) float32, packed once
+    out = gemm(a, wp)      # a: (M, K) float32, any M >= 1 -> (M, N)
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sandwich.compiler.build import export_atomic, load_function
+from sandwich.compiler.gemm_runner import (
+    aligned_empty,
+    call_gemm,
+    check_activation,
+    pack_weights,
+    workspace_view,
+)
+from sandwich.compiler.target import CpuInfo, detect_cpu
+from sandwich.errors import CacheError, ShapeError
+from sandwich.runtime.tuning_db import KernelFile, StoredRecord, TuningDB
+from sandwich.types import KernelSchedule
+
+DB_NAME = "tuning.sqlite"
+
+
+def default_cache_dir(env: dict[str, str] | None = None) -> Path:
+    """$XDG_CACHE_HOME/sandwichc, else ~/.cache/sandwichc (the CLI passes os.environ)."""
+    env = env if env is not None else {}
+    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sandwichc"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """Weights in the kernel layout W[N / pack_n, K, pack_n]; made once by `GemmKernel.pack`."""
+
+    data: np.ndarray
+    n: int
+    k: int
+
+
+class KernelCache:
+    """A cache directory (0700) holding `tuning.sqlite` and `kernels/<fingerprint>/*.so`."""
+
+    def __init__(self, cache_dir: str | Path, *, cpu: CpuInfo | None = None) -> None:
+        self.dir = Path(cache_dir)
+        if self.dir.exists() and not self.dir.is_dir():
+            raise CacheError(f"cache directory {self.dir} is a file; pass another --cache-dir")
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.dir, 0o700)
+        self.cpu = cpu or detect_cpu()
+        self.fingerprint = self.cpu.fingerprint()
+        self.db = TuningDB(self.dir / DB_NAME)
+
+    # -- kernel files ------------------------------------------------------------------
+    def kernel_path(self, n: int, k: int, schedule: KernelSchedule) -> Path:
+        return self.dir / "kernels" / self.fingerprint / f"n{n}_k{k}_{schedule.family_key()}.so"
+
+    def store_kernel(self, executable, *, n: int, k: int, dtype: str,
+                     schedule: KernelSchedule) -> KernelFile:
+        """Export a verified kernel family atomically and record its hash."""
+        path = self.kernel_path(n, k, schedule)
+        export_atomic(executable, path)
+        kf = KernelFile(n, k, dtype, schedule.family(), str(path.relative_to(self.dir)),
+                        sha256_file(path))
+        self.db.put_kernel(self.fingerprint, kf)
+        return kf
+
+    def kernel_problem(self, kf: KernelFile | None) -> str:
+        """Why a kernel file cannot be used ('' if it can)."""
+        if kf is None:
+            return "no kernel file recorded"
+        path = self.dir / kf.path
+        if not path.is_file():
+            return f"{path} is missing"
+        if sha256_file(path) != kf.sha256:
+            return f"{path} does not match its recorded SHA-256 (truncated or altered)"
+        return ""
+
+    def load_kernel(self, n: int, k: int, dtype: str, schedule: KernelSchedule):
+        """The kernel's function, after checking its hash; never loads an altered file."""
+        kf = self.db.kernel(self.fingerprint, n, k, dtype, schedule)
+        problem = self.kernel_problem(kf)
+        if problem:
+            raise CacheError(f"kernel for N={n} K={k} ({schedule.family_key()}): {problem}; "
+                             f"run `sandwichc tune` again to rebuild it")
+        assert kf is not None
+        return load_function(self.dir / kf.path)
+
+    # -- lookup ------------------------------------------------------------------------
+    def records(self, n: int, k: int, dtype: str = "float32",
+                threads: int | None = None) -> list[StoredRecord]:
+        return self.db.records(fingerprint=self.fingerprint, n=n, k=k, dtype=dtype, threads=threads)
+
+    def gemm(self, *, n: int, k: int, dtype: str = "float32",
+             threads: int | None = None) -> GemmKernel:
+        """The tuned GEMM for (N, K); `threads` picks records tuned for that many threads
+        (default: the thread count with the most records)."""
+        recs = self.records(n, k, dtype, threads)
+        if not recs:
+            raise CacheError(f"no tuned kernels for GEMM N={n} K={k} {dtype} on this machine "
+                             f"(target {self.fingerprint}) in {self.dir}; run `sandwichc tune` "
+                             f"for a model with this shape first")
+        if threads is None:
+            counts: dict[int, int] = {}
+            for r in recs:
+                counts[r.threads] = counts.get(r.threads, 0) + 1
+            best = max(counts, key=lambda t: (counts[t], t))
+            recs = [r for r in recs if r.threads == best]
+        return GemmKernel(self, n=n, k=k, dtype=dtype, records=recs)
+
+    def verify(self) -> list[str]:
+        """Every recorded kernel file exists and matches its hash; returns the problems."""
+        problems = []
+        for fp, kf in self.db.kernels():
+            if fp != self.fingerprint:
+                continue
+            problem = self.kernel_problem(kf)
+            if problem:
+                problems.append(f"N={kf.n} K={kf.k} {kf.schedule.key()}: {problem}")
+        return problems
+
+    def clear(self) -> None:
+        """Delete records and kernels of every target; the directory stays."""
+        self.db.close()
+        for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm"):
+            (self.dir / name).unlink(missing_ok=True)
+        shutil.rmtree(self.dir / "kernels", ignore_errors=True)
+        self.db = TuningDB(self.dir / DB_NAME)
+
+
+class GemmKernel:
+    """C = A @ W for one (N, K): picks the schedule tuned for the M range of each call."""
+
+    def __init__(self, cache: KernelCache, *, n: int, k: int, dtype: str,
+                 records: list[StoredRecord]) -> None:
+        self.cache, self.n, self.k, self.dtype = cache, n, k, dtype
+        recs = sorted(records, key=lambda r: r.record.m_lo)
+        self.m_los = [r.record.m_lo for r in recs]
+        self.schedules = [r.record.schedule for r in recs]
+        packs = {s.pack_n for s in self.schedules}
+        if len(packs) != 1:
+            raise CacheError(f"GEMM N={n} K={k}: records disagree on the weight layout {sorted(packs)}; "
+                             f"run `sandwichc cache clear` and tune again")
+        self.pack_n = packs.pop()
+        self._funcs: dict[KernelSchedule, object] = {}
+        self._ws = np.empty(0, dtype=np.float32)
+
+    def schedule_for(self, m: int) -> KernelSchedule:
+        """The record with the largest m_lo <= M (the first one below every m_lo)."""
+        i = max(0, bisect.bisect_right(self.m_los, m) - 1)
+        return self.schedules[i]
+
+    def _func(self, schedule: KernelSchedule):
+        fam = schedule.family()
+        if fam not in self._funcs:
+            self._funcs[fam] = self.cache.load_kernel(self.n, self.k, self.dtype, fam)
+        return self._funcs[fam]
+
+    def pack(self, w: np.ndarray) -> PackedWeight:
+        """Pack W (K, N) once into the layout every schedule of this GEMM reads."""
+        w = np.asarray(w)
+        if w.shape != (self.k, self.n):
+            raise ShapeError(f"weights must have shape ({self.k}, {self.n}), got {w.shape}")
+        return PackedWeight(pack_weights(w, self.pack_n), self.n, self.k)
+
+    def __call__(self, a: np.ndarray, wp: PackedWeight, out: np.ndarray | None = None) -> np.ndarray:
+        if not isinstance(wp, PackedWeight) or (wp.n, wp.k) != (self.n, self.k):
+            raise ShapeError(f"weights were not packed by this GEMM (N={self.n}, K={self.k}); "
+                             f"use gemm.pack(w)")
+        a = check_activation(a, self.k)
+        m = a.shape[0]
+        if out is None:
+            out = aligned_empty((m, self.n))
+        elif out.shape != (m, self.n) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ShapeError(f"out must be a C-contiguous float32 array of shape ({m}, {self.n})")
+        schedule = self.schedule_for(m)
+        t_k = schedule.polymerization.t_k
+        ws = None
+        if t_k > 1:
+            if self._ws.size < t_k * m * self.n:
+                self._ws = np.empty(t_k * m * self.n, dtype=np.float32)
+            ws = workspace_view(self._ws, t_k, m, self.n)
+        return call_gemm(self._func(schedule), a, wp.data, out, schedule, ws)

@@ -1,0 +1,158 @@
+"""Tuning records and kernel files in SQLite (WAL): safe for concurrent tuners, resumable."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandwich.errors import CacheError
+from sandwich.types import KernelSchedule, TuneRecord
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS records (
+    fingerprint TEXT NOT NULL, op TEXT NOT NULL, n INTEGER NOT NULL, k INTEGER NOT NULL,
+    dtype TEXT NOT NULL, threads INTEGER NOT NULL, m_lo INTEGER NOT NULL, m_hi INTEGER NOT NULL,
+    schedule TEXT NOT NULL, gflops REAL NOT NULL, trials INTEGER NOT NULL, seconds REAL NOT NULL,
+    reused INTEGER NOT NULL DEFAULT 0, stable INTEGER NOT NULL DEFAULT 0, created REAL NOT NULL,
+    PRIMARY KEY (fingerprint, n, k, dtype, threads, m_lo)
+);
+CREATE TABLE IF NOT EXISTS kernels (
+    fingerprint TEXT NOT NULL, n INTEGER NOT NULL, k INTEGER NOT NULL, dtype TEXT NOT NULL,
+    schedule_key TEXT NOT NULL, schedule TEXT NOT NULL, path TEXT NOT NULL, sha256 TEXT NOT NULL,
+    created REAL NOT NULL,
+    PRIMARY KEY (fingerprint, n, k, dtype, schedule_key)
+);
+"""
+
+
+@dataclass(frozen=True)
+class KernelFile:
+    """A compiled `.so` in the cache directory and the hash it must still have."""
+
+    n: int
+    k: int
+    dtype: str
+    schedule: KernelSchedule
+    path: str  # relative to the cache directory
+    sha256: str
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    """A TuneRecord plus the thread count it was tuned for and whether reuse produced it."""
+
+    record: TuneRecord
+    threads: int
+    reused: bool
+    stable: bool = False
+
+
+class TuningDB:
+    """One SQLite file; every write is one short transaction so a killed tuner loses nothing
+    that was committed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.conn = sqlite3.connect(str(path), timeout=60, isolation_level=None)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA busy_timeout=60000")
+            self.conn.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as e:
+            raise CacheError(f"cache database {path} is unreadable ({e}); move it away or run "
+                             f"`sandwichc cache clear` to start a new cache") from None
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+            yield self.conn
+            self.conn.execute("COMMIT")
+        except sqlite3.DatabaseError as e:
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            raise CacheError(f"cache database {self.path}: {e}") from None
+        except BaseException:
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            raise
+
+    def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
+        try:
+            return self.conn.execute(sql, args).fetchall()
+        except sqlite3.DatabaseError as e:
+            raise CacheError(f"cache database {self.path} is unreadable ({e}); move it away or "
+                             f"run `sandwichc cache clear`") from None
+
+    def put_record(self, rec: TuneRecord, *, threads: int, reused: bool = False,
+                   stable: bool = False) -> None:
+        with self._tx() as c:
+            c.execute(
+                "INSERT OR REPLACE INTO records VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (rec.target_fingerprint, rec.op, rec.n, rec.k, rec.dtype, threads, rec.m_lo,
+                 rec.m_hi, rec.schedule.to_json(), rec.gflops, rec.trials, rec.seconds,
+                 int(reused), int(stable), time.time()),
+            )
+
+    def records(self, *, fingerprint: str | None = None, n: int | None = None,
+                k: int | None = None, dtype: str | None = None,
+                threads: int | None = None) -> list[StoredRecord]:
+        """Records matching the given fields, sorted by (n, k, threads, m_lo)."""
+        where, args = [], []
+        for col, val in (("fingerprint", fingerprint), ("n", n), ("k", k), ("dtype", dtype),
+                         ("threads", threads)):
+            if val is not None:
+                where.append(f"{col} = ?")
+                args.append(val)
+        sql = "SELECT fingerprint, op, n, k, dtype, threads, m_lo, m_hi, schedule, gflops, " \
+              "trials, seconds, reused, stable FROM records"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY n, k, threads, m_lo"
+        out = []
+        for row in self._query(sql, tuple(args)):
+            fp, op, n_, k_, dt, thr, lo, hi, sched, g, trials, secs, reused, stable = row
+            try:
+                schedule = KernelSchedule.from_json(sched)
+            except (ValueError, TypeError, KeyError) as e:
+                raise CacheError(f"cache database {self.path}: a record for N={n_} K={k_} has a "
+                                 f"malformed schedule ({e}); run `sandwichc cache clear`") from None
+            rec = TuneRecord(fp, op, n_, k_, dt, lo, hi, schedule, g, trials, secs)
+            out.append(StoredRecord(rec, thr, bool(reused), bool(stable)))
+        return out
+
+    def put_kernel(self, fingerprint: str, kf: KernelFile) -> None:
+        with self._tx() as c:
+            c.execute(
+                "INSERT OR REPLACE INTO kernels VALUES (?,?,?,?,?,?,?,?,?)",
+                (fingerprint, kf.n, kf.k, kf.dtype, kf.schedule.family_key(), kf.schedule.to_json(),
+                 kf.path, kf.sha256, time.time()),
+            )
+
+    def kernel(self, fingerprint: str, n: int, k: int, dtype: str,
+               schedule: KernelSchedule) -> KernelFile | None:
+        rows = self._query(
+            "SELECT path, sha256 FROM kernels WHERE fingerprint=? AND n=? AND k=? AND dtype=? "
+            "AND schedule_key=?", (fingerprint, n, k, dtype, schedule.family_key()))
+        if not rows:
+            return None
+        return KernelFile(n, k, dtype, schedule, rows[0][0], rows[0][1])
+
+    def kernels(self) -> list[tuple[str, KernelFile]]:
+        rows = self._query("SELECT fingerprint, n, k, dtype, schedule, path, sha256 FROM kernels "
+                           "ORDER BY n, k, path")
+        return [(fp, KernelFile(n, k, dt, KernelSchedule.from_json(s), p, h))
+                for fp, n, k, dt, s, p, h in rows]
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> TuningDB:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,78 @@
+"""The `sandwichc` command line: parses arguments, sets thread counts, calls into the folders."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def _threads_from_argv(argv: list[str]) -> int | None:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--threads", type=int)
+    known, _ = pre.parse_known_args(argv)
+    return known.threads
+
+
+def _set_thread_env(argv: list[str]) -> int:
+    """TVM sizes its thread pool once, from TVM_NUM_THREADS, when it starts: set it first."""
+    threads = _threads_from_argv(argv) or len(os.sched_getaffinity(0))
+    if threads < 1:
+        threads = 1
+    os.environ["TVM_NUM_THREADS"] = str(threads)
+    return threads
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from sandwich import __version__
+    from sandwich.dsl import cli as dsl_cli
+    from sandwich.topology import cli as topo_cli
+    from sandwich.tuner import cli as tuner_cli
+
+    parser = argparse.ArgumentParser(
+        prog="sandwichc",
+        description="Autotuning compiler and CPU serving runtime for LLMs (the Sandwich design).",
+    )
+    parser.add_argument("--version", action="version", version=f"sandwichc {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    tuner_cli.register(sub)
+    topo_cli.register(sub)
+    dsl_cli.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sandwich.errors import SandwichError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _set_thread_env(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.env_cache_dir = os.environ.get("SANDWICHC_CACHE_DIR")
+    args.env = dict(os.environ)
+    try:
+        return int(args.func(args) or 0)
+    except SandwichError as e:
+        print(f"sandwichc: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("sandwichc: interrupted (committed results are kept)", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def cache_dir_arg(args) -> Path:
+    """--cache-dir, else $SANDWICHC_CACHE_DIR, else the user's cache directory."""
+    from sandwich.runtime.kernel_cache import default_cache_dir
+
+    if getattr(args, "cache_dir", None):
+        return Path(args.cache_dir)
+    if args.env_cache_dir:
+        return Path(args.env_cache_dir)
+    return default_cache_dir(args.env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

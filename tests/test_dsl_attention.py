@@ -1,0 +1,141 @@
+"""Attention kernels of the DSL (issue 3) compiled by TVM for this CPU, checked in fp32 at
+rtol 1e-4 against numpy and torch.nn.functional.scaled_dot_product_attention."""
+
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TVM_NUM_THREADS", "2")
+tvm = pytest.importorskip("tvm")
+torch = pytest.importorskip("torch")
+
+from sandwich.compiler.lower_tir import lower_to_tir  # noqa: E402
+from sandwich.compiler.target import detect_cpu, tvm_target  # noqa: E402
+from sandwich.dsl.load import load_kernel  # noqa: E402
+
+pytestmark = pytest.mark.tvm
+CPU = detect_cpu()
+rng = np.random.default_rng(3)
+
+
+def build(name, fixed=None, **tunables):
+    mod = lower_to_tir(load_kernel(name), tunables=tunables, vlen=CPU.lanes_f32, fixed=fixed)
+    return tvm.compile(mod, target=tvm_target(CPU, 2))["main"]
+
+
+def rand(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def tensors(*arrays):
+    return [tvm.runtime.tensor(a, tvm.cpu()) for a in arrays]
+
+
+def close(a, b):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5)
+
+
+def numpy_attention(q, k, v, scale, causal):
+    """q [Sq, H, D], k/v [Sk, KVH, D] -> [Sq, H, D]; causal aligns the last query to the last key."""
+    group = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, group, 1).astype(np.float64), np.repeat(v, group, 1).astype(np.float64)
+    s = np.einsum("qhd,khd->hqk", q.astype(np.float64), k) * scale
+    if causal:
+        sq, sk = q.shape[0], k.shape[0]
+        s = np.where(np.arange(sk)[None] <= np.arange(sq)[:, None] + sk - sq, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("hqk,khd->qhd", p / p.sum(-1, keepdims=True), v)
+
+
+def torch_attention(q, k, v, scale, causal):
+    """The same through torch SDPA (KV heads repeated for GQA)."""
+    group = q.shape[1] // k.shape[1]
+    tq = torch.from_numpy(q).permute(1, 0, 2)[None]
+    tk = torch.from_numpy(k).repeat_interleave(group, 1).permute(1, 0, 2)[None]
+    tv = torch.from_numpy(v).repeat_interleave(group, 1).permute(1, 0, 2)[None]
+    out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal,
+                                                           scale=scale)
+    return out[0].permute(1, 0, 2).numpy()
+
+
+@pytest.mark.parametrize("fixed", [None, {"D": 32, "H": 4, "KVH": 2}])
+def test_flash_prefill_is_causal_attention(fixed):
+    """Symbolic and fixed head_dim; S = 45 leaves tails in both block sizes."""
+    f = build("flash_prefill", fixed, b_q=CPU.lanes_f32, b_kv=16, mu_k=4, mu_q=2, n_d=CPU.lanes_f32)
+    S, H, KVH, D, scale = 45, 4, 2, 32, 0.3
+    q, k, v = rand(S, H, D), rand(S, KVH, D), rand(S, KVH, D)
+    tq, tk, tv, to = tensors(q, k, v, np.full((S, H, D), np.nan, np.float32))
+    f(S, H, KVH, D, scale, tq, tk, tv, to)
+    close(to.numpy(), numpy_attention(q, k, v, scale, causal=True))
+    close(to.numpy(), torch_attention(q, k, v, scale, causal=True))
+
+
+def decode(f, q, kc, vc, slots, lens, scale=0.25):
+    B, H, D = q.shape
+    max_seq, max_batch, KVH, _ = kc.shape
+    tq, tk, tv, ts, tl, to = tensors(q, kc, vc, np.array(slots, np.int32),
+                                     np.array(lens, np.int32), np.full((B, H, D), np.nan, np.float32))
+    f(B, H, KVH, D, max_seq, max_batch, scale, tq, tk, tv, ts, tl, to)
+    return to.numpy()
+
+
+@pytest.fixture(scope="module")
+def decode_kernel():
+    return build("decode_attention", {"D": 16}, b_kv=32, n_d=CPU.lanes_f32)
+
+
+def test_decode_attention_gqa(decode_kernel):
+    H, KVH, D, lens, slots = 8, 2, 16, [5, 19], [1, 0]
+    kc, vc = rand(24, 2, KVH, D), rand(24, 2, KVH, D)
+    q = rand(2, H, D)
+    out = decode(decode_kernel, q, kc, vc, slots, lens)
+    for b, (n, s) in enumerate(zip(lens, slots, strict=True)):
+        close(out[b], numpy_attention(q[b:b + 1], kc[:n, s], vc[:n, s], 0.25, causal=False)[0])
+        close(out[b], torch_attention(q[b:b + 1], kc[:n, s], vc[:n, s], 0.25, causal=False)[0])
+
+
+def test_decode_ragged_batch_equals_separate_calls_and_ignores_nan_slots(decode_kernel):
+    """Lengths 1, 37 and 1000 in one call; everything past a length (and an unused slot)
+    is NaN, and the output is finite and the same as with zeros there."""
+    H, KVH, D, max_seq, lens, slots = 4, 2, 16, 1024, [1, 37, 1000], [3, 0, 2]
+    kc, vc = rand(max_seq, 4, KVH, D), rand(max_seq, 4, KVH, D)
+    kz, vz = kc.copy(), vc.copy()
+    for n, s in zip(lens, slots, strict=True):
+        kc[n:, s], vc[n:, s], kz[n:, s], vz[n:, s] = np.nan, np.nan, 0, 0
+    kc[:, 1], vc[:, 1], kz[:, 1], vz[:, 1] = np.nan, np.nan, 0, 0
+    q = rand(3, H, D)
+    out = decode(decode_kernel, q, kc, vc, slots, lens)
+    assert np.isfinite(out).all()
+    np.testing.assert_array_equal(out, decode(decode_kernel, q, kz, vz, slots, lens))
+    for b, (n, s) in enumerate(zip(lens, slots, strict=True)):
+        alone = decode(decode_kernel, q[b:b + 1], kc, vc, [s], [n])
+        np.testing.assert_array_equal(out[b], alone[0])
+        close(out[b], torch_attention(q[b:b + 1], kc[:n, s], vc[:n, s], 0.25, causal=False)[0])
+
+
+def test_paged_decode_attention_follows_the_block_table():
+    f = build("paged_decode_attention", {"D": 16, "block_size": 16})
+    H, KVH, D, bs, nblocks, max_blocks, lens = 4, 1, 16, 16, 12, 4, [1, 37, 16]
+    kc, vc = np.full((2, nblocks, bs, KVH, D), np.nan, np.float32)
+    table = np.zeros((3, max_blocks), np.int32)
+    free = list(rng.permutation(nblocks))
+    keys, vals = [rand(n, KVH, D) for n in lens], [rand(n, KVH, D) for n in lens]
+    for b, n in enumerate(lens):
+        for t in range(n):
+            if t % bs == 0:
+                table[b, t // bs] = free.pop()
+            kc[table[b, t // bs], t % bs], vc[table[b, t // bs], t % bs] = keys[b][t], vals[b][t]
+    q = rand(3, H, D)
+    tq, tk, tv, tt, tl, to = tensors(q, kc, vc, table, np.array(lens, np.int32),
+                                     np.full((3, H, D), np.nan, np.float32))
+    f(3, H, KVH, D, nblocks, bs, max_blocks, 0.25, tq, tk, tv, tt, tl, to)
+    for b in range(3):
+        close(to.numpy()[b], numpy_attention(q[b:b + 1], keys[b], vals[b], 0.25, False)[0])
+        close(to.numpy()[b], torch_attention(q[b:b + 1], keys[b], vals[b], 0.25, False)[0])
+
+
+def test_a_call_with_another_fixed_value_is_refused(decode_kernel):
+    q, kc = rand(1, 4, 8), rand(4, 1, 2, 8)
+    with pytest.raises(Exception, match="(?i)mismatch|D must be 16"):
+        decode(decode_kernel, q, kc, kc, [0], [4])

@@ -1,0 +1,47 @@
+"""`sandwichc ir`: the dsl subcommand prints IR and reports bad sources as DSLError."""
+
+import argparse
+
+import pytest
+
+from sandwich.dsl.cli import register
+from sandwich.dsl.errors import DSLSyntaxError
+from sandwich.dsl.highlevel.transform import parse as parse_high
+from sandwich.dsl.lowlevel.transform import parse as parse_low
+from sandwich.errors import SandwichError
+
+
+def run(argv):
+    parser = argparse.ArgumentParser(prog="sandwichc")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_ir_prints_high_level_by_default(capsys):
+    assert run(["ir", "rmsnorm"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("def rmsnorm(") and "for i in parallel(M):" in out
+    parse_high(out)
+
+
+def test_ir_prints_low_level(capsys, tmp_path):
+    src = tmp_path / "k.sw"
+    src.write_text("kernel k(tunable i32 mu in {1, 2}, i32 n, f32 a[n]) {\n"
+                   "  vectorize for (i32 i = 0; i < n; i += mu) { a[i] = 0.0; } }")
+    assert run(["ir", str(src), "--level", "low"]) == 0
+    out = capsys.readouterr().out
+    assert "tunable i32 mu in {1, 2}" in out and "vectorize for (i32 i = 0; i < n; i += mu)" in out
+    assert parse_low(out) == parse_low(src.read_text())
+
+
+def test_ir_reports_bad_source_as_project_error(tmp_path):
+    src = tmp_path / "bad.sw"
+    src.write_text("kernel k() {\n  f32 x = ;\n}\n")
+    with pytest.raises(DSLSyntaxError, match=r"bad.sw:2:11: syntax error"):
+        run(["ir", str(src)])
+
+
+def test_ir_unknown_file_is_project_error():
+    with pytest.raises(SandwichError, match="no such file"):
+        run(["ir", "does-not-exist.sw"])

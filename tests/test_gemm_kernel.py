@@ -1,0 +1,71 @@
+"""The GEMM template compiled with TVM: every tail path, split-K and slices vs numpy."""
+
+import numpy as np
+import pytest
+
+from sandwich.compiler.build import build_gemm
+from sandwich.compiler.gemm_runner import call_gemm, pack_weights
+from sandwich.compiler.gemm_template import GemmProblem, gemm_tvmscript, tail_sizes
+from sandwich.compiler.target import detect_cpu
+from sandwich.errors import ConfigError, ShapeError
+from sandwich.tuner.tvm_measure import TvmMeasure
+from sandwich.types import ComputeSlice, KernelSchedule, MicroKernel, Polymerization
+
+pytestmark = pytest.mark.tvm
+
+CPU = detect_cpu()
+LANES = CPU.lanes_f32
+
+
+def _sched(mu_m, mu_n, b, pl, pack=64):
+    return KernelSchedule(MicroKernel(mu_m, mu_n), ComputeSlice(*b), Polymerization(*pl), pack)
+
+
+def test_tail_sizes_cover_every_remainder():
+    for mu_m in range(1, 15):
+        sizes = tail_sizes(mu_m)
+        sums = {sum(s for s in sizes if r & s) for r in range(mu_m)}
+        assert sums == set(range(mu_m))
+
+
+def test_invalid_schedules_are_refused():
+    p = GemmProblem(n=128, k=64, lanes=16)
+    with pytest.raises(ConfigError, match="multiple of the micro-kernel"):
+        gemm_tvmscript(_sched(3, 64, (4, 64, 16), (1, 1, 1)), p)
+    with pytest.raises(ConfigError, match="vector width"):
+        gemm_tvmscript(_sched(1, 24, (1, 24, 16), (1, 1, 1)), p)
+    with pytest.raises(ConfigError, match="without K panels"):
+        gemm_tvmscript(_sched(1, 64, (1, 64, 64), (1, 1, 2)), p)
+
+
+@pytest.mark.parametrize("mu_m, mu_n, slice_, pl", [
+    (6, 4 * LANES, (12, 8 * LANES, 48), (1, 2, 1)),
+    (5, 2 * LANES, (10, 2 * LANES, 64), (2, 1, 1)),
+    (3, 4 * LANES, (6, 4 * LANES, 32), (1, 1, 2)),
+    (1, 4 * LANES, (1, 4 * LANES, 80), (1, 2, 1)),
+])
+def test_kernel_matches_numpy(mu_m, mu_n, slice_, pl):
+    n, k = 8 * LANES, 96  # K not a multiple of b_k: partial panels too
+    s = _sched(mu_m, mu_n, slice_, pl, pack=4 * LANES)
+    func = build_gemm(s, n=n, k=k, cpu=CPU, threads=2)["main"]
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((k, n), dtype=np.float32)
+    wp = pack_weights(w, 4 * LANES)
+    for m in (1, 2, 3, 5, 7, 13, 31, 64, 97):
+        a = rng.standard_normal((m, k), dtype=np.float32)
+        out = np.full((m, n), np.nan, dtype=np.float32)
+        ws = np.empty((pl[2] * m, n), np.float32) if pl[2] > 1 else None
+        call_gemm(func, a, wp, out, s, ws)
+        np.testing.assert_allclose(out, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_one_family_serves_every_slice():
+    meas = TvmMeasure(CPU, 2, 4 * LANES, 64, 4 * LANES, seq_max=32)
+    for b in ((2, 4 * LANES, 16), (8, 4 * LANES, 64), (4, 4 * LANES, 32)):
+        assert meas(_sched(2, 4 * LANES, b, (1, 1, 1), pack=4 * LANES), 17).ok
+    assert len(meas.kernels) == 1 and len(meas.verified) == 3
+
+
+def test_wrong_weight_shape():
+    with pytest.raises(ShapeError):
+        pack_weights(np.zeros((4, 30), np.float32), 16)

@@ -1,0 +1,95 @@
+"""Tuning into a kernel cache, the public GEMM API, corruption and resume."""
+
+import os
+import sqlite3
+import stat
+
+import numpy as np
+import pytest
+
+from sandwich.errors import CacheError, ShapeError
+from sandwich.runtime import KernelCache
+from sandwich.tuner.budget import get_budget
+from sandwich.tuner.tune import tune_op, verify_numerics
+from sandwich.types import GemmOp
+
+pytestmark = pytest.mark.tvm
+
+N, K, SEQ = 128, 64, 24
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cache")
+    cache = KernelCache(d)
+    rep = tune_op(names=["t"], op=GemmOp("t", N, K), seq_max=SEQ, threads=2,
+                  budget=get_budget("tiny"), cache=cache)
+    return d, rep
+
+
+def test_tune_fills_cache_and_second_run_is_cached(tuned):
+    d, rep = tuned
+    assert rep.searched == len(get_budget("tiny").m_samples(SEQ)) and rep.trials > 0
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
+    again = tune_op(names=["t"], op=GemmOp("t", N, K), seq_max=SEQ, threads=2,
+                    budget=get_budget("tiny"), cache=KernelCache(d))
+    assert again.searched == 0 and again.cached == rep.searched and again.trials == 0
+    assert KernelCache(d).verify() == []
+
+
+def test_public_gemm_api_any_m(tuned):
+    d, _ = tuned
+    gemm = KernelCache(d).gemm(n=N, k=K, dtype="float32")
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((K, N), dtype=np.float32)
+    wp = gemm.pack(w)
+    for m in (1, 2, 3, 7, 11, 13, 23, 24, 40):  # primes, and beyond seq_max
+        a = rng.standard_normal((m, K), dtype=np.float32)
+        np.testing.assert_allclose(gemm(a, wp), a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+    assert verify_numerics(KernelCache(d), n=N, k=K, ms=[1, 5, 17]) == []
+    with pytest.raises(ShapeError, match=r"shape \(M, 64\)"):
+        gemm(np.zeros((3, K + 1), np.float32), wp)
+    with pytest.raises(ShapeError, match="float32"):
+        gemm(np.zeros((3, K), np.float64), wp)
+    with pytest.raises(ShapeError, match="packed"):
+        gemm(np.zeros((3, K), np.float32), w)
+    with pytest.raises(CacheError, match="run `sandwichc tune`"):
+        KernelCache(d).gemm(n=N * 2, k=K)
+
+
+def test_altered_kernel_is_detected_never_loaded_and_rebuilt(tuned, tmp_path):
+    d, _ = tuned
+    import shutil
+
+    copy = tmp_path / "c"
+    shutil.copytree(d, copy)
+    cache = KernelCache(copy)
+    so = next((copy / "kernels").rglob("*.so"))
+    so.write_bytes(so.read_bytes()[:100])  # truncated
+    assert any("SHA-256" in p for p in cache.verify())
+    gemm = cache.gemm(n=N, k=K)
+    wp = gemm.pack(np.ones((K, N), np.float32))
+    broken = [m for m in range(1, SEQ + 1)
+              if gemm.schedule_for(m).family_key() in so.name]
+    with pytest.raises(CacheError, match="truncated or altered"):
+        gemm(np.ones((broken[0], K), np.float32), wp)
+    rep = tune_op(names=["t"], op=GemmOp("t", N, K), seq_max=SEQ, threads=2,
+                  budget=get_budget("tiny"), cache=cache)
+    assert rep.rebuilt >= 1 and rep.searched == 0
+    assert cache.verify() == []
+
+
+def test_corrupt_database_is_a_clear_error(tmp_path):
+    (tmp_path / "tuning.sqlite").write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(CacheError, match="unreadable|corrupt|not a database"):
+        KernelCache(tmp_path)
+    assert (tmp_path / "tuning.sqlite").read_bytes().startswith(b"this is not")  # kept
+
+
+def test_records_are_committed_as_they_are_found(tuned):
+    d, _ = tuned
+    rows = sqlite3.connect(d / "tuning.sqlite").execute("SELECT m_lo, m_hi FROM records "
+                                                        "ORDER BY m_lo").fetchall()
+    samples = get_budget("tiny").m_samples(SEQ)
+    assert [r[0] for r in rows] == samples
+    assert rows[-1][1] == SEQ and all(hi + 1 == nxt for (_, hi), (nxt, _) in zip(rows, rows[1:], strict=False))

@@ -1,0 +1,40 @@
+"""Machine micro-benchmarks (issue 2, item 9): they build, run, and give plausible figures."""
+
+import pytest
+
+from sandwich.errors import ConfigError
+from sandwich.tuner import machine_bench as mb
+
+
+def test_llc_is_detected_and_plausible():
+    assert 256 * 1024 <= mb.llc_bytes() <= 4 << 30
+
+
+def test_isa_is_a_supported_one():
+    isa, flags = mb.isa_flags()
+    assert isa in ("avx512", "avx2") and flags
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_peak_gflops_positive_and_plausible(threads):
+    g = mb.peak_gflops(threads, iters=20_000, repeat=3)
+    # Any AVX2 core does >= 8 fp32 FMA lanes at >= 1 GHz; nothing here does 10 TFLOPS per core.
+    assert 1.0 < g < 10_000.0 * threads
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_read_bandwidth_positive_and_plausible(threads):
+    gbs = mb.read_bandwidth_gbs(threads, size_bytes=1 << 20, repeat=3)  # in cache: fast path only
+    assert 0.5 < gbs < 5_000.0
+
+
+def test_measure_machine_round_trips_json():
+    lim = mb.measure_machine(1, read_size_bytes=1 << 20)
+    assert lim.threads == 1 and lim.peak_gflops > 0 and lim.read_gbs > 0
+    assert mb.MachineLimits.from_json(lim.to_json()) == lim
+
+
+@pytest.mark.parametrize("threads", [0, -1, 1.5, True, 5000])
+def test_bad_thread_count_is_a_config_error(threads):
+    with pytest.raises(ConfigError, match="threads"):
+        mb.peak_gflops(threads)

@@ -1,0 +1,151 @@
+"""The sandwich-kernel search driven by fake timings: exact visits, window, reuse, resume."""
+
+from sandwich.tuner.measure import MeasureResult
+from sandwich.tuner.search import MResult, SandwichSearch, SearchSettings
+from sandwich.tuner.space import Isa, micro_kernels, polymerizations, slice_caps
+from sandwich.types import ComputeSlice, MicroKernel, Polymerization
+
+
+class FakeMeasure:
+    """GFLOPS from a formula; records every call."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.calls = []
+
+    def __call__(self, schedule, m):
+        self.calls.append((schedule, m))
+        return MeasureResult(self.fn(schedule, m), 1e-3)
+
+
+def _search(fn, *, n=1024, k=512, mks=None, threads=2, **settings):
+    meas = FakeMeasure(fn)
+    mks = mks or [MicroKernel(1, 64), MicroKernel(2, 64), MicroKernel(4, 64)]
+    s = SandwichSearch(n=n, k=k, pack_n=64, micro_kernels=mks, threads=threads, measure=meas,
+                       settings=SearchSettings(**settings))
+    return s, meas
+
+
+def test_micro_kernels_never_spill():
+    isa = Isa(lanes=16, registers=32)
+    for mk in micro_kernels(isa, 64):
+        vec = mk.mu_n // 16
+        assert mk.mu_m * vec + vec + 1 <= 32
+    assert MicroKernel(6, 64) in micro_kernels(isa, 64)
+    assert MicroKernel(7, 64) not in micro_kernels(isa, 64)
+
+
+def test_polymerizations_use_every_thread():
+    for threads in (1, 2, 4, 6):
+        for pl in polymerizations(threads):
+            assert pl.threads == threads
+    assert Polymerization(1, 1, 2) not in polymerizations(2, split_k=False)
+
+
+def test_slice_caps_keep_threads_busy():
+    caps = slice_caps(128, 64, 64, MicroKernel(4, 16), Polymerization(2, 1, 1))
+    assert caps == ComputeSlice(64, 64, 64)  # the paper's (M, N, K) = (128, 64, 64) example
+    caps = slice_caps(128, 64, 64, MicroKernel(4, 16), Polymerization(1, 2, 1))
+    assert caps.b_n == 32 and caps.b_m == 128
+
+
+def test_fast_start_visits_exactly():
+    # only b_k matters: gains up to 64, worse beyond
+    def fn(s, m):
+        return 100.0 * min(s.slice.b_k, 64) / 64 * (0.9 if s.slice.b_k > 64 else 1.0)
+
+    search, meas = _search(fn)
+    mk, pl = MicroKernel(1, 64), Polymerization(1, 2, 1)
+    sl, g = search.fast_start(mk, 8, pl)
+    assert (sl, g) == (ComputeSlice(1, 64, 64), 100.0)
+    visited = [astuple(s.slice) for s, _ in meas.calls]
+    assert visited == [
+        (1, 64, 16),   # start: one tile per dimension
+        (2, 64, 16),   # M +1 tile: no gain -> rolled back, step reset
+        (1, 128, 16),  # N +1 tile: no gain
+        (1, 64, 32),   # K +1 tile: gain, step doubles
+        (2, 64, 32),   # M second miss -> M stops
+        (1, 128, 32),  # N second miss -> N stops
+        (1, 64, 64),   # K +2 tiles: gain
+        (1, 64, 128),  # K +4 tiles: loss -> rolled back, step reset
+        (1, 64, 80),   # K +1 tile: second miss -> K stops
+    ]
+
+
+def astuple(s):
+    return (s.b_m, s.b_n, s.b_k)
+
+
+def test_fast_start_respects_parallel_caps():
+    search, _ = _search(lambda s, m: float(s.slice.b_m * s.slice.b_n * s.slice.b_k))
+    sl, _ = search.fast_start(MicroKernel(4, 64), 128, Polymerization(2, 1, 1))
+    assert sl.b_m <= 64  # 128 rows over 2 threads
+    sl, _ = search.fast_start(MicroKernel(4, 64), 128, Polymerization(1, 2, 1))
+    assert sl.b_n <= 512
+
+
+def _good(s, m):
+    """Best: 4x64 tile, slice (8, 256, 256), polymerization along N."""
+    mk, sl, pl = s.micro_kernel, s.slice, s.polymerization
+    if mk.mu_m > m:
+        return 1.0
+    score = 50.0 * mk.mu_m
+    score *= 1.0 - abs(sl.b_k - 256) / 1024
+    score *= 1.0 - abs(sl.b_n - 256) / 2048
+    score *= 1.0 - abs(sl.b_m - 2 * mk.mu_m) / 256
+    return score * (1.0 if pl == Polymerization(1, 2, 1) else 0.8)
+
+
+def test_tune_m_finds_the_best_scheme():
+    search, _ = _search(_good)
+    res = search.tune_m(16)
+    assert res.schedule.micro_kernel == MicroKernel(4, 64)
+    assert res.schedule.polymerization == Polymerization(1, 2, 1)
+    assert res.trials > 0 and res.gflops > 150
+
+
+def test_sliding_window_narrows_micro_kernels():
+    search, _ = _search(_good, sigma=2, reuse_patience=99)
+    assert {mk.mu_m for mk in search.candidates(1)} == {1}
+    assert len(search.candidates(8)) == 3
+    for m in (1, 2, 3, 4):
+        search.tune_m(m)
+    winners = {r.schedule.micro_kernel for r in search.state.history[-2:]}
+    assert set(search.candidates(64)) == winners
+
+
+def test_schedule_reuse_freezes_and_skips_search():
+    search, meas = _search(_good, sigma=2, reuse_patience=2)
+    for m in (8, 16, 32):
+        search.tune_m(m)
+    assert search.state.frozen is not None
+    before = len(meas.calls)
+    res = search.tune_m(64)
+    assert res.reused and res.schedule == search.state.frozen
+    assert len(meas.calls) - before == 1  # one timing to record its GFLOPS, no search
+
+
+def test_resume_rebuilds_the_same_state():
+    search, _ = _search(_good, sigma=2, reuse_patience=2)
+    results = [search.tune_m(m) for m in (8, 16, 32)]
+    fresh, meas = _search(_good, sigma=2, reuse_patience=2)
+    fresh.resume([MResult(r.m, r.schedule, r.gflops, r.trials, r.seconds, r.reused, r.stable)
+                  for r in reversed(results)])
+    assert fresh.state.frozen == search.state.frozen
+    assert meas.calls == []
+
+
+def test_failed_builds_are_never_chosen():
+    def fn(s, m):
+        return 0.0 if s.micro_kernel.mu_m == 4 else _good(s, m)
+
+    class Failing(FakeMeasure):
+        def __call__(self, schedule, m):
+            g = self.fn(schedule, m)
+            return MeasureResult(g, 1e-3, error="" if g else "wrong result")
+
+    meas = Failing(fn)
+    search = SandwichSearch(n=1024, k=512, pack_n=64,
+                            micro_kernels=[MicroKernel(2, 64), MicroKernel(4, 64)], threads=2,
+                            measure=meas)
+    assert search.tune_m(16).schedule.micro_kernel == MicroKernel(2, 64)

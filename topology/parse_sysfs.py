@@ -1,0 +1,145 @@
+"""Read the CPU topology from sysfs, live (`/`) or from a snapshot directory laid out like `/`."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from sandwich.errors import TopologyError
+from sandwich.topology.cpulist import parse_cpulist
+from sandwich.topology.raw import RawTopology, make_raw
+
+CPU_DIR = "sys/devices/system/cpu"
+NODE_DIR = "sys/devices/system/node"
+_HINT = "point --sysfs-root at a directory laid out like / (sys/devices/system/cpu/...)"
+
+
+def parse_sysfs(root: str | Path = "/") -> RawTopology:
+    """Online PUs with their package, NUMA node, L3, cluster, L2 and core siblings."""
+    root = Path(root)
+    source = f"sysfs root {root}"
+    cpu_dir = root / CPU_DIR
+    if not cpu_dir.is_dir():
+        raise TopologyError(f"{source}: missing {CPU_DIR}; {_HINT}")
+    online = _online(root, source)
+    present = _read_list(root, f"{CPU_DIR}/present", source) if (cpu_dir / "present").exists() else online
+    keys: dict[str, dict[int, object]] = {"package": {}, "core": {}, "l2": {}, "l3": {}, "cluster": {}}
+    sizes: dict[str, int] = {}
+    for cpu in sorted(online):
+        topo = f"{CPU_DIR}/cpu{cpu}/topology"
+        keys["package"][cpu] = int(_read(root, f"{topo}/physical_package_id", source))
+        core_file = f"{topo}/core_cpus_list"
+        if not (root / core_file).exists():
+            core_file = f"{topo}/thread_siblings_list"  # kernels before 5.9
+        keys["core"][cpu] = _read_list(root, core_file, source)
+        if (root / f"{topo}/cluster_cpus_list").exists():
+            keys["cluster"][cpu] = _read_list(root, f"{topo}/cluster_cpus_list", source)
+        for level, shared, size in _caches(root, cpu, source):
+            keys[f"l{level}"][cpu] = shared
+            sizes.setdefault(f"l{level}", size)
+    keys = {k: v for k, v in keys.items() if v}
+    for kind in ("cluster", "l2", "l3"):
+        if kind in keys and len(keys[kind]) < len(online):
+            missing = min(online - keys[kind].keys())
+            raise TopologyError(f"{source}: cpu {missing} has no {kind} entry while other cpus do; incomplete snapshot")
+    numa_of, memory_only = _numa(root, online, source)
+    return make_raw(
+        source=source,
+        name=_model_name(root),
+        cpus=online,
+        keys=keys,
+        numa_of=numa_of,
+        cache_bytes=sizes,
+        offline=present - online,
+        memory_only_numa=memory_only,
+    )
+
+
+def _online(root: Path, source: str) -> frozenset[int]:
+    for name in ("online", "present"):
+        if (root / CPU_DIR / name).exists():
+            cpus = _read_list(root, f"{CPU_DIR}/{name}", source)
+            if not cpus:
+                raise TopologyError(f"{source}: {CPU_DIR}/{name} is an empty cpu list; no cpu is online")
+            return cpus
+    dirs = [p.name for p in (root / CPU_DIR).iterdir() if re.fullmatch(r"cpu\d+", p.name)]
+    if not dirs:
+        raise TopologyError(f"{source}: missing {CPU_DIR}/online and no cpuN directories; {_HINT}")
+    return frozenset(int(d[3:]) for d in dirs if _is_online(root / CPU_DIR / d))
+
+
+def _is_online(cpu_path: Path) -> bool:
+    flag = cpu_path / "online"
+    return not flag.exists() or flag.read_text().strip() == "1"
+
+
+def _caches(root: Path, cpu: int, source: str) -> list[tuple[int, frozenset[int], int]]:
+    """(level, shared cpus, bytes) of the unified or data caches of levels 2 and 3."""
+    cache_dir = root / CPU_DIR / f"cpu{cpu}" / "cache"
+    if not cache_dir.is_dir():
+        return []
+    out = []
+    for index in sorted(cache_dir.glob("index*")):
+        rel = index.relative_to(root)
+        level = int(_read(root, f"{rel}/level", source))
+        kind = _read(root, f"{rel}/type", source)
+        if level not in (2, 3) or kind == "Instruction":
+            continue
+        shared = _read_list(root, f"{rel}/shared_cpu_list", source)
+        size_file = index / "size"
+        size = _size(size_file.read_text().strip(), f"{source}: {rel}/size") if size_file.exists() else 0
+        out.append((level, shared, size))
+    return out
+
+
+def _numa(root: Path, online: frozenset[int], source: str) -> tuple[dict[int, int] | None, tuple[int, ...]]:
+    node_dir = root / NODE_DIR
+    if not node_dir.is_dir():
+        return None, ()
+    numa_of: dict[int, int] = {}
+    memory_only = []
+    for d in sorted(node_dir.iterdir(), key=lambda p: p.name):
+        if not re.fullmatch(r"node\d+", d.name):
+            continue
+        node = int(d.name[4:])
+        cpus = _read_list(root, f"{NODE_DIR}/{d.name}/cpulist", source) & online
+        if not cpus:
+            memory_only.append(node)
+        for c in cpus:
+            if c in numa_of:
+                raise TopologyError(f"{source}: cpu {c} is listed in NUMA nodes {numa_of[c]} and {node}; inconsistent ids")
+            numa_of[c] = node
+    if not numa_of:
+        return None, tuple(memory_only)
+    missing = online - numa_of.keys()
+    if missing:
+        raise TopologyError(f"{source}: online cpu {min(missing)} is in no {NODE_DIR}/node*/cpulist; inconsistent snapshot")
+    return numa_of, tuple(memory_only)
+
+
+def _model_name(root: Path) -> str:
+    info = root / "proc" / "cpuinfo"
+    if info.exists():
+        for line in info.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model name", "cpu model") and value.strip():
+                return value.strip()
+    return "unknown cpu"
+
+
+def _read(root: Path, rel: str, source: str) -> str:
+    path = root / rel
+    if not path.exists():
+        raise TopologyError(f"{source}: missing {rel}; {_HINT}")
+    return path.read_text().strip()
+
+
+def _read_list(root: Path, rel: str, source: str) -> frozenset[int]:
+    return parse_cpulist(_read(root, rel, source), source=f"{source}: {rel}")
+
+
+def _size(text: str, source: str) -> int:
+    m = re.fullmatch(r"(\d+)\s*([KMG]?)(i?B)?", text)
+    if not m:
+        raise TopologyError(f"{source}: bad cache size {text!r}; expected e.g. '32768K'")
+    return int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2)]

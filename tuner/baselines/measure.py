@@ -1,0 +1,101 @@
+"""Check then time a GEMM runner, with the weights repeated (in cache) or rotated (from DRAM)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from sandwich.errors import BuildError, ConfigError
+from sandwich.tuner.baselines import Peer
+from sandwich.tuner.timing import Timing, gflops, time_callable
+
+Runner = Callable[[np.ndarray, object], np.ndarray]  # (a, handle) -> out
+
+
+@dataclass(frozen=True)
+class GemmTiming:
+    """One runner on one shape: the timing and the rates the benchmark reports."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+    timing: Timing
+    gflops: float
+    weight_gbs: float  # weight bytes read per call / time: meaningful when weights are rotated
+    rotated: bool
+
+    def pct_of_read(self, read_gbs: float) -> float:
+        """Achieved weight-read rate as a percentage of the measured streaming-read GB/s."""
+        return 100.0 * self.weight_gbs / read_gbs if read_gbs > 0 else 0.0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def random_gemm(m: int, n: int, k: int, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Activations (M, K) and weights (K, N), float32 in [-1, 1)."""
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(-1.0, 1.0, (m, k)).astype(np.float32)
+    w = rng.uniform(-1.0, 1.0, (k, n)).astype(np.float32)
+    return a, w
+
+
+def check_gemm(out: np.ndarray, a: np.ndarray, w: np.ndarray, *, rtol: float = 1e-4,
+               what: str = "GEMM") -> None:
+    """Raise BuildError unless out ~ a @ w (float64): |err| <= rtol * (|a| @ |w|) per element.
+
+    The bound scales with the magnitude of the summed products, so it does not depend on
+    cancellation in the reference and suits any K.
+    """
+    m, n = a.shape[0], w.shape[1]
+    if out.shape != (m, n):
+        raise BuildError(f"{what} returned shape {out.shape}, expected {(m, n)}")
+    a64, w64 = a.astype(np.float64), w.astype(np.float64)
+    err = np.abs(out.astype(np.float64) - a64 @ w64)
+    bound = rtol * (np.abs(a64) @ np.abs(w64)) + 1e-30
+    if not np.all(err <= bound):
+        worst = float(np.max(err / bound)) * rtol
+        raise BuildError(f"{what} is wrong at {m}x{n}x{a.shape[1]}: relative error {worst:.2e} > {rtol:.0e}")
+
+
+def time_rotated(run: Runner, a: np.ndarray, handles: Sequence[object], **timing_kw) -> Timing:
+    """Time run(a, h) where each call takes the next handle in `handles`, round robin.
+
+    With the handles' weights together several times larger than the LLC, each call reads
+    its weights from DRAM: the decode (skinny M) regime. Warm-up covers every handle once.
+    """
+    if not handles:
+        raise ConfigError("time_rotated needs at least one weight handle")
+    cycle = itertools.cycle(handles)
+    timing_kw.setdefault("warmup", len(handles))
+    return time_callable(lambda: run(a, next(cycle)), **timing_kw)
+
+
+def rotation_copies(weight_bytes: int, llc_bytes: int, *, factor: int = 8) -> int:
+    """How many weight copies make the rotation `factor` times the LLC (at least 2)."""
+    return max(2, math.ceil(factor * llc_bytes / max(1, weight_bytes)))
+
+
+def measure_runner(name: str, run: Runner, a: np.ndarray, w: np.ndarray,
+                   handles: Sequence[object], *, rtol: float = 1e-4, **timing_kw) -> GemmTiming:
+    """Check run(a, h) against numpy (first and last handle), then time it (rotated if >1 handle)."""
+    for h in {id(h): h for h in (handles[0], handles[-1])}.values():
+        check_gemm(run(a, h), a, w, rtol=rtol, what=name)
+    rotated = len(handles) > 1
+    t = time_rotated(run, a, handles, **timing_kw) if rotated else \
+        time_callable(lambda: run(a, handles[0]), **timing_kw)
+    (m, k), n = a.shape, w.shape[1]
+    return GemmTiming(name=name, m=m, n=n, k=k, timing=t, gflops=gflops(2.0 * m * n * k, t.median_s),
+                      weight_gbs=w.nbytes / t.median_s / 1e9, rotated=rotated)
+
+
+def measure_peer(peer: Peer, a: np.ndarray, w: np.ndarray, *, copies: int = 1,
+                 **timing_kw) -> GemmTiming:
+    """Prepare `copies` weight copies for `peer`, check it against numpy, and time it."""
+    handles = [peer.prepare(w) for _ in range(copies)]
+    return measure_runner(peer.name, peer.run, a, w, handles, **timing_kw)

@@ -1,0 +1,138 @@
+"""The vendor GEMM peers (numpy/OpenBLAS, torch/oneDNN, OpenVINO) and the `make_peers` factory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sandwich.errors import ConfigError, ShapeError
+from sandwich.tuner.baselines import Peer, PeerSet, SkippedPeer
+
+DEFAULT_PEERS = ("numpy", "torch", "openvino")
+
+
+def _own_copy(w: np.ndarray) -> np.ndarray:
+    if not isinstance(w, np.ndarray) or w.ndim != 2:
+        raise ShapeError(f"weights must be a 2-D numpy array (K, N), got {getattr(w, 'shape', type(w))}")
+    return np.array(w, dtype=np.float32, order="C", copy=True)
+
+
+def _check_a(a: np.ndarray, k: int) -> None:
+    if a.ndim != 2 or a.shape[1] != k or a.dtype != np.float32:
+        raise ShapeError(f"activations must be float32 (M, {k}), got {a.dtype} {a.shape}")
+
+
+class NumpyPeer(Peer):
+    """numpy matmul on its bundled OpenBLAS, threads limited with threadpoolctl."""
+
+    name = "numpy"
+
+    def __init__(self, threads: int) -> None:
+        from threadpoolctl import threadpool_limits
+
+        self.threads = threads
+        # Kept on the peer: the limit stays set for the process, like torch.set_num_threads.
+        self._limits = threadpool_limits(limits=threads, user_api="blas")
+
+    def prepare(self, w: np.ndarray) -> np.ndarray:
+        return _own_copy(w)
+
+    def run(self, a: np.ndarray, handle: object) -> np.ndarray:
+        assert isinstance(handle, np.ndarray)
+        _check_a(a, handle.shape[0])
+        return a @ handle
+
+
+class TorchPeer(Peer):
+    """torch.mm (oneDNN/MKL on x86 CPU wheels) on zero-copy views of the numpy arrays."""
+
+    name = "torch"
+
+    def __init__(self, threads: int) -> None:
+        import torch
+
+        self.threads = threads
+        self._torch = torch
+        torch.set_num_threads(threads)
+
+    def prepare(self, w: np.ndarray) -> object:
+        return self._torch.from_numpy(_own_copy(w))
+
+    def run(self, a: np.ndarray, handle: object) -> np.ndarray:
+        _check_a(a, handle.shape[0])  # type: ignore[attr-defined]
+        return self._torch.mm(self._torch.from_numpy(a), handle).numpy()
+
+
+@dataclass
+class _OpenVinoWeights:
+    """Weights as (N, K) plus one compiled model per static M, built on first use."""
+
+    wt: np.ndarray
+    compiled: dict[int, object] = field(default_factory=dict)
+
+
+class OpenVinoPeer(Peer):
+    """OpenVINO MatMul with the weights as a Constant, compiled per static M.
+
+    The constant lets the CPU plugin pack the weights ahead (a FullyConnected node), as our
+    kernels do; the weights are stored (N, K) with transpose_b so no Transpose node is left in
+    the graph; f32 precision is forced, since the plugin defaults to bf16 on CPUs with bf16.
+    """
+
+    name = "openvino"
+
+    def __init__(self, threads: int) -> None:
+        import openvino as ov
+        import openvino.opset13 as ops
+
+        self.threads = threads
+        self._ov, self._ops = ov, ops
+        self._core = ov.Core()
+        self._config = {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32",
+                        "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
+
+    def prepare(self, w: np.ndarray) -> _OpenVinoWeights:
+        return _OpenVinoWeights(wt=np.ascontiguousarray(_own_copy(w).T))
+
+    def _compile(self, h: _OpenVinoWeights, m: int) -> object:
+        n, k = h.wt.shape
+        x = self._ops.parameter([m, k], self._ov.Type.f32)
+        y = self._ops.matmul(x, self._ops.constant(h.wt), False, True)
+        model = self._ov.Model([y], [x], f"gemm_{m}x{n}x{k}")
+        h.compiled[m] = self._core.compile_model(model, "CPU", self._config)
+        return h.compiled[m]
+
+    def run(self, a: np.ndarray, handle: object) -> np.ndarray:
+        assert isinstance(handle, _OpenVinoWeights)
+        _check_a(a, handle.wt.shape[1])
+        cm = handle.compiled.get(a.shape[0])
+        if cm is None:
+            cm = self._compile(handle, a.shape[0])
+        return cm({0: a}, share_inputs=True, share_outputs=True)[0]  # type: ignore[operator]
+
+
+_FACTORIES: dict[str, tuple[Callable[[int], Peer], str]] = {
+    "numpy": (NumpyPeer, "pip install threadpoolctl"),
+    "torch": (TorchPeer, "pip install torch==2.13.0"),
+    "openvino": (OpenVinoPeer, "pip install openvino"),
+}
+
+
+def make_peers(names: Iterable[str] = DEFAULT_PEERS, *, threads: int) -> PeerSet:
+    """Build the named peers for `threads` threads; a peer whose package is missing is skipped."""
+    if not isinstance(threads, int) or threads < 1:
+        raise ConfigError(f"threads must be a positive integer, got {threads!r}")
+    peers: list[Peer] = []
+    skipped: list[SkippedPeer] = []
+    for name in names:
+        if name not in _FACTORIES:
+            raise ConfigError(f"unknown GEMM peer {name!r}; choose from {', '.join(_FACTORIES)}")
+        factory, install = _FACTORIES[name]
+        try:
+            peers.append(factory(threads))
+        except ImportError as e:
+            missing = e.name or str(e)
+            skipped.append(SkippedPeer(name, f"peer {name} skipped: {missing} is not installed ({install})"))
+    return PeerSet(peers=tuple(peers), skipped=tuple(skipped))

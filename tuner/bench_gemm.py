@@ -1,0 +1,189 @@
+"""`sandwichc bench gemm`: the cached sandwich GEMMs against the vendor peers, in one process,
+one run, the same threads and the same cache state, plus the machine's measured limits."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import platform
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sandwich.errors import ConfigError
+from sandwich.tuner.baselines.measure import (
+    measure_peer,
+    measure_runner,
+    random_gemm,
+    rotation_copies,
+)
+from sandwich.tuner.baselines.vendor import make_peers
+from sandwich.tuner.machine_bench import measure_machine
+from sandwich.tuner.models import load_model_config
+from sandwich.tuner.payload import make_payload
+from sandwich.tuner.tune import unique_shapes
+
+ROTATE_MAX_M = 8
+TIMING = {"warmup": 1, "repeat": 5, "min_repeat_s": 0.02}
+# thread pools (TVM's, OpenBLAS's, OpenMP's) spin for a while after a call; a pause before
+# each runner lets the previous library's threads sleep so they do not steal its cores
+SETTLE_S = 0.2
+
+
+def _settle() -> None:
+    time.sleep(SETTLE_S)
+
+
+@dataclass
+class BenchResult:
+    """Everything the JSON, Markdown and PNG outputs are made from."""
+
+    command: str
+    date: str
+    machine: str
+    threads: int
+    peak_gflops: float
+    read_gbs: float
+    peers: list[str]
+    skipped: list[str]
+    rows: list[dict] = field(default_factory=list)
+    rotated_rows: list[dict] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"command": self.command, "date": self.date, "machine": self.machine,
+                "threads": self.threads, "peak_gflops": self.peak_gflops,
+                "read_gbs": self.read_gbs, "peers": self.peers, "skipped": self.skipped,
+                "rows": self.rows, "rotated_rows": self.rotated_rows,
+                "summary": summarize(self.rows, self.peers, self.peak_gflops)}
+
+
+def _geomean(xs: list[float]) -> float:
+    xs = [x for x in xs if x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else 0.0
+
+
+def summarize(rows: list[dict], peers: list[str], peak: float) -> dict:
+    """Geomean speedup over the best peer per row; fraction of peak for large M."""
+    def speedups(pred):
+        return [r["speedup_vs_best_peer"] for r in rows if pred(r) and r.get("speedup_vs_best_peer")]
+
+    large = [r["sandwich_gflops"] / peak for r in rows if r["m"] >= 512 and peak > 0]
+    return {
+        "geomean_speedup_all": _geomean(speedups(lambda r: True)),
+        "geomean_speedup_m_le_64": _geomean(speedups(lambda r: r["m"] <= 64)),
+        "geomean_speedup_m_ge_512": _geomean(speedups(lambda r: r["m"] >= 512)),
+        "min_fraction_of_peak_m_ge_512": min(large) if large else 0.0,
+        "geomean_fraction_of_peak_m_ge_512": _geomean(large),
+    }
+
+
+def _machine_name() -> str:
+    from sandwich.compiler.target import detect_cpu
+
+    cpu = detect_cpu()
+    return f"{cpu.model} ({cpu.mcpu}, {cpu.isa}, {cpu.cores} cores, L3 {cpu.l3_bytes >> 20} MiB)"
+
+
+def run_bench(*, models: list[str], ms: list[int], tp: int, peer_names: list[str], threads: int,
+              cache, rotate: bool, command: str, log=print) -> BenchResult:
+    """Time every unique GEMM shape of the models at every M, ours and the peers'."""
+    limits = measure_machine(threads)
+    log(f"machine limits with {threads} threads: peak {limits.peak_gflops:.1f} GFLOPS, "
+        f"streaming read {limits.read_gbs:.1f} GB/s")
+    peers = make_peers(peer_names, threads=threads)
+    for msg in peers.messages:
+        log(msg)
+    res = BenchResult(command, datetime.date.today().isoformat(), _machine_name(), threads,
+                      limits.peak_gflops, limits.read_gbs, list(peers.names), list(peers.messages))
+    for model in models:
+        cfg = load_model_config(model)
+        payload = make_payload(cfg, tp=tp, seq_max=max(ms))
+        for names, op in unique_shapes(payload):
+            gemm = cache.gemm(n=op.n, k=op.k, dtype=op.dtype, threads=threads)
+            for m in ms:
+                a, w = random_gemm(m, op.n, op.k, seed=m)
+                out = np.empty((m, op.n), np.float32)
+                row = {"model": model, "op": "+".join(names), "m": m, "n": op.n, "k": op.k}
+                _settle()
+                ours = measure_runner("sandwich", _runner(gemm, out), a, w, [gemm.pack(w)], **TIMING)
+                row["sandwich_gflops"] = ours.gflops
+                row["sandwich_schedule"] = gemm.schedule_for(m).key()
+                for peer in peers.peers:
+                    _settle()
+                    row[f"{peer.name}_gflops"] = measure_peer(peer, a, w, **TIMING).gflops
+                best = max((row[f"{p}_gflops"] for p in peers.names), default=0.0)
+                row["best_peer_gflops"] = best
+                row["speedup_vs_best_peer"] = row["sandwich_gflops"] / best if best else None
+                res.rows.append(row)
+                log(_row_line(row, peers.names))
+                if rotate and m <= ROTATE_MAX_M:
+                    res.rotated_rows.append(_rotated_row(row, gemm, peers.peers, a, w, limits))
+    return res
+
+
+def _runner(gemm, out: np.ndarray):
+    """Our GEMM as a peer-style runner writing into a preallocated output."""
+    return lambda a, handle: gemm(a, handle, out=out)
+
+
+def _rotated_row(row: dict, gemm, peers, a, w, limits) -> dict:
+    """The same shape with weights rotated over copies several times the LLC: DRAM-bound."""
+    copies = rotation_copies(w.nbytes, limits.llc_bytes)
+    out = np.empty((a.shape[0], w.shape[1]), np.float32)
+    handles = [gemm.pack(w) for _ in range(copies)]
+    _settle()
+    ours = measure_runner("sandwich", _runner(gemm, out), a, w, handles, **TIMING)
+    del handles
+    rot = {k: row[k] for k in ("model", "op", "m", "n", "k")}
+    rot.update(copies=copies, sandwich_gbs=ours.weight_gbs,
+               sandwich_pct_read=ours.pct_of_read(limits.read_gbs))
+    for peer in peers:
+        _settle()
+        t = measure_peer(peer, a, w, copies=copies, **TIMING)
+        rot[f"{peer.name}_gbs"] = t.weight_gbs
+        rot[f"{peer.name}_pct_read"] = t.pct_of_read(limits.read_gbs)
+    return rot
+
+
+def _row_line(row: dict, peers) -> str:
+    cols = " ".join(f"{p} {row[f'{p}_gflops']:7.1f}" for p in peers)
+    sp = row["speedup_vs_best_peer"]
+    return (f"{row['op']:<16} M={row['m']:<5} {row['n']}x{row['k']}: sandwich "
+            f"{row['sandwich_gflops']:7.1f} | {cols} | x{sp:.2f}" if sp else "")
+
+
+def cmd_bench_gemm(args) -> int:
+    from sandwich.cli import cache_dir_arg
+    from sandwich.runtime.kernel_cache import KernelCache
+    from sandwich.tuner.bench_report import write_markdown, write_png
+
+    try:
+        ms = sorted({int(x) for x in args.m.split(",") if x.strip()})
+    except ValueError:
+        raise ConfigError(f"--m must be comma-separated integers, got {args.m!r}") from None
+    if not ms or ms[0] < 1:
+        raise ConfigError("--m values must be >= 1")
+    threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
+    command = "sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    res = run_bench(models=args.model or ["llama-160m"], ms=ms, tp=args.tp,
+                    peer_names=[p for p in args.peers.split(",") if p], threads=threads,
+                    cache=KernelCache(cache_dir_arg(args)), rotate=not args.no_rotate,
+                    command=command)
+    res.machine += f", {platform.python_implementation()} {platform.python_version()}"
+    for path in (args.json_out, args.md, args.png):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json_out).write_text(json.dumps(res.to_json(), indent=1))
+    write_markdown(res, Path(args.md))
+    write_png(res, Path(args.png))
+    s = res.to_json()["summary"]
+    print(f"geomean speedup over the best peer: all {s['geomean_speedup_all']:.2f}, "
+          f"M<=64 {s['geomean_speedup_m_le_64']:.2f}; M>=512 at "
+          f"{100 * s['geomean_fraction_of_peak_m_ge_512']:.0f}% of peak (min "
+          f"{100 * s['min_fraction_of_peak_m_ge_512']:.0f}%)")
+    print(f"wrote {args.json_out}, {args.md}, {args.png}")
+    return 0

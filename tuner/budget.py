@@ -1,0 +1,50 @@
+"""Tuning budgets: presets of the search settings and of which M values get searched."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sandwich.errors import ConfigError
+from sandwich.tuner.search import SearchSettings
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How hard `sandwichc tune` searches."""
+
+    name: str
+    settings: SearchSettings
+    mk_widths: int  # how many micro-kernel widths (1 = only the widest)
+    dense_until: int  # every M up to here is searched, then `per_octave` points per doubling
+    per_octave: int
+
+    def m_samples(self, seq_max: int) -> list[int]:
+        """Increasing M values to search; each covers M up to the next one."""
+        if seq_max <= 0:
+            raise ConfigError(f"--seq-max must be >= 1, got {seq_max}")
+        ms = set(range(1, min(self.dense_until, seq_max) + 1))
+        m = self.dense_until
+        while m < seq_max:
+            for i in range(1, self.per_octave + 1):
+                ms.add(min(seq_max, round(m * 2 ** (i / self.per_octave))))
+            m *= 2
+        return sorted(x for x in ms if x <= seq_max)
+
+
+BUDGETS = {
+    "tiny": Budget("tiny", SearchSettings(sigma=2, mk_keep=1, finetune_steps=1, reuse_patience=1),
+                   mk_widths=1, dense_until=2, per_octave=1),
+    "quick": Budget("quick", SearchSettings(sigma=4, mk_keep=1, finetune_steps=1, reuse_patience=2),
+                    mk_widths=1, dense_until=4, per_octave=1),
+    "default": Budget("default", SearchSettings(sigma=16, mk_keep=2, finetune_steps=2, reuse_patience=2),
+                      mk_widths=2, dense_until=8, per_octave=2),
+    "full": Budget("full", SearchSettings(sigma=16, mk_keep=4, finetune_steps=6, reuse_patience=3),
+                   mk_widths=3, dense_until=16, per_octave=4),
+}
+
+
+def get_budget(name: str) -> Budget:
+    try:
+        return BUDGETS[name]
+    except KeyError:
+        raise ConfigError(f"unknown budget '{name}' (choose from {', '.join(BUDGETS)})") from None

@@ -1,0 +1,193 @@
+"""`sandwichc info | tune | cache ls|verify|clear | bench gemm`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import time
+
+from sandwich.errors import CacheError, ConfigError
+from sandwich.tuner.budget import BUDGETS
+from sandwich.tuner.models import DEFAULT_MODEL
+
+
+def _cache_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache-dir", help="kernel cache directory (default: $SANDWICHC_CACHE_DIR or "
+                   "~/.cache/sandwichc)")
+
+
+def _threads_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads the kernels run with (default: all cores of this process)")
+
+
+def register(sub) -> None:
+    info = sub.add_parser("info", help="print the detected CPU, the TVM target and its fingerprint")
+    info.add_argument("--json", action="store_true")
+    info.set_defaults(func=cmd_info)
+
+    tune = sub.add_parser("tune", help="tune the GEMMs of a model over M in [1, seq_max]")
+    tune.add_argument("--model", default=DEFAULT_MODEL, help="embedded name or path to an HF config.json")
+    tune.add_argument("--seq-max", type=int, default=2048)
+    tune.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (shards N or K)")
+    _threads_arg(tune)
+    tune.add_argument("--budget", choices=list(BUDGETS), default="default")
+    tune.add_argument("--ops", help="comma-separated subset of qkv,o,gate_up,down,lm_head")
+    tune.add_argument("--no-progress", action="store_true")
+    _cache_arg(tune)
+    tune.set_defaults(func=cmd_tune)
+
+    cache = sub.add_parser("cache", help="list, verify or clear the kernel cache")
+    csub = cache.add_subparsers(dest="cache_cmd", required=True)
+    for name, fn, hlp in (("ls", cmd_cache_ls, "list tuned shapes and their M ranges"),
+                          ("verify", cmd_cache_verify, "check every .so against its SHA-256 "
+                           "and, with --numerics, every GEMM against numpy"),
+                          ("clear", cmd_cache_clear, "delete all records and kernels")):
+        p = csub.add_parser(name, help=hlp)
+        _cache_arg(p)
+        p.set_defaults(func=fn)
+        if name == "verify":
+            p.add_argument("--numerics", type=int, default=0, metavar="COUNT",
+                           help="also run each GEMM at COUNT random M (M=1 and primes included)")
+            p.add_argument("--seq-max", type=int, default=2048)
+
+    from sandwich.tuner import bench_cli
+
+    bench_cli.register(sub, cache_arg=_cache_arg, threads_arg=_threads_arg)
+
+
+def _threads(args) -> int:
+    return getattr(args, "threads", None) or int(args.env.get("TVM_NUM_THREADS", "0")) or len(os.sched_getaffinity(0))
+
+
+def _cache(args):
+    from sandwich.cli import cache_dir_arg
+    from sandwich.runtime.kernel_cache import KernelCache
+
+    return KernelCache(cache_dir_arg(args))
+
+
+def cmd_info(args) -> int:
+    from sandwich.compiler.target import detect_cpu
+
+    cpu = detect_cpu()
+    d = json.loads(cpu.to_json())
+    d.pop("flags")
+    d["lanes_f32"] = cpu.lanes_f32
+    d["target"] = cpu.target_dict(_threads(args))
+    d["fingerprint"] = cpu.fingerprint()
+    d["tvm_threads"] = int(args.env.get("TVM_NUM_THREADS", "0"))
+    if args.json:
+        print(json.dumps(d, indent=2))
+        return 0
+    width = max(len(k) for k in d)
+    for key, val in d.items():
+        print(f"{key:<{width}}  {val}")
+    return 0
+
+
+def cmd_tune(args) -> int:
+    from tqdm import tqdm
+
+    from sandwich.tuner.budget import get_budget
+    from sandwich.tuner.models import load_model_config
+    from sandwich.tuner.payload import make_payload
+    from sandwich.tuner.tune import tune_op, unique_shapes
+
+    cfg = load_model_config(args.model)
+    payload = make_payload(cfg, tp=args.tp, seq_max=args.seq_max)
+    budget = get_budget(args.budget)
+    threads = _threads(args)
+    shapes = unique_shapes(payload)
+    if args.ops:
+        wanted = set(args.ops.split(","))
+        unknown = wanted - {n for names, _ in shapes for n in names}
+        if unknown:
+            raise ConfigError(f"unknown --ops {sorted(unknown)}; this model has "
+                              f"{', '.join(n for names, _ in shapes for n in names)}")
+        shapes = [(names, op) for names, op in shapes if wanted & set(names)]
+    cache = _cache(args)
+    samples = budget.m_samples(args.seq_max)
+    print(f"tuning {cfg.name} (tp={args.tp}, seq_max={args.seq_max}, budget={budget.name}) "
+          f"with {threads} threads on {cache.cpu.model} [{cache.fingerprint}], cache {cache.dir}")
+    t0 = time.perf_counter()
+    reports = []
+    with tqdm(total=len(shapes) * len(samples), unit="M", disable=args.no_progress,
+              dynamic_ncols=True) as bar:
+        for names, op in shapes:
+            bar.set_description(f"{'+'.join(names)} {op.n}x{op.k}")
+            reports.append(tune_op(names=names, op=op, seq_max=args.seq_max, threads=threads,
+                                   budget=budget, cache=cache, on_step=bar.update))
+    total = time.perf_counter() - t0
+    print(f"{'op':<14}{'N':>7}{'K':>7}{'searched':>10}{'cached':>8}{'trials':>8}{'compile s':>11}"
+          f"{'total s':>9}  best GFLOPS (M)")
+    for r in reports:
+        best = max(r.results, key=lambda x: x.gflops, default=None)
+        best_s = f"{best.gflops:.1f} ({best.m})" if best else "-"
+        print(f"{'+'.join(r.names):<14}{r.n:>7}{r.k:>7}{r.searched:>10}{r.cached:>8}{r.trials:>8}"
+              f"{r.compile_seconds:>11.1f}{r.seconds:>9.1f}  {best_s}")
+        if r.rebuilt:
+            print(f"  rebuilt {r.rebuilt} kernel file(s) that were missing or altered")
+    print(f"done in {total:.1f} s")
+    return 0
+
+
+def cmd_cache_ls(args) -> int:
+    cache = _cache(args)
+    recs = cache.db.records(fingerprint=cache.fingerprint)
+    if not recs:
+        print(f"{cache.dir}: no tuned kernels for this target ({cache.fingerprint})")
+        return 0
+    print(f"{cache.dir} (target {cache.fingerprint})")
+    print(f"{'op':<14}{'N':>7}{'K':>7}{'thr':>5}{'M range':>13}  {'GFLOPS':>8}  schedule")
+    for r in recs:
+        rec = r.record
+        rng = f"{rec.m_lo}-{rec.m_hi}"
+        print(f"{rec.op:<14}{rec.n:>7}{rec.k:>7}{r.threads:>5}{rng:>13}  {rec.gflops:>8.1f}  "
+              f"{rec.schedule.key()}{' (reused)' if r.reused else ''}")
+    return 0
+
+
+def _primes_upto(n: int) -> list[int]:
+    return [p for p in range(2, n + 1) if all(p % d for d in range(2, int(p ** 0.5) + 1))]
+
+
+def numeric_ms(count: int, seq_max: int, seed: int = 0) -> list[int]:
+    """M=1, a few primes, the rest uniform in [1, seq_max]."""
+    rng = random.Random(seed)
+    primes = _primes_upto(min(seq_max, 2048))
+    ms = {1}
+    ms.update(rng.sample(primes, min(len(primes), max(0, count // 4))))
+    while len(ms) < min(count, seq_max):
+        ms.add(rng.randint(1, seq_max))
+    return sorted(ms)
+
+
+def cmd_cache_verify(args) -> int:
+    from sandwich.tuner.tune import verify_numerics
+
+    cache = _cache(args)
+    problems = cache.verify()
+    shapes = sorted({(r.record.n, r.record.k, r.record.dtype)
+                     for r in cache.db.records(fingerprint=cache.fingerprint)})
+    if args.numerics and not problems:
+        ms = numeric_ms(args.numerics, args.seq_max)
+        for n, k, dtype in shapes:
+            problems += verify_numerics(cache, n=n, k=k, ms=ms, dtype=dtype)
+        print(f"checked {len(shapes)} GEMM shape(s) against numpy at M = {ms}")
+    n_files = sum(1 for fp, _ in cache.db.kernels() if fp == cache.fingerprint)
+    if problems:
+        for p in problems:
+            print(p)
+        raise CacheError(f"{len(problems)} problem(s) in {cache.dir}; run `sandwichc tune` to rebuild")
+    print(f"{cache.dir}: {n_files} kernel file(s) for {len(shapes)} GEMM shape(s) verified")
+    return 0
+
+
+def cmd_cache_clear(args) -> int:
+    cache = _cache(args)
+    cache.clear()
+    print(f"cleared {cache.dir}")
+    return 0

@@ -1,0 +1,148 @@
+/* Machine limits for the GEMM benchmark: fp32 FMA peak and streaming-read bandwidth.
+ *
+ * Built at run time by sandwich.tuner.machine_bench with -mavx512f or -mavx2 -mfma and
+ * loaded with ctypes. Each entry point runs `threads` workers (the caller is worker 0)
+ * and returns 0 on success; the Python side does the timing, so that warm-up, repeats
+ * and the median follow the project's one timing helper.
+ */
+#include <immintrin.h>
+#include <pthread.h>
+#include <stddef.h>
+
+#if defined(__AVX512F__)
+typedef __m512 vec;
+#define LANES 16
+#define VSET1(x) _mm512_set1_ps(x)
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VADD(a, b) _mm512_add_ps(a, b)
+#define VLOAD(p) _mm512_load_ps(p)
+#define VSTORE(p, v) _mm512_storeu_ps(p, v)
+#elif defined(__AVX2__) && defined(__FMA__)
+typedef __m256 vec;
+#define LANES 8
+#define VSET1(x) _mm256_set1_ps(x)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VADD(a, b) _mm256_add_ps(a, b)
+#define VLOAD(p) _mm256_load_ps(p)
+#define VSTORE(p, v) _mm256_storeu_ps(p, v)
+#else
+#error "machine_bench.c needs AVX-512F or AVX2+FMA"
+#endif
+
+/* Independent FMA chains: enough to cover latency x throughput (4 x 2) on every x86 core
+ * we target, while leaving registers for the two constants (AVX2 has 16). */
+#define FMA_ACCS 12
+/* Independent read accumulators: a single dependent chain reads far below the limit. */
+#define READ_ACCS 8
+#define MAX_THREADS 1024
+
+int mb_lanes(void) { return LANES; }
+int mb_fma_accs(void) { return FMA_ACCS; }
+int mb_read_block(void) { return READ_ACCS * LANES; }
+
+static float hsum(vec v) {
+    float t[LANES];
+    VSTORE(t, v);
+    float s = 0.0f;
+    for (int i = 0; i < LANES; i++) s += t[i];
+    return s;
+}
+
+typedef struct {
+    long iters;
+    float result;
+} fma_job;
+
+static void *fma_worker(void *p) {
+    fma_job *job = (fma_job *)p;
+    /* acc = acc * m + c converges to c / (1 - m): no overflow, no denormals. */
+    const vec m = VSET1(0.999999f), c = VSET1(1e-3f);
+    vec a0 = VSET1(0.0f), a1 = VSET1(0.1f), a2 = VSET1(0.2f), a3 = VSET1(0.3f);
+    vec a4 = VSET1(0.4f), a5 = VSET1(0.5f), a6 = VSET1(0.6f), a7 = VSET1(0.7f);
+    vec a8 = VSET1(0.8f), a9 = VSET1(0.9f), a10 = VSET1(1.0f), a11 = VSET1(1.1f);
+    for (long i = 0; i < job->iters; i++) {
+        a0 = VFMA(a0, m, c); a1 = VFMA(a1, m, c); a2 = VFMA(a2, m, c);
+        a3 = VFMA(a3, m, c); a4 = VFMA(a4, m, c); a5 = VFMA(a5, m, c);
+        a6 = VFMA(a6, m, c); a7 = VFMA(a7, m, c); a8 = VFMA(a8, m, c);
+        a9 = VFMA(a9, m, c); a10 = VFMA(a10, m, c); a11 = VFMA(a11, m, c);
+    }
+    vec s = VADD(VADD(VADD(a0, a1), VADD(a2, a3)), VADD(VADD(a4, a5), VADD(a6, a7)));
+    job->result = hsum(VADD(s, VADD(VADD(a8, a9), VADD(a10, a11))));
+    return NULL;
+}
+
+typedef struct {
+    const float *p;
+    size_t n; /* a multiple of READ_ACCS * LANES */
+    int passes;
+    float result;
+} read_job;
+
+static void *read_worker(void *p) {
+    read_job *job = (read_job *)p;
+    vec a0 = VSET1(0.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (int pass = 0; pass < job->passes; pass++) {
+        const float *x = job->p;
+        for (size_t i = 0; i < job->n; i += READ_ACCS * LANES) {
+            a0 = VADD(a0, VLOAD(x + i + 0 * LANES));
+            a1 = VADD(a1, VLOAD(x + i + 1 * LANES));
+            a2 = VADD(a2, VLOAD(x + i + 2 * LANES));
+            a3 = VADD(a3, VLOAD(x + i + 3 * LANES));
+            a4 = VADD(a4, VLOAD(x + i + 4 * LANES));
+            a5 = VADD(a5, VLOAD(x + i + 5 * LANES));
+            a6 = VADD(a6, VLOAD(x + i + 6 * LANES));
+            a7 = VADD(a7, VLOAD(x + i + 7 * LANES));
+        }
+    }
+    vec s = VADD(VADD(VADD(a0, a1), VADD(a2, a3)), VADD(VADD(a4, a5), VADD(a6, a7)));
+    job->result = hsum(s);
+    return NULL;
+}
+
+/* Run worker(jobs[t]) on `threads` threads, the caller being thread 0. */
+static int run_threads(int threads, void *(*worker)(void *), void *jobs, size_t job_size) {
+    pthread_t tid[MAX_THREADS];
+    int started = 0, rc = 0;
+    for (int t = 1; t < threads; t++) {
+        if (pthread_create(&tid[t], NULL, worker, (char *)jobs + t * job_size) != 0) {
+            rc = -2;
+            break;
+        }
+        started = t;
+    }
+    worker(jobs);
+    for (int t = 1; t <= started; t++) pthread_join(tid[t], NULL);
+    return rc;
+}
+
+/* `iters` loop trips of FMA_ACCS vector FMAs per thread; sum of results to *out. */
+int mb_fma(int threads, long iters, float *out) {
+    if (threads < 1 || threads > MAX_THREADS || iters < 1) return -1;
+    fma_job jobs[MAX_THREADS];
+    for (int t = 0; t < threads; t++) jobs[t].iters = iters;
+    int rc = run_threads(threads, fma_worker, jobs, sizeof(fma_job));
+    float s = 0.0f;
+    for (int t = 0; t < threads; t++) s += jobs[t].result;
+    *out = s;
+    return rc;
+}
+
+/* Read buf[0:n) `passes` times, split into contiguous per-thread chunks.
+ * buf must be 64-byte aligned and n a multiple of mb_read_block() * threads. */
+int mb_read(int threads, const float *buf, size_t n, int passes, float *out) {
+    size_t block = (size_t)READ_ACCS * LANES;
+    if (threads < 1 || threads > MAX_THREADS || passes < 1) return -1;
+    if (((size_t)buf & 63) != 0 || n % (block * threads) != 0) return -1;
+    read_job jobs[MAX_THREADS];
+    size_t chunk = n / threads;
+    for (int t = 0; t < threads; t++) {
+        jobs[t].p = buf + t * chunk;
+        jobs[t].n = chunk;
+        jobs[t].passes = passes;
+    }
+    int rc = run_threads(threads, read_worker, jobs, sizeof(read_job));
+    float s = 0.0f;
+    for (int t = 0; t < threads; t++) s += jobs[t].result;
+    *out = s;
+    return rc;
+}

@@ -1,0 +1,103 @@
+"""Llama-family model configs: the embedded ones by name, or any HF `config.json` by path."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from sandwich.errors import ConfigError
+
+DEFAULT_MODEL = "llama-160m"
+LLAMA_FAMILY = {"llama", "mistral", "qwen2"}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The fields of an HF Llama config that shape the GEMMs, attention and the KV cache."""
+
+    name: str
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    num_hidden_layers: int
+    vocab_size: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope_theta: float
+    tie_word_embeddings: bool
+    rope_scaling: dict[str, Any] | None = field(default=None, compare=False, hash=False)
+
+
+def embedded_models() -> list[str]:
+    """Names accepted by `--model` without a path."""
+    files = resources.files("sandwich.tuner").joinpath("configs").iterdir()
+    return sorted(p.name[: -len(".json")] for p in files if p.name.endswith(".json"))
+
+
+def load_model_config(name_or_path: str | Path) -> ModelConfig:
+    """Load an embedded config by name, or a `config.json` (or a directory holding one)."""
+    text, source = _read(str(name_or_path))
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{source}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a JSON object, got {type(raw).__name__}")
+    return parse_model_config(raw, source=source, name=Path(str(name_or_path)).stem)
+
+
+def _read(name_or_path: str) -> tuple[str, str]:
+    path = Path(name_or_path)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return path.read_text(), str(path)
+    if name_or_path in embedded_models():
+        f = resources.files("sandwich.tuner").joinpath("configs", f"{name_or_path}.json")
+        return f.read_text(), f"embedded model '{name_or_path}'"
+    known = ", ".join(embedded_models())
+    raise ConfigError(f"unknown model '{name_or_path}': not a file, and not one of: {known}")
+
+
+def _int(raw: dict[str, Any], key: str, source: str, default: int | None = None) -> int:
+    v = raw.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise ConfigError(f"{source}: '{key}' must be a positive integer, got {v!r}")
+    return v
+
+
+def parse_model_config(raw: dict[str, Any], *, source: str, name: str) -> ModelConfig:
+    """Validate a config dict: Llama family, positive sizes, heads that divide evenly."""
+    model_type = raw.get("model_type")
+    if model_type not in LLAMA_FAMILY:
+        raise ConfigError(
+            f"{source}: model_type {model_type!r} is not Llama-family (expected one of {sorted(LLAMA_FAMILY)})"
+        )
+    hidden = _int(raw, "hidden_size", source)
+    heads = _int(raw, "num_attention_heads", source)
+    kv_heads = _int(raw, "num_key_value_heads", source, default=heads)
+    if heads % kv_heads:
+        raise ConfigError(f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    head_dim = raw.get("head_dim") or (hidden // heads if hidden % heads == 0 else None)
+    if head_dim is None:
+        raise ConfigError(f"{source}: hidden_size {hidden} is not divisible by num_attention_heads {heads}; set head_dim")
+    return ModelConfig(
+        name=str(raw.get("_name_or_path") or name),
+        hidden_size=hidden,
+        intermediate_size=_int(raw, "intermediate_size", source),
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        num_hidden_layers=_int(raw, "num_hidden_layers", source),
+        vocab_size=_int(raw, "vocab_size", source),
+        head_dim=_int({"head_dim": head_dim}, "head_dim", source),
+        max_position_embeddings=_int(raw, "max_position_embeddings", source, default=2048),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(raw.get("rope_theta", 10000.0)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        rope_scaling=raw.get("rope_scaling"),
+    )

@@ -1,0 +1,46 @@
+"""The payload: every GEMM of one decoder layer plus lm_head, with (N, K) under a TP degree."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sandwich.errors import ConfigError
+from sandwich.tuner.models import ModelConfig
+from sandwich.types import GemmOp
+
+
+@dataclass(frozen=True)
+class Payload:
+    """GEMM ops of one model under a tensor-parallel degree; M ranges over [1, seq_max]."""
+
+    model: str
+    tp: int
+    seq_max: int
+    ops: tuple[GemmOp, ...]
+
+
+def _shard(value: int, tp: int, what: str) -> int:
+    if value % tp:
+        raise ConfigError(f"tensor-parallel degree {tp} does not divide {what} ({value})")
+    return value // tp
+
+
+def make_payload(cfg: ModelConfig, *, tp: int = 1, seq_max: int = 2048) -> Payload:
+    """QKV and gate/up are fused (column-parallel); O and down are row-parallel (K sharded)."""
+    if tp <= 0:
+        raise ConfigError(f"--tp must be >= 1, got {tp}")
+    if seq_max <= 0:
+        raise ConfigError(f"--seq-max must be >= 1, got {seq_max}")
+    heads = _shard(cfg.num_attention_heads, tp, "num_attention_heads")
+    kv_heads = _shard(cfg.num_key_value_heads, tp, "num_key_value_heads")
+    inter = _shard(cfg.intermediate_size, tp, "intermediate_size")
+    layers = cfg.num_hidden_layers
+    d = cfg.head_dim
+    ops = (
+        GemmOp("qkv", n=(heads + 2 * kv_heads) * d, k=cfg.hidden_size, count=layers),
+        GemmOp("o", n=cfg.hidden_size, k=heads * d, count=layers),
+        GemmOp("gate_up", n=2 * inter, k=cfg.hidden_size, count=layers),
+        GemmOp("down", n=cfg.hidden_size, k=inter, count=layers),
+        GemmOp("lm_head", n=cfg.vocab_size if cfg.vocab_size % tp else cfg.vocab_size // tp, k=cfg.hidden_size),
+    )
+    return Payload(model=cfg.name, tp=tp, seq_max=seq_max, ops=ops)

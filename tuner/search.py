@@ -1,0 +1,236 @@
+"""The sandwich-kernel search (Sandwich §3.2, §6): fast start, finetune, sliding window, reuse.
+
+One `SandwichSearch` tunes one GEMM op (fixed N, K) over increasing M. It only sees an
+injected `measure(schedule, m)`, so tests drive it with fake timings.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import astuple, dataclass, field, replace
+
+from sandwich.tuner.measure import Measure
+from sandwich.tuner.space import K_UNIT, clamp, polymerizations, slice_caps, useful
+from sandwich.types import ComputeSlice, KernelSchedule, MicroKernel, Polymerization
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """Knobs of the search; budgets (tuner/budget.py) are presets of these."""
+
+    sigma: int = 16  # sliding window: first sigma Ms try every micro-kernel
+    mk_keep: int = 3  # micro-kernels that go on to fast start after one probe each
+    finetune_steps: int = 4  # greedy slice growths per polymerization
+    min_gain: float = 0.02  # a growth must gain this much to be kept
+    reuse_threshold: float = 0.15  # slice within this of the running average counts as stable
+    reuse_gain: float = 0.03  # ... and so does a search that beats the last winner by less
+    reuse_patience: int = 3  # stable Ms in a row before the schedule is frozen
+    split_k: bool = True
+    probe_k: int = 256  # b_k of the probe slice that ranks micro-kernels
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One measured candidate, for the per-step log."""
+
+    m: int
+    phase: str  # "probe" | "fast_start" | "finetune" | "reuse"
+    schedule: KernelSchedule
+    gflops: float
+
+
+@dataclass(frozen=True)
+class MResult:
+    """The winner at one M and what finding it cost."""
+
+    m: int
+    schedule: KernelSchedule
+    gflops: float
+    trials: int
+    seconds: float
+    reused: bool = False
+    stable: bool = False  # the previous winner came within reuse_gain of this one
+
+
+@dataclass
+class SearchState:
+    """What carries over from one M to the next (and can be rebuilt from stored results)."""
+
+    history: list[MResult] = field(default_factory=list)
+    frozen: KernelSchedule | None = None
+
+
+class SandwichSearch:
+    """Tunes one (N, K) GEMM for increasing M with an injected measure function."""
+
+    def __init__(self, *, n: int, k: int, pack_n: int, micro_kernels: list[MicroKernel],
+                 threads: int, measure: Measure, settings: SearchSettings = SearchSettings(),
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.n, self.k, self.pack_n = n, k, pack_n
+        self.all_mks = list(micro_kernels)
+        self.threads = threads
+        self.measure = measure
+        self.settings = settings
+        self.clock = clock
+        self.state = SearchState()
+        self.trials: list[Trial] = []
+        self._seen: dict[tuple[KernelSchedule, int], float] = {}
+
+    # -- bookkeeping -------------------------------------------------------------------
+    def resume(self, results: list[MResult]) -> None:
+        """Replay stored winners (sorted by M) so the window and reuse state match a fresh run."""
+        for r in sorted(results, key=lambda r: r.m):
+            self._record(r)
+
+    def _record(self, r: MResult) -> None:
+        st = self.state
+        st.history.append(r)
+        if st.frozen is None and self._stable():
+            st.frozen = r.schedule
+
+    def _eval(self, sched: KernelSchedule, m: int, phase: str) -> float:
+        key = (sched, m)
+        if key not in self._seen:
+            res = self.measure(sched, m)
+            self._seen[key] = res.gflops if res.ok else 0.0
+            self.trials.append(Trial(m, phase, sched, self._seen[key]))
+        return self._seen[key]
+
+    def _schedule(self, mk: MicroKernel, s: ComputeSlice, pl: Polymerization) -> KernelSchedule:
+        return KernelSchedule(mk, s, pl, self.pack_n)
+
+    # -- the sliding window ------------------------------------------------------------
+    def candidates(self, m: int) -> list[MicroKernel]:
+        """All micro-kernels for the first sigma Ms, then only the last sigma winners'."""
+        hist = self.state.history
+        if len(hist) < self.settings.sigma:
+            pool = self.all_mks
+        else:
+            recent = {r.schedule.micro_kernel for r in hist[-self.settings.sigma:]}
+            pool = [mk for mk in self.all_mks if mk in recent]
+        fitting = [mk for mk in pool if mk.mu_m <= m]
+        return fitting or [min(pool, key=lambda mk: (mk.mu_m, -mk.mu_n))]
+
+    # -- schedule reuse ----------------------------------------------------------------
+    def _stable(self) -> bool:
+        """Once the sliding window has filled, freeze when the last `patience` searches
+        either found nothing better than the
+        previous winner (within reuse_gain), or agree on micro-kernel and polymerization
+        with slices within reuse_threshold of their running average."""
+        p = self.settings.reuse_patience
+        if len(self.state.history) < self.settings.sigma:
+            return False  # skinny Ms are still inside the sliding window: keep searching
+        hist = [r for r in self.state.history if not r.reused][-p:]
+        if len(hist) < p:
+            return False
+        if all(r.stable for r in hist):
+            return True
+        if len({(r.schedule.polymerization, r.schedule.micro_kernel) for r in hist}) != 1:
+            return False
+        for dim in ("b_m", "b_n", "b_k"):
+            vals = [getattr(r.schedule.slice, dim) for r in hist]
+            avg = sum(vals) / len(vals)
+            if any(abs(v - avg) > self.settings.reuse_threshold * avg for v in vals):
+                return False
+        return True
+
+    # -- fast start --------------------------------------------------------------------
+    def fast_start(self, mk: MicroKernel, m: int, pl: Polymerization) -> tuple[ComputeSlice, float]:
+        """Grow each dimension by 2^t tiles while it gains (t counts the dimension's gains).
+        A growth that does not gain is rolled back and, as TCP does after a loss, the step
+        drops to one tile; a second miss in a row stops the dimension. Growth never passes
+        the point where a thread of `pl` would be left without work."""
+        caps = slice_caps(m, self.n, self.k, mk, pl)
+        tiles = (mk.mu_m, mk.mu_n, K_UNIT)
+        cur = list(astuple(clamp(ComputeSlice(*tiles), caps)))
+        best = self._eval(self._schedule(mk, ComputeSlice(*cur), pl), m, "fast_start")
+        steps, misses = [0, 0, 0], [0, 0, 0]
+        cap_list = (caps.b_m, caps.b_n, caps.b_k)
+        while any(miss < 2 for miss in misses):
+            for d in range(3):
+                if misses[d] >= 2:
+                    continue
+                cand = list(cur)
+                cand[d] = min(cur[d] + (2 ** steps[d]) * tiles[d], cap_list[d])
+                if cand[d] == cur[d]:
+                    misses[d] = 2
+                    continue
+                g = self._eval(self._schedule(mk, ComputeSlice(*cand), pl), m, "fast_start")
+                if g > best * (1 + self.settings.min_gain):
+                    cur, best = cand, g
+                    steps[d] += 1
+                    misses[d] = 0
+                else:
+                    steps[d] = 0
+                    misses[d] += 1
+        return ComputeSlice(*cur), best
+
+    # -- finetune ----------------------------------------------------------------------
+    def finetune(self, mk: MicroKernel, m: int, start: ComputeSlice,
+                 pl: Polymerization) -> tuple[ComputeSlice, float]:
+        """Under one polymerization, grow the slice one tile at a time along whichever
+        dimension gains most, until none gains."""
+        caps = slice_caps(m, self.n, self.k, mk, pl)
+        cur = clamp(start, caps)
+        best = self._eval(self._schedule(mk, cur, pl), m, "finetune")
+        units = {"b_m": mk.mu_m, "b_n": mk.mu_n, "b_k": 4 * K_UNIT}
+        for _ in range(self.settings.finetune_steps):
+            options = []
+            for dim, unit in units.items():
+                grown = min(getattr(cur, dim) + unit, getattr(caps, dim))
+                if grown != getattr(cur, dim):
+                    cand = replace(cur, **{dim: grown})
+                    options.append((self._eval(self._schedule(mk, cand, pl), m, "finetune"), cand))
+            if not options:
+                break
+            g, cand = max(options, key=lambda o: o[0])
+            if g <= best * (1 + self.settings.min_gain / 2):
+                break
+            cur, best = cand, g
+        return cur, best
+
+    # -- one M -------------------------------------------------------------------------
+    def _default_poly(self, m: int, mk: MicroKernel) -> Polymerization:
+        """Fast start runs under the scheme that splits the dimension with the most tiles."""
+        if self.n // mk.mu_n >= max(1, m // mk.mu_m):
+            return Polymerization(1, self.threads, 1)
+        return Polymerization(self.threads, 1, 1)
+
+    def _probe(self, mk: MicroKernel, m: int) -> float:
+        pl = self._default_poly(m, mk)
+        caps = slice_caps(m, self.n, self.k, mk, pl)
+        s = clamp(ComputeSlice(4 * mk.mu_m, 4 * mk.mu_n, self.settings.probe_k), caps)
+        return self._eval(self._schedule(mk, s, pl), m, "probe")
+
+    def tune_m(self, m: int) -> MResult:
+        """Best schedule at this M: frozen schedule if reuse has kicked in, else the search."""
+        t0, n0 = self.clock(), len(self.trials)
+        frozen = self.state.frozen
+        if frozen is not None:
+            g = self._eval(frozen, m, "reuse")
+            res = MResult(m, frozen, g, len(self.trials) - n0, self.clock() - t0, reused=True)
+            self._record(res)
+            return res
+        hist = self.state.history
+        prev = self._eval(hist[-1].schedule, m, "reuse") if hist else 0.0
+        mks = self.candidates(m)
+        if len(mks) > self.settings.mk_keep:
+            ranked = sorted(mks, key=lambda mk: -self._probe(mk, m))
+            mks = ranked[: self.settings.mk_keep]
+        best: tuple[float, KernelSchedule] | None = None
+        for mk in mks:
+            start, _ = self.fast_start(mk, m, self._default_poly(m, mk))
+            schemes = [pl for pl in polymerizations(self.threads, split_k=self.settings.split_k)
+                       if useful(pl, m, self.n, self.k, mk)] or [Polymerization(1, 1, 1)]
+            for pl in schemes:
+                s, g = self.finetune(mk, m, start, pl)
+                if best is None or g > best[0]:
+                    best = (g, self._schedule(mk, s, pl))
+        assert best is not None
+        if hist and prev >= best[0]:
+            best = (prev, hist[-1].schedule)
+        stable = bool(hist) and prev * (1 + self.settings.reuse_gain) >= best[0]
+        res = MResult(m, best[1], best[0], len(self.trials) - n0, self.clock() - t0, stable=stable)
+        self._record(res)
+        return res

@@ -1,0 +1,87 @@
+"""The sandwich-kernel search space: micro-kernels, polymerizations and slice limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sandwich.types import ComputeSlice, MicroKernel, Polymerization
+
+K_UNIT = 16  # b_k grows in cache lines of fp32 (64 bytes)
+
+
+@dataclass(frozen=True)
+class Isa:
+    """What bounds a register tile: fp32 lanes per vector and the number of vector registers."""
+
+    lanes: int
+    registers: int
+
+
+def registers_used(mk: MicroKernel, isa: Isa) -> int:
+    """Accumulators + one row of W vectors + one broadcast register."""
+    vec_n = mk.mu_n // isa.lanes
+    return mk.mu_m * vec_n + vec_n + 1
+
+
+def micro_kernels(isa: Isa, pack_n: int, *, widths: int = 3, max_rows: int = 8) -> list[MicroKernel]:
+    """Register tiles that fit the register file without spilling, widest first.
+
+    mu_n takes the `widths` widest multiples of the vector that divide the packed width;
+    mu_m takes 1..max_rows (skinny M wants exact row counts) plus the tallest tile that fits
+    (the most register reuse, which large M wants)."""
+    mus_n = [v * isa.lanes for v in range(pack_n // isa.lanes, 0, -1) if pack_n % (v * isa.lanes) == 0]
+    out = []
+    for mu_n in mus_n[:widths]:
+        vec_n = mu_n // isa.lanes
+        tallest = (isa.registers - 1 - vec_n) // vec_n
+        rows = sorted({r for r in range(1, min(max_rows, tallest) + 1)} | {tallest})
+        out.extend(MicroKernel(r, mu_n) for r in rows if r >= 1)
+    return out
+
+
+def pack_width(n: int, isa: Isa) -> int:
+    """The packed weight panel width: the widest of 4, 2 or 1 vectors that divides N."""
+    for v in (4, 2, 1):
+        if n % (v * isa.lanes) == 0:
+            return v * isa.lanes
+    return 0
+
+
+def polymerizations(threads: int, *, split_k: bool = True) -> list[Polymerization]:
+    """Every (t_m, t_n, t_k) whose product is the thread count."""
+    out = []
+    for t_m in range(1, threads + 1):
+        if threads % t_m:
+            continue
+        rest = threads // t_m
+        for t_n in range(1, rest + 1):
+            if rest % t_n:
+                continue
+            t_k = rest // t_n
+            if t_k > 1 and not split_k:
+                continue
+            out.append(Polymerization(t_m, t_n, t_k))
+    return out
+
+
+def _round_up(x: int, unit: int) -> int:
+    return -(-x // unit) * unit
+
+
+def slice_caps(m: int, n: int, k: int, mk: MicroKernel, pl: Polymerization) -> ComputeSlice:
+    """Largest slice that still leaves every thread of `pl` some work along each dimension."""
+    return ComputeSlice(
+        b_m=max(mk.mu_m, _round_up(-(-m // pl.t_m), mk.mu_m)),
+        b_n=max(mk.mu_n, _round_up(-(-n // pl.t_n), mk.mu_n)),
+        b_k=max(K_UNIT, _round_up(-(-k // pl.t_k), K_UNIT)),
+    )
+
+
+def clamp(s: ComputeSlice, caps: ComputeSlice) -> ComputeSlice:
+    return ComputeSlice(min(s.b_m, caps.b_m), min(s.b_n, caps.b_n), min(s.b_k, caps.b_k))
+
+
+def useful(pl: Polymerization, m: int, n: int, k: int, mk: MicroKernel) -> bool:
+    """A polymerization is worth trying only if each of its threads gets some work."""
+    blocks_m = max(1, m // mk.mu_m)
+    return pl.t_m <= blocks_m and pl.t_n <= n // mk.mu_n and pl.t_k <= -(-k // K_UNIT)

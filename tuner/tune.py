@@ -1,0 +1,129 @@
+"""`sandwichc tune`: search every GEMM of a payload over its M range and fill the kernel cache.
+
+Each searched M is committed as soon as it is found (record + verified `.so`), so a killed
+tune resumes from its committed records; a second run finds everything and only re-checks
+the kernel files.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sandwich.errors import BuildError, ConfigError
+from sandwich.runtime.kernel_cache import KernelCache
+from sandwich.tuner.budget import Budget
+from sandwich.tuner.payload import Payload
+from sandwich.tuner.search import MResult, SandwichSearch
+from sandwich.tuner.space import Isa, micro_kernels, pack_width
+from sandwich.tuner.tvm_measure import TvmMeasure
+from sandwich.types import GemmOp, KernelSchedule, TuneRecord
+
+
+@dataclass
+class OpReport:
+    """What tuning one (N, K) cost and found."""
+
+    names: list[str]
+    n: int
+    k: int
+    searched: int = 0
+    cached: int = 0
+    rebuilt: int = 0
+    trials: int = 0
+    seconds: float = 0.0
+    compile_seconds: float = 0.0
+    results: list[MResult] = field(default_factory=list)
+
+
+def unique_shapes(payload: Payload) -> list[tuple[list[str], GemmOp]]:
+    """Ops that share (N, K) share kernels: tune each shape once."""
+    shapes: dict[tuple[int, int, str], tuple[list[str], GemmOp]] = {}
+    for op in payload.ops:
+        key = (op.n, op.k, op.dtype)
+        if key in shapes:
+            shapes[key][0].append(op.name)
+        else:
+            shapes[key] = ([op.name], op)
+    return list(shapes.values())
+
+
+def _ranges(samples: list[int], seq_max: int) -> dict[int, int]:
+    """Each sampled M covers up to the next sample."""
+    return {m: (samples[i + 1] - 1 if i + 1 < len(samples) else seq_max) for i, m in enumerate(samples)}
+
+
+def _ensure_kernel(cache: KernelCache, measure: TvmMeasure, op: GemmOp,
+                   schedule: KernelSchedule) -> bool:
+    """Make sure the schedule's `.so` is in the cache and intact; True if it had to be built."""
+    kf = cache.db.kernel(cache.fingerprint, op.n, op.k, op.dtype, schedule)
+    if not cache.kernel_problem(kf):
+        return False
+    cache.store_kernel(measure.kernel(schedule), n=op.n, k=op.k, dtype=op.dtype, schedule=schedule)
+    return True
+
+
+def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget: Budget,
+            cache: KernelCache, on_step: Callable[[int], None] = lambda _: None) -> OpReport:
+    """Tune one (N, K) over the budget's M samples, resuming from committed records."""
+    t0 = time.perf_counter()
+    cpu = cache.cpu
+    isa = Isa(cpu.lanes_f32, cpu.vector_registers)
+    pack_n = pack_width(op.n, isa)
+    if not pack_n:
+        raise ConfigError(f"GEMM {op.name}: N={op.n} is not a multiple of the vector width "
+                          f"{isa.lanes}; pad the model dimension")
+    samples = budget.m_samples(seq_max)
+    m_hi = _ranges(samples, seq_max)
+    report = OpReport(names, op.n, op.k)
+    measure = TvmMeasure(cpu, threads, op.n, op.k, pack_n, seq_max)
+    search = SandwichSearch(n=op.n, k=op.k, pack_n=pack_n,
+                            micro_kernels=micro_kernels(isa, pack_n, widths=budget.mk_widths),
+                            threads=threads, measure=measure, settings=budget.settings)
+    stored = {r.record.m_lo: r for r in cache.records(op.n, op.k, op.dtype, threads)
+              if r.record.m_lo in m_hi and r.record.schedule.pack_n == pack_n}
+    search.resume([MResult(m, r.record.schedule, r.record.gflops, r.record.trials,
+                           r.record.seconds, r.reused, r.stable) for m, r in stored.items()])
+    for m in samples:
+        if m in stored:
+            report.cached += 1
+            report.rebuilt += _ensure_kernel(cache, measure, op, stored[m].record.schedule)
+            on_step(1)
+            continue
+        res = search.tune_m(m)
+        if res.gflops <= 0:
+            raise BuildError(f"GEMM {op.name} N={op.n} K={op.k}: no schedule built and verified "
+                             f"at M={m}; see `sandwichc info` for the target")
+        _ensure_kernel(cache, measure, op, res.schedule)
+        rec = TuneRecord(cache.fingerprint, "+".join(names), op.n, op.k, op.dtype, m, m_hi[m],
+                         res.schedule, res.gflops, res.trials, res.seconds)
+        cache.db.put_record(rec, threads=threads, reused=res.reused, stable=res.stable)
+        report.searched += 1
+        report.trials += res.trials
+        report.results.append(res)
+        on_step(1)
+    report.seconds = time.perf_counter() - t0
+    report.compile_seconds = measure.compile_seconds
+    return report
+
+
+def verify_numerics(cache: KernelCache, *, n: int, k: int, ms: list[int], dtype: str = "float32",
+                    seed: int = 0) -> list[str]:
+    """Run the cached GEMM at each M against numpy; returns the failures."""
+    import numpy as np
+
+    gemm = cache.gemm(n=n, k=k, dtype=dtype)
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((k, n), dtype=np.float32)
+    wp = gemm.pack(w)
+    problems = []
+    for m in ms:
+        a = rng.standard_normal((m, k), dtype=np.float32)
+        out = gemm(a, wp)
+        ref = a.astype(np.float64) @ w.astype(np.float64)
+        err = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
+        if not np.isfinite(err) or err > 1e-4:
+            problems.append(f"N={n} K={k} M={m}: max relative error {err:.3g}")
+    return problems
+

@@ -1,0 +1,118 @@
+"""The real measure: compile a schedule once (M is symbolic), check it against numpy, time it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sandwich.compiler.build import build_gemm
+from sandwich.compiler.gemm_runner import (
+    aligned_empty,
+    call_gemm,
+    gemm_args,
+    pack_weights,
+    workspace_view,
+)
+from sandwich.compiler.target import CpuInfo
+from sandwich.errors import BuildError, ConfigError
+from sandwich.tuner.measure import MeasureResult
+from sandwich.tuner.timing import gflops, time_callable
+from sandwich.types import KernelSchedule
+
+
+def check_against_numpy(func, schedule: KernelSchedule, a: np.ndarray, wp: np.ndarray,
+                        w: np.ndarray, rtol: float = 1e-4) -> str:
+    """Run the kernel on `a` and compare with a float64 reference; '' when it matches."""
+    m, n = a.shape[0], w.shape[1]
+    out = np.full((m, n), np.nan, dtype=np.float32)
+    ws = None
+    if schedule.polymerization.t_k > 1:
+        ws = np.empty((schedule.polymerization.t_k * m, n), dtype=np.float32)
+    call_gemm(func, a, wp, out, schedule, ws)
+    ref = a.astype(np.float64) @ w.astype(np.float64)
+    err = np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30)
+    if not np.isfinite(err) or err > rtol:
+        return f"kernel {schedule.key()} is wrong at M={m}: max relative error {err:.3g}"
+    return ""
+
+
+def check_ms(schedule: KernelSchedule, seq_max: int) -> list[int]:
+    """M values that exercise full blocks, every tail path, and M=1."""
+    mu_m = schedule.micro_kernel.mu_m
+    ms = {1, mu_m, 2 * schedule.slice.b_m + mu_m - 1, schedule.slice.b_m * schedule.polymerization.t_m + 1}
+    return sorted(m for m in ms if 1 <= m <= max(seq_max, 1))
+
+
+@dataclass
+class TvmMeasure:
+    """Measures schedules of one (N, K) GEMM on this machine; compiled kernels are kept by key."""
+
+    cpu: CpuInfo
+    threads: int
+    n: int
+    k: int
+    pack_n: int
+    seq_max: int
+    repeat: int = 5
+    min_repeat_s: float = 0.01
+    seed: int = 0
+    compile_seconds: float = 0.0
+    kernels: dict[KernelSchedule, object] = field(default_factory=dict)  # family -> executable
+    failed: dict[KernelSchedule, str] = field(default_factory=dict)
+    verified: set[KernelSchedule] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        if self.n % self.pack_n:
+            raise ConfigError(f"N={self.n} is not a multiple of the packed width {self.pack_n}")
+        rng = np.random.default_rng(self.seed)
+        self.w = rng.standard_normal((self.k, self.n), dtype=np.float32)
+        self.wp = pack_weights(self.w, self.pack_n)
+        self.a = rng.standard_normal((self.seq_max, self.k), dtype=np.float32)
+        self.c = aligned_empty((self.seq_max, self.n))
+        self.ws_buf = np.empty(0, dtype=np.float32)
+
+    def kernel(self, schedule: KernelSchedule):
+        """Compile its family once, and verify each new slice once; returns the executable,
+        raises BuildError if the kernel is wrong (a wrong kernel is never timed or stored)."""
+        if schedule in self.failed:
+            raise BuildError(self.failed[schedule])
+        if schedule not in self.verified:
+            t0 = time.perf_counter()
+            try:
+                fam = schedule.family()
+                if fam not in self.kernels:
+                    self.kernels[fam] = build_gemm(schedule, n=self.n, k=self.k, cpu=self.cpu,
+                                                   threads=self.threads)
+                ex = self.kernels[fam]
+                func = ex["main"]
+                for m in check_ms(schedule, self.seq_max):
+                    err = check_against_numpy(func, schedule, self.a[:m], self.wp, self.w)
+                    if err:
+                        raise BuildError(err)
+            except (BuildError, ConfigError) as e:
+                self.failed[schedule] = str(e)
+                raise BuildError(str(e)) from None
+            finally:
+                self.compile_seconds += time.perf_counter() - t0
+            self.verified.add(schedule)
+        return self.kernels[schedule.family()]
+
+    def __call__(self, schedule: KernelSchedule, m: int) -> MeasureResult:
+        try:
+            func = self.kernel(schedule)["main"]
+        except BuildError as e:
+            return MeasureResult(0.0, 0.0, error=str(e))
+        t_k = schedule.polymerization.t_k
+        ws = None
+        if t_k > 1:
+            if self.ws_buf.size < t_k * m * self.n:
+                self.ws_buf = np.empty(t_k * self.seq_max * self.n, dtype=np.float32)
+            ws = workspace_view(self.ws_buf, t_k, m, self.n)
+        args = gemm_args(self.a[:m], self.wp, self.c[:m], schedule, ws)
+        t = time_callable(lambda: func(*args), warmup=1, repeat=self.repeat,
+                          min_repeat_s=self.min_repeat_s)
+        # the search ranks by the best repeat: interference from other processes only ever
+        # slows a run down, so the minimum is the steadiest estimate on a shared machine
+        return MeasureResult(gflops(2.0 * m * self.n * self.k, t.min_s), t.min_s)
