@@ -105,3 +105,26 @@ def test_sigkill_resumes_from_committed_records(tmp_path, tiny_config):
     rows = [line.split() for line in again.stdout.splitlines()
             if line.split() and line.split()[0] in ("qkv", "o", "gate_up+lm_head", "down")]
     assert len(rows) == 4 and all(r[3] == "0" for r in rows)  # nothing searched again
+
+
+@pytest.mark.tvm
+def test_bench_gemm_end_to_end(tmp_path, tiny_config):
+    cache = tmp_path / "bench"
+    t = run("tune", "--model", str(tiny_config), "--seq-max", "8", "--budget", "tiny",
+            "--no-progress", "--ops", "qkv", cache=cache)
+    assert t.returncode == 0, t.stderr
+    missing = run("bench", "gemm", "--model", str(tiny_config), "--m", "1", "--peers", "numpy",
+                  "--json", str(tmp_path / "x.json"), cache=cache)
+    _one_line_error(missing, "run `sandwichc tune`")  # o, gate_up, down were never tuned
+    t = run("tune", "--model", str(tiny_config), "--seq-max", "8", "--budget", "tiny",
+            "--no-progress", cache=cache)
+    assert t.returncode == 0, t.stderr
+    out = tmp_path / "g"
+    b = run("bench", "gemm", "--model", str(tiny_config), "--m", "1,3,8", "--peers", "numpy",
+            "--no-rotate", "--json", str(out) + ".json", "--md", str(out) + ".md",
+            "--png", str(out) + ".png", cache=cache)
+    assert b.returncode == 0, b.stderr
+    d = json.loads((tmp_path / "g.json").read_text())
+    assert d["threads"] == 2 and d["peak_gflops"] > 0 and d["read_gbs"] > 0
+    assert {r["m"] for r in d["rows"]} == {1, 3, 8}
+    assert all(r["sandwich_gflops"] > 0 and r["numpy_gflops"] > 0 for r in d["rows"])

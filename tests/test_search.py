@@ -149,3 +149,27 @@ def test_failed_builds_are_never_chosen():
                             micro_kernels=[MicroKernel(2, 64), MicroKernel(4, 64)], threads=2,
                             measure=meas)
     assert search.tune_m(16).schedule.micro_kernel == MicroKernel(2, 64)
+
+
+def test_reuse_unfreezes_when_the_frozen_schedule_falls_off():
+    def fn(s, m):
+        g = _good(s, m)
+        return g * 0.5 if m >= 64 and s.slice.b_k != 512 else g  # large M wants another slice
+
+    search, meas = _search(fn, sigma=2, reuse_patience=2)
+    for m in (8, 16, 32):
+        search.tune_m(m)
+    frozen = search.state.frozen
+    assert frozen is not None and frozen.slice.b_k != 512
+    res = search.tune_m(64)
+    assert not res.reused and res.trials > 1  # searched again
+
+
+def test_time_callable_stops_early_on_long_calls():
+    import time
+
+    from sandwich.tuner.timing import time_callable
+
+    t = time_callable(lambda: time.sleep(0.01), warmup=0, repeat=50, min_repeat_s=0.0,
+                      max_total_s=0.05)
+    assert 3 <= t.repeats < 50 and t.min_s >= 0.009

@@ -70,12 +70,24 @@ def _sources(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sysfs-root", type=Path, help="a snapshot directory laid out like / (default: live /)")
     g.add_argument("--hwloc-xml", type=Path, help="output of `lstopo --of xml`")
     g.add_argument("--lscpu", type=Path, help="output of `lscpu -p`")
+    g.add_argument("--fixture", choices=sorted([*MACHINES, "kunpeng-4s-nocluster"]),
+                   help="one of the project's synthetic machines (as `topo fixture` writes it)")
     p.add_argument("--trim-asymmetric", action="store_true", help="use the largest symmetric sub-tree")
 
 
 def _tree(args):
+    if getattr(args, "fixture", None):
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="sandwichc-fixture-") as tmp:
+            write_sysfs(_fixture_spec(args.fixture), Path(tmp))
+            return load_tree(sysfs_root=tmp, trim_asymmetric=args.trim_asymmetric)
     return load_tree(sysfs_root=args.sysfs_root, hwloc_xml=args.hwloc_xml, lscpu=args.lscpu,
                      trim_asymmetric=args.trim_asymmetric)
+
+
+def _fixture_spec(name: str):
+    return KUNPENG_NO_CLUSTER if name == "kunpeng-4s-nocluster" else MACHINES[name]
 
 
 def cmd_show(args) -> int:
@@ -123,7 +135,7 @@ def cmd_search(args) -> int:
 
 
 def cmd_fixture(args) -> int:
-    spec = KUNPENG_NO_CLUSTER if args.machine == "kunpeng-4s-nocluster" else MACHINES[args.machine]
+    spec = _fixture_spec(args.machine)
     write_sysfs(spec, args.dir)
     write_hwloc_xml(spec, args.dir / "lstopo.xml")
     write_lscpu(spec, args.dir / "lscpu.txt")
@@ -147,7 +159,7 @@ def cmd_calibrate(args) -> int:
 
 def _command(args) -> str:
     words = ["sandwichc", "topo", "search"]
-    for flag in ("sysfs_root", "hwloc_xml", "lscpu", "model", "trace", "top_k", "max_group_levels", "patience",
+    for flag in ("sysfs_root", "hwloc_xml", "lscpu", "fixture", "model", "trace", "top_k", "max_group_levels", "patience",
                  "batch", "calibration", "out_dir"):
         v = getattr(args, flag)
         if v is not None:

@@ -59,6 +59,7 @@ class SearchState:
 
     history: list[MResult] = field(default_factory=list)
     frozen: KernelSchedule | None = None
+    frozen_gflops: float = 0.0  # what the frozen schedule reached when it was frozen
 
 
 class SandwichSearch:
@@ -87,7 +88,7 @@ class SandwichSearch:
         st = self.state
         st.history.append(r)
         if st.frozen is None and self._stable():
-            st.frozen = r.schedule
+            st.frozen, st.frozen_gflops = r.schedule, r.gflops
 
     def _eval(self, sched: KernelSchedule, m: int, phase: str) -> float:
         key = (sched, m)
@@ -209,9 +210,12 @@ class SandwichSearch:
         frozen = self.state.frozen
         if frozen is not None:
             g = self._eval(frozen, m, "reuse")
-            res = MResult(m, frozen, g, len(self.trials) - n0, self.clock() - t0, reused=True)
-            self._record(res)
-            return res
+            if g >= (1 - self.settings.reuse_threshold) * self.state.frozen_gflops:
+                res = MResult(m, frozen, g, len(self.trials) - n0, self.clock() - t0, reused=True)
+                self._record(res)
+                return res
+            # the frozen schedule fell off at this M: search again, and let reuse re-arm
+            self.state.frozen = None
         hist = self.state.history
         prev = self._eval(hist[-1].schedule, m, "reuse") if hist else 0.0
         mks = self.candidates(m)

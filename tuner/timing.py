@@ -24,21 +24,28 @@ def time_callable(
     repeat: int = 7,
     min_repeat_s: float = 0.02,
     max_number: int = 1000,
+    max_total_s: float | None = None,
 ) -> Timing:
-    """Time `fn` after `warmup` calls; each repeat runs it enough times to last `min_repeat_s`."""
+    """Time `fn` after `warmup` calls; each repeat runs it enough times to last `min_repeat_s`.
+
+    With `max_total_s`, repeats stop early (after at least 3) once that much time is spent:
+    long kernels need fewer samples for the same confidence."""
     for _ in range(warmup):
         fn()
     t0 = time.perf_counter()
     fn()
     one = max(time.perf_counter() - t0, 1e-7)
     number = max(1, min(max_number, int(min_repeat_s / one)))
-    samples = []
+    samples: list[float] = []
+    start = time.perf_counter()
     for _ in range(repeat):
         t0 = time.perf_counter()
         for _ in range(number):
             fn()
         samples.append((time.perf_counter() - t0) / number)
-    return Timing(median_s=statistics.median(samples), min_s=min(samples), repeats=repeat)
+        if max_total_s is not None and len(samples) >= 3 and time.perf_counter() - start > max_total_s:
+            break
+    return Timing(median_s=statistics.median(samples), min_s=min(samples), repeats=len(samples))
 
 
 def gflops(flops: float, seconds: float) -> float:

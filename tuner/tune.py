@@ -7,6 +7,7 @@ the kernel files.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,6 +65,15 @@ def _ensure_kernel(cache: KernelCache, measure: TvmMeasure, op: GemmOp,
     return True
 
 
+def _append_trials(path, search: SandwichSearch, start: int) -> int:
+    """Append the trials since `start` (one JSON line each: M, phase, schedule, GFLOPS)."""
+    with open(path, "a") as f:
+        for t in search.trials[start:]:
+            f.write(json.dumps({"m": t.m, "phase": t.phase, "schedule": t.schedule.key(),
+                                "gflops": round(t.gflops, 3)}) + "\n")
+    return len(search.trials)
+
+
 def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget: Budget,
             cache: KernelCache, on_step: Callable[[int], None] = lambda _: None) -> OpReport:
     """Tune one (N, K) over the budget's M samples, resuming from committed records."""
@@ -85,6 +95,9 @@ def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget:
               if r.record.m_lo in m_hi and r.record.schedule.pack_n == pack_n}
     search.resume([MResult(m, r.record.schedule, r.record.gflops, r.record.trials,
                            r.record.seconds, r.reused, r.stable) for m, r in stored.items()])
+    log = cache.dir / "logs" / cache.fingerprint / f"n{op.n}_k{op.k}_{op.dtype}_t{threads}.jsonl"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    logged = 0
     for m in samples:
         if m in stored:
             report.cached += 1
@@ -92,6 +105,7 @@ def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget:
             on_step(1)
             continue
         res = search.tune_m(m)
+        logged = _append_trials(log, search, logged)
         if res.gflops <= 0:
             raise BuildError(f"GEMM {op.name} N={op.n} K={op.k}: no schedule built and verified "
                              f"at M={m}; see `sandwichc info` for the target")

@@ -112,7 +112,7 @@ class TvmMeasure:
             ws = workspace_view(self.ws_buf, t_k, m, self.n)
         args = gemm_args(self.a[:m], self.wp, self.c[:m], schedule, ws)
         t = time_callable(lambda: func(*args), warmup=1, repeat=self.repeat,
-                          min_repeat_s=self.min_repeat_s)
+                          min_repeat_s=self.min_repeat_s, max_total_s=0.5)
         # the search ranks by the best repeat: interference from other processes only ever
         # slows a run down, so the minimum is the steadiest estimate on a shared machine
         return MeasureResult(gflops(2.0 * m * self.n * self.k, t.min_s), t.min_s)

@@ -1,0 +1,44 @@
+"""The GEMM benchmark's summary, report writers and its run on a tiny tuned cache."""
+
+import json
+
+import pytest
+
+from sandwich.tuner.bench_gemm import BenchResult, summarize
+from sandwich.tuner.bench_report import write_markdown, write_png
+from sandwich.tuner.cli import numeric_ms
+
+
+def _row(m, ours, best):
+    return {"model": "x", "op": "qkv", "m": m, "n": 64, "k": 64, "sandwich_gflops": ours,
+            "numpy_gflops": best, "best_peer_gflops": best, "speedup_vs_best_peer": ours / best,
+            "sandwich_schedule": "s"}
+
+
+def test_summary_geomeans_and_peak_fraction():
+    rows = [_row(1, 20.0, 10.0), _row(64, 50.0, 100.0), _row(512, 180.0, 150.0)]
+    s = summarize(rows, ["numpy"], peak=200.0)
+    assert s["geomean_speedup_m_le_64"] == pytest.approx((2.0 * 0.5) ** 0.5)
+    assert s["geomean_speedup_all"] == pytest.approx((2.0 * 0.5 * 1.2) ** (1 / 3))
+    assert s["min_fraction_of_peak_m_ge_512"] == pytest.approx(0.9)
+
+
+def test_reports_are_written(tmp_path):
+    res = BenchResult("sandwichc bench gemm", "2026-01-01", "test cpu", 2, 200.0, 25.0,
+                      ["numpy"], [], rows=[_row(1, 20.0, 10.0), _row(512, 180.0, 150.0)])
+    res.rotated_rows.append({"model": "x", "op": "qkv", "m": 1, "n": 64, "k": 64, "copies": 4,
+                             "sandwich_gbs": 20.0, "sandwich_pct_read": 80.0,
+                             "numpy_gbs": 18.0, "numpy_pct_read": 72.0})
+    write_markdown(res, tmp_path / "r.md")
+    text = (tmp_path / "r.md").read_text()
+    assert "sandwichc bench gemm" in text and "| 512 |" in text and "80%" in text
+    write_png(res, tmp_path / "r.png")
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads(json.dumps(res.to_json()))["threads"] == 2
+
+
+def test_numeric_ms_include_one_and_primes():
+    ms = numeric_ms(20, 2048)
+    assert len(ms) == 20 and ms[0] == 1 and all(1 <= m <= 2048 for m in ms)
+    primes = [m for m in ms if m > 1 and all(m % d for d in range(2, int(m ** 0.5) + 1))]
+    assert len(primes) >= 5
