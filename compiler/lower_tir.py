@@ -9,7 +9,9 @@ Workarounds for TVM 0.27 (see compiler/lower_vector.py for the `vector` loops): 
 loop is emitted zero-based and its variable is substituted as an expression, never
 let-bound (a loop whose start depends on an outer loop variable is mislowered, and a
 let-bound index into a local array breaks CompactBufferAllocation: "Buffer ... is used
-before its definition"); nested parallel loops are fused or run serially.
+before its definition"); every local scalar is a 1-element "global" array, not a let
+binding (TVM 0.27 turns let variables into "local" arrays, which become heap workspace
+that aliases everything); nested parallel loops are fused or run serially.
 """
 
 from __future__ import annotations
@@ -46,13 +48,7 @@ def _assigned(stmts, out: set[str]) -> set[str]:
     return out
 
 
-def _affine(start: str, index: str, step: str) -> str:
-    """start + index * step, without the no-op parts."""
-    scaled = index if step == "1" else f"{index} * {step}"
-    return f"({scaled})" if start == "0" else f"({start} + {scaled})"
-
-
-class _Emitter:
+class _Emitter(V.VectorLoops):
     def __init__(self, kernel: H.Kernel, consts: dict, vlen: int) -> None:
         self.consts, self.vlen = consts, vlen
         self.types: dict[str, str] = {p.name: p.dtype for p in kernel.params}
@@ -227,85 +223,19 @@ class _Emitter:
                 kind = "range"  # TVM's thread pool does not nest parallel loops
             self.parallel_depth += s.kind == "parallel"
             self.line(depth, f"for {u} in {kind}({trips}):")
-            self.names[s.var] = _affine(start, u, step)
+            self.names[s.var] = V.affine(start, u, step)
             self.block(s.body, depth + 1)
             self.parallel_depth -= s.kind == "parallel"
             return
         self.vector(s, reds, u, start, step, trips, const_trips, depth)
-
-    def vector(self, s, reds, u, start, step, trips, const_trips, depth: int) -> None:
-        """Full vlen-wide chunks in a T.vectorized loop, then the tail as a serial loop."""
-        vl = self.vlen
-        saved = dict(self.lanes), self.lane, self.in_vector
-        parts = {}
-        for r in reds:
-            dtype = self.types.get(r.name, "f32")
-            parts[r.name] = buf = f"{r.name}_{u}_part"
-            self.alloc(depth, buf, str(vl), dtype)
-            self.line(depth, f"for {u}z in T.vectorized({vl}):")
-            self.line(depth + 1, f"{buf}[{u}z] = {r.identity(dtype)}")
-        for d in V.scalar_decls(s.body):
-            self.types[d.name] = d.dtype
-            self.lanes[d.name] = buf = f"{d.name}_{u}_lane"
-            self.alloc(depth, buf, str(vl), d.dtype)
-        if const_trips is not None:
-            full, tail = str(const_trips // vl), str(const_trips % vl)
-        else:
-            full = f"T.floordiv({trips}, {vl})"
-            tail = f"{trips} - {full} * {vl}"
-        if full != "0":
-            # a few constant chunks are unrolled, so per-lane accumulators become registers
-            outer = "T.unroll" if const_trips is not None and const_trips // vl <= 8 else "range"
-            self.line(depth, f"for {u}o in {outer}({full}):")
-            self.line(depth + 1, f"for {u}i in T.vectorized({vl}):")
-            self.vector_body(s, reds, parts, f"{u}i", f"{u}o * {vl} + {u}i", start, step, depth + 2)
-        if tail != "0":
-            self.line(depth, f"for {u}t in range({tail}):")
-            self.vector_body(s, reds, parts, f"{u}t", f"{full} * {vl} + {u}t", start, step,
-                             depth + 1)
-        self.lanes, self.lane, self.in_vector = saved
-        for r in reds:  # horizontal reduction of the per-lane partials: a tree of halves
-            buf, width = parts[r.name], vl
-            while width > 1 and width % 2 == 0:
-                width //= 2
-                self.line(depth, f"for {u}h in T.vectorized({width}):")
-                self.line(depth + 1, f"{buf}[{u}h] = {r.combine(f'{buf}[{u}h]', f'{buf}[{u}h + {width}]')}")
-            target = self.expr(A.Name(r.name))
-            self.line(depth, f"for {u}h in T.unroll({width}):")
-            self.line(depth + 1, f"{target} = {r.combine(target, f'{buf}[{u}h]')}")
-
-    def vector_body(self, s, reds, parts, lane, index, start, step, depth: int) -> None:
-        self.lane, self.in_vector = lane, True
-        self.names[s.var] = _affine(start, f"({index})", step)
-        for stmt in s.body:
-            self.vector_stmt(stmt, reds, parts, lane, depth)
-
-    def vector_stmt(self, stmt, reds, parts, lane, depth: int) -> None:
-        if isinstance(stmt, A.If):
-            self.line(depth, f"if {self.expr(stmt.cond)}:")
-            for t in stmt.then or ():
-                self.vector_stmt(t, reds, parts, lane, depth + 1)
-            if not stmt.then:
-                self.line(depth + 1, "T.evaluate(0)")
-            if stmt.orelse:
-                self.line(depth, "else:")
-                for t in stmt.orelse:
-                    self.vector_stmt(t, reds, parts, lane, depth + 1)
-            return
-        red = V.as_reduction(stmt, set(self.lanes))
-        if red is not None:
-            acc = f"{parts[red.name]}[{lane}]"
-            self.line(depth, f"{acc} = {red.combine(acc, self.expr(red.value))}")
-            return
-        self.stmt(stmt, depth)
 
     def fused(self, s: H.For, inner: H.For, u, start, step, trips, depth: int) -> None:
         """Two directly nested parallel loops become one parallel loop over both."""
         i_trips, _ = self.trips(inner)
         self.types[inner.var] = "i32"
         self.line(depth, f"for {u} in T.parallel({trips} * {i_trips}):")
-        self.names[s.var] = _affine(start, f"({u} // {i_trips})", step)
-        self.names[inner.var] = _affine(self.expr(inner.start), f"({u} % {i_trips})",
+        self.names[s.var] = V.affine(start, f"({u} // {i_trips})", step)
+        self.names[inner.var] = V.affine(self.expr(inner.start), f"({u} % {i_trips})",
                                         self.expr(inner.step))
         self.parallel_depth += 1
         self.block(inner.body, depth + 1)

@@ -118,6 +118,21 @@ def reductions(loop: H.For) -> list[Reduction] | None:
     return list(found.values())
 
 
+def horizontal(red: Reduction, vector: str, lanes: int) -> str:
+    """A vector of `lanes` (a power of two) combined into one value by halving shuffles.
+
+    Writing the halves back to a stack buffer instead costs a store-forwarding stall per
+    step; as one expression, LLVM keeps it in registers (extract + add, log2(lanes) times).
+    """
+    while lanes > 1:
+        half = lanes // 2
+        lo = ", ".join(str(i) for i in range(half))
+        hi = ", ".join(str(i) for i in range(half, lanes))
+        vector = red.combine(f"T.Shuffle([{vector}], [{lo}])", f"T.Shuffle([{vector}], [{hi}])")
+        lanes = half
+    return vector
+
+
 # Cephes-style exp (as TVM's topi.fast_exp): 2^n * p(f) with |f| <= ln2 / 2, relative
 # error ~1e-7; LLVM turns it into a handful of SIMD instructions instead of vlen calls to
 # expf. exp(-inf) is 0, as the online softmax needs.
@@ -136,3 +151,79 @@ def fast_exp(x: str) -> str:
     y = f"({poly} * {f} * {f} + {f} + T.float32(1.0))"
     scale = f'T.reinterpret("float32", T.shift_left(T.Cast("int32", {n}) + 127, 23))'
     return f"({scale} * {y})"
+
+
+def affine(start: str, index: str, step: str) -> str:
+    """start + index * step, without the no-op parts."""
+    scaled = index if step == "1" else f"{index} * {step}"
+    return f"({scaled})" if start == "0" else f"({start} + {scaled})"
+
+
+class VectorLoops:
+    """The `vector` loop part of the TVMScript emitter (compiler/lower_tir.py)."""
+
+    def vector(self, s, reds, u, start, step, trips, const_trips, depth: int) -> None:
+        """Full vlen-wide chunks in a T.vectorized loop, then the tail as a serial loop."""
+        vl = self.vlen
+        saved = dict(self.lanes), self.lane, self.in_vector
+        parts = {}
+        for r in reds:
+            dtype = self.types.get(r.name, "f32")
+            parts[r.name] = buf = f"{r.name}_{u}_part"
+            self.alloc(depth, buf, str(vl), dtype)
+            self.line(depth, f"for {u}z in T.vectorized({vl}):")
+            self.line(depth + 1, f"{buf}[{u}z] = {r.identity(dtype)}")
+        for d in scalar_decls(s.body):
+            self.types[d.name] = d.dtype
+            self.lanes[d.name] = buf = f"{d.name}_{u}_lane"
+            self.alloc(depth, buf, str(vl), d.dtype)
+        if const_trips is not None:
+            full, tail = str(const_trips // vl), str(const_trips % vl)
+        else:
+            full = f"T.floordiv({trips}, {vl})"
+            tail = f"{trips} - {full} * {vl}"
+        if full != "0":
+            # a few constant chunks are unrolled, so per-lane accumulators become registers
+            outer = "T.unroll" if const_trips is not None and const_trips // vl <= 8 else "range"
+            self.line(depth, f"for {u}o in {outer}({full}):")
+            self.line(depth + 1, f"for {u}i in T.vectorized({vl}):")
+            self.vector_body(s, reds, parts, f"{u}i", f"{u}o * {vl} + {u}i", start, step,
+                             depth + 2)
+        if tail != "0":
+            self.line(depth, f"for {u}t in range({tail}):")
+            self.vector_body(s, reds, parts, f"{u}t", f"{full} * {vl} + {u}t", start, step,
+                             depth + 1)
+        self.lanes, self.lane, self.in_vector = saved
+        for r in reds:  # horizontal reduction of the per-lane partials
+            target = self.expr(A.Name(r.name))
+            if vl & (vl - 1) == 0:  # in registers: a tree of vector halves
+                total = horizontal(r, f"{parts[r.name]}[T.Ramp(0, 1, {vl})]", vl)
+                self.line(depth, f"{target} = {r.combine(target, total)}")
+            else:
+                self.line(depth, f"for {u}h in T.unroll({vl}):")
+                self.line(depth + 1, f"{target} = {r.combine(target, f'{parts[r.name]}[{u}h]')}")
+
+    def vector_body(self, s, reds, parts, lane, index, start, step, depth: int) -> None:
+        self.lane, self.in_vector = lane, True
+        self.names[s.var] = affine(start, f"({index})", step)
+        for stmt in s.body:
+            self.vector_stmt(stmt, reds, parts, lane, depth)
+
+    def vector_stmt(self, stmt, reds, parts, lane, depth: int) -> None:
+        if isinstance(stmt, A.If):
+            self.line(depth, f"if {self.expr(stmt.cond)}:")
+            for t in stmt.then or ():
+                self.vector_stmt(t, reds, parts, lane, depth + 1)
+            if not stmt.then:
+                self.line(depth + 1, "T.evaluate(0)")
+            if stmt.orelse:
+                self.line(depth, "else:")
+                for t in stmt.orelse:
+                    self.vector_stmt(t, reds, parts, lane, depth + 1)
+            return
+        red = as_reduction(stmt, set(self.lanes))
+        if red is not None:
+            acc = f"{parts[red.name]}[{lane}]"
+            self.line(depth, f"{acc} = {red.combine(acc, self.expr(red.value))}")
+            return
+        self.stmt(stmt, depth)

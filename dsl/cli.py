@@ -1,4 +1,5 @@
-"""`sandwichc ir FILE [--level low|high]`: parse, check and print a kernel source."""
+"""DSL subcommands: `ir` prints a kernel's IR, `compile` builds one kernel into a `.so`,
+`bench-attention` regenerates results/attention.md."""
 
 from __future__ import annotations
 
@@ -37,8 +38,55 @@ def run_ir(args: argparse.Namespace) -> int:
     return 0
 
 
+def _params(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip() or not value.strip():
+            raise DSLError(f"--param {item!r}: write name=value, e.g. --param b_kv=64")
+        if name.strip() in out:
+            raise DSLError(f"--param {name.strip()} is given twice")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def _pick_kernel(path: Path, name: str | None):
+    kernels = load_file(path).kernels
+    if name is None and len(kernels) == 1:
+        return kernels[0]
+    for k in kernels:
+        if k.name == name:
+            return k
+    raise DSLError(f"{path}: pick a kernel with --kernel (defined: "
+                   f"{', '.join(k.name for k in kernels)})")
+
+
+def run_compile(args: argparse.Namespace) -> int:
+    from sandwich.compiler.build import export_atomic
+    from sandwich.compiler.lower_build import build_kernel, split_params
+    from sandwich.compiler.target import detect_cpu
+
+    if args.threads < 1:
+        raise DSLError(f"--threads must be at least 1, got {args.threads}")
+    path = _resolve(args.file)
+    kernel = _pick_kernel(path, args.kernel)
+    cpu = detect_cpu()
+    tunables, fixed = split_params(kernel, _params(args.param), vlen=cpu.lanes_f32)
+    ex = build_kernel(kernel, tunables=tunables, fixed=fixed, cpu=cpu, threads=args.threads)
+    export_atomic(ex, Path(args.output))
+    print(f"{args.output}: {kernel.name} {tunables} fixed {fixed} for {cpu.mcpu}")
+    return 0
+
+
+def run_bench_attention(args: argparse.Namespace) -> int:
+    from sandwich.dsl.bench_attention import run
+
+    run(args.threads, args.output)
+    return 0
+
+
 def register(subparsers) -> None:
-    """Add the `ir` subcommand to the sandwichc argument parser."""
+    """Add the `ir`, `compile` and `bench-attention` subcommands to the sandwichc parser."""
     p = subparsers.add_parser("ir", help="parse, check and print a DSL kernel source",
                               description="Parse a kernel source (.sw low-level C-like IR, "
                               ".swpy high-level Python-like IR), check it, and print it.")
@@ -46,3 +94,22 @@ def register(subparsers) -> None:
     p.add_argument("--level", choices=("low", "high"), default="high",
                    help="which IR to print (default: high, the Python-like IR)")
     p.set_defaults(func=run_ir)
+
+    p = subparsers.add_parser("compile", help="build one DSL kernel into a shared library",
+                              description="Lower a kernel with values for all its tunables "
+                              "(and optionally fixed scalar parameters such as D) to TIR and "
+                              "build it for this CPU.")
+    p.add_argument("file", help="kernel source file, or a shipped kernel name")
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="a tunable value, or a scalar parameter to fix (repeatable)")
+    p.add_argument("--kernel", help="which kernel, when the file defines several")
+    p.add_argument("--threads", type=int, default=2, help="worker threads (default 2)")
+    p.add_argument("-o", "--output", required=True, help="the .so to write")
+    p.set_defaults(func=run_compile)
+
+    p = subparsers.add_parser("bench-attention", help="benchmark the DSL attention kernels",
+                              description="Decode attention vs streaming bandwidth, causal "
+                              "prefill vs torch SDPA; writes a Markdown report.")
+    p.add_argument("--threads", type=int, default=2, help="threads for kernels and peers")
+    p.add_argument("-o", "--output", default="results/attention.md", help="Markdown to write")
+    p.set_defaults(func=run_bench_attention)

@@ -71,18 +71,22 @@ def test_flash_prefill_is_causal_attention(fixed):
     close(to.numpy(), torch_attention(q, k, v, scale, causal=True))
 
 
+SPLIT = 4
+
+
 def decode(f, q, kc, vc, slots, lens, scale=0.25):
     B, H, D = q.shape
     max_seq, max_batch, KVH, _ = kc.shape
-    tq, tk, tv, ts, tl, to = tensors(q, kc, vc, np.array(slots, np.int32),
-                                     np.array(lens, np.int32), np.full((B, H, D), np.nan, np.float32))
-    f(B, H, KVH, D, max_seq, max_batch, scale, tq, tk, tv, ts, tl, to)
+    tq, tk, tv, ts, tl, to, tw = tensors(
+        q, kc, vc, np.array(slots, np.int32), np.array(lens, np.int32),
+        np.full((B, H, D), np.nan, np.float32), np.full((SPLIT, B, H, D + 16), np.nan, np.float32))
+    f(B, H, KVH, D, max_seq, max_batch, scale, tq, tk, tv, ts, tl, to, tw)
     return to.numpy()
 
 
 @pytest.fixture(scope="module")
 def decode_kernel():
-    return build("decode_attention", {"D": 16}, b_kv=32, n_d=CPU.lanes_f32)
+    return build("decode_attention", {"D": 16}, b_kv=16, n_split=SPLIT, n_d=CPU.lanes_f32)
 
 
 def test_decode_attention_gqa(decode_kernel):

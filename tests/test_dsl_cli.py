@@ -45,3 +45,27 @@ def test_ir_reports_bad_source_as_project_error(tmp_path):
 def test_ir_unknown_file_is_project_error():
     with pytest.raises(SandwichError, match="no such file"):
         run(["ir", "does-not-exist.sw"])
+
+
+def test_compile_refuses_missing_and_unknown_params(tmp_path):
+    out = str(tmp_path / "k.so")
+    with pytest.raises(SandwichError, match="missing n_d"):
+        run(["compile", "decode_attention", "--param", "b_kv=16", "--param", "n_split=2",
+             "-o", out])
+    with pytest.raises(SandwichError, match="no tunable or scalar parameter 'zz'"):
+        run(["compile", "rmsnorm", "--param", "zz=1", "-o", out])
+    with pytest.raises(SandwichError, match="must be an integer"):
+        run(["compile", "rmsnorm", "--param", "N=1.5", "-o", out])
+    with pytest.raises(SandwichError, match="name=value"):
+        run(["compile", "rmsnorm", "--param", "N", "-o", out])
+
+
+@pytest.mark.tvm
+def test_compile_writes_a_loadable_kernel(tmp_path, capsys):
+    pytest.importorskip("tvm")
+    from sandwich.compiler.build import load_function
+
+    out = tmp_path / "silu.so"
+    assert run(["compile", "silu_mul", "--param", "N=32", "-o", str(out)]) == 0
+    assert "silu_mul" in capsys.readouterr().out
+    assert load_function(out) is not None

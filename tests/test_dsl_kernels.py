@@ -108,7 +108,9 @@ def test_flash_prefill_matches_causal_attention():
 
 def _decode(lens, slots, q, k_cache, v_cache, H, KVH, D):
     out = np.full((len(lens), H, D), np.nan, np.float32)
-    run(load_kernel("decode_attention"), tunables=dict(b_kv=16), vlen=VLEN, B=len(lens), H=H,
+    work = np.full((2, len(lens), H, D + 16), np.nan, np.float32)
+    run(load_kernel("decode_attention"), tunables=dict(b_kv=16, n_split=2, n_d=VLEN), vlen=VLEN,
+        B=len(lens), H=H, work=work,
         KVH=KVH, D=D, max_seq=k_cache.shape[0], max_batch=k_cache.shape[1], scale=0.5, q=q,
         k_cache=k_cache, v_cache=v_cache, slots=np.array(slots, np.int32),
         lens=np.array(lens, np.int32), out=out)
