@@ -27,6 +27,7 @@ def _set_thread_env(argv: list[str]) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from sandwich import __version__
     from sandwich.dsl import cli as dsl_cli
+    from sandwich.runtime import cli as runtime_cli
     from sandwich.topology import cli as topo_cli
     from sandwich.tuner import cli as tuner_cli
 
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     tuner_cli.register(sub)
     topo_cli.register(sub)
     dsl_cli.register(sub)
+    runtime_cli.register(sub)
     return parser
 
 

@@ -97,7 +97,8 @@ def parse_model_config(raw: dict[str, Any], *, source: str, name: str) -> ModelC
         head_dim=_int({"head_dim": head_dim}, "head_dim", source),
         max_position_embeddings=_int(raw, "max_position_embeddings", source, default=2048),
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(raw.get("rope_theta", 10000.0)),
+        rope_theta=float(raw.get("rope_theta")
+                         or (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         rope_scaling=raw.get("rope_scaling"),
     )

@@ -1,0 +1,106 @@
+"""Random-weight HF-format Llama checkpoints: there is no hub here, so tests and benchmarks
+make their own, in exactly the format (config.json + model.safetensors, HF tensor names)
+that a downloaded model has."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sandwich.errors import ConfigError
+from sandwich.runtime.safetensors_io import SINGLE_NAME, save_file, save_sharded
+from sandwich.tuner.models import ModelConfig, embedded_models, parse_model_config
+
+
+def read_raw_config(name_or_path: str | Path) -> tuple[dict[str, Any], str]:
+    """An HF config dict from a config.json, a directory holding one, or an embedded name."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        text, source = path.read_text(), str(path)
+    elif str(name_or_path) in embedded_models():
+        f = resources.files("sandwich.tuner").joinpath("configs", f"{name_or_path}.json")
+        text, source = f.read_text(), f"embedded model '{name_or_path}'"
+    else:
+        raise ConfigError(f"unknown model '{name_or_path}': not a config.json or a directory with one, "
+                          f"and not one of: {', '.join(embedded_models())}")
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{source}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a JSON object, got {type(raw).__name__}")
+    return raw, source
+
+
+def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every HF tensor of a Llama model with its (out, in) shape, in save_pretrained's order."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h)}
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "self_attn.q_proj.weight": (cfg.num_attention_heads * d, h),
+            p + "self_attn.k_proj.weight": (cfg.num_key_value_heads * d, h),
+            p + "self_attn.v_proj.weight": (cfg.num_key_value_heads * d, h),
+            p + "self_attn.o_proj.weight": (h, cfg.num_attention_heads * d),
+            p + "mlp.gate_proj.weight": (cfg.intermediate_size, h),
+            p + "mlp.up_proj.weight": (cfg.intermediate_size, h),
+            p + "mlp.down_proj.weight": (h, cfg.intermediate_size),
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+        })
+    shapes["model.norm.weight"] = (h,)
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, h)
+    return shapes
+
+
+def random_weights(cfg: ModelConfig, *, seed: int, std: float = 0.02,
+                   norm_std: float = 0.0) -> dict[str, np.ndarray]:
+    """HF's initializer: matrices ~ N(0, std), norm weights 1 (plus N(0, norm_std) when a test
+    wants the norm weights to matter)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in tensor_shapes(cfg).items():
+        if len(shape) == 1:
+            w = np.ones(shape, np.float32)
+            if norm_std:
+                w += rng.standard_normal(shape, dtype=np.float32) * np.float32(norm_std)
+        else:
+            w = rng.standard_normal(shape, dtype=np.float32)
+            w *= np.float32(std)
+        out[name] = w
+    return out
+
+
+def write_checkpoint(config: str | Path, out_dir: str | Path, *, seed: int = 0,
+                     layers: int | None = None, norm_std: float = 0.0, shards: int = 1,
+                     bf16: bool = False) -> Path:
+    """Write config.json + model.safetensors (or `shards` files + index) for a random model."""
+    raw, source = read_raw_config(config)
+    raw = dict(raw)
+    if layers is not None:
+        if layers < 1:
+            raise ConfigError(f"--layers must be >= 1, got {layers}")
+        raw["num_hidden_layers"] = layers
+    cfg = parse_model_config(raw, source=source, name=Path(str(config)).stem)
+    std = float(raw.get("initializer_range", 0.02))
+    weights = random_weights(cfg, seed=seed, std=std, norm_std=norm_std)
+    raw.setdefault("architectures", ["LlamaForCausalLM"])
+    raw["torch_dtype"] = "bfloat16" if bf16 else "float32"
+    raw["initializer_range"] = std
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+    if shards > 1:
+        save_sharded(weights, out, shards=shards)
+    else:
+        save_file(weights, out / SINGLE_NAME, metadata={"format": "pt"},
+                  bf16=frozenset(weights) if bf16 else frozenset())
+    return out

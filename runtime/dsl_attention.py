@@ -1,0 +1,88 @@
+"""Decode attention from the DSL kernel (dsl/kernels/decode_attention.sw) over the permanent
+KV cache: one call per layer and decode step for the whole ragged batch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from sandwich.compiler.gemm_runner import wrap
+from sandwich.errors import BuildError, ShapeError
+from sandwich.runtime.buffers import aligned_zeros
+
+Segment = tuple[int, int, int]
+
+
+def kernel_arg(x: np.ndarray):
+    """Zero-copy argument; TVM's kernels assume 64-byte aligned, compact buffers and do not
+    check it (a misaligned numpy array faults in aligned vector loads), so we do."""
+    if x.ctypes.data % 64 or not x.flags.c_contiguous:
+        raise ShapeError(f"DSL kernel argument of shape {x.shape} must be C-contiguous and "
+                         f"64-byte aligned (allocate it with aligned_zeros)")
+    return wrap(x)
+
+
+class DecodeAttention:
+    """Split-KV decode attention for one token per sequence; buffers sized for max_batch."""
+
+    def __init__(self, build, *, heads: int, kv_heads: int, head_dim: int, max_batch: int,
+                 vlen: int, n_split: int = 2, b_kv: int = 16) -> None:
+        from sandwich.dsl.interp import Interpreter
+        from sandwich.dsl.load import load_kernel
+
+        self.dims, self.max_batch = (heads, kv_heads, head_dim), max_batch
+        tunables = {"b_kv": b_kv, "n_split": n_split, "n_d": vlen}
+        fixed = {"H": heads, "KVH": kv_heads, "D": head_dim}
+        self._f = build("decode_attention", fixed, tunables)
+        # the scratch shape is whatever the kernel source declares, evaluated at max_batch
+        kernel = load_kernel("decode_attention")
+        work = next((p for p in kernel.params if p.name == "work"), None)
+        if work is None:
+            raise BuildError("DSL kernel decode_attention has no 'work' parameter; update "
+                             "runtime/dsl_attention.py to its signature")
+        env = {**tunables, **fixed, "vlen": vlen, "B": 1}
+        per_b = int(np.prod([Interpreter(env).expr(d) for d in work.shape]))
+        self._work_shape = lambda b: tuple(Interpreter({**env, "B": b}).expr(d) for d in work.shape)
+        self._work = aligned_zeros(per_b * max_batch)
+        self._q = aligned_zeros((max_batch, heads, head_dim))
+        self._slots = aligned_zeros(max_batch, np.int32)
+        self._lens = aligned_zeros(max_batch, np.int32)
+
+    def __call__(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                 segments: Sequence[Segment], scale: float, out: np.ndarray) -> None:
+        """q: (B, H, D) (may be strided rows of the fused QKV buffer); out: (B, H * D)."""
+        b = len(segments)
+        h, kvh, d = self.dims
+        qc, slots, lens = self._q[:b], self._slots[:b], self._lens[:b]
+        qc[...] = q  # the fused QKV rows interleave q, k and v: the kernel wants q compact
+        for i, (slot, start, _) in enumerate(segments):
+            slots[i], lens[i] = slot, start + 1
+        shape = self._work_shape(b)
+        work = self._work[: int(np.prod(shape))].reshape(shape)
+        max_seq, max_batch = k_cache.shape[0], k_cache.shape[1]
+        self._f(b, h, kvh, d, max_seq, max_batch, scale, kernel_arg(qc), kernel_arg(k_cache), kernel_arg(v_cache),
+                kernel_arg(slots), kernel_arg(lens), kernel_arg(out.reshape(b, h, d)), kernel_arg(work))
+
+
+class PrefillAttention:
+    """Causal attention of a prompt chunk that starts at position 0 (flash_prefill.sw)."""
+
+    def __init__(self, build, *, heads: int, kv_heads: int, head_dim: int, max_tokens: int,
+                 vlen: int) -> None:
+        self.dims = (heads, kv_heads, head_dim)
+        tunables = {"b_q": vlen, "b_kv": 16, "mu_k": 4, "mu_q": 2, "n_d": vlen}
+        self._f = build("flash_prefill", {"H": heads, "KVH": kv_heads, "D": head_dim}, tunables)
+        self._q = aligned_zeros((max_tokens, heads, head_dim))
+        self._k = aligned_zeros((max_tokens, kv_heads, head_dim))
+        self._v = aligned_zeros((max_tokens, kv_heads, head_dim))
+
+    def __call__(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
+                 out: np.ndarray) -> None:
+        """q (S, H, D), k/v (S, KVH, D): strided rows of the fused QKV buffer or of the slot's
+        cache column, copied compact (glue); out (S, H * D)."""
+        s = q.shape[0]
+        h, kvh, d = self.dims
+        qc, kc, vc = self._q[:s], self._k[:s], self._v[:s]
+        qc[...], kc[...], vc[...] = q, k, v
+        self._f(s, h, kvh, d, scale, *map(kernel_arg, (qc, kc, vc, out.reshape(s, h, d))))

@@ -1,0 +1,180 @@
+"""The forward pass over permanent max-shape buffers: prefill a prompt, then decode steps.
+
+Every projection and lm_head runs on the tuned GEMMs of the kernel cache; the other ops go
+through an `Ops` object: 'dsl' (RMSNorm, RoPE, SiLU-mul and decode attention compiled from
+the DSL; prefill attention still the numpy fallback) or 'numpy' (the marked fallback). All
+activations live in buffers allocated once at (max_tokens, ...) and are used as row
+prefixes, so a decode step allocates nothing and every address stays fixed (eLLM).
+A forward call takes segments (slot, first position, count): a prefill is one segment of
+many tokens, a decode step one segment of one token per running sequence.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from sandwich.errors import ConfigError, ShapeError
+from sandwich.runtime.buffers import aligned_copy, aligned_zeros
+from sandwich.runtime.kv_cache import CapacityError, KVCache
+from sandwich.runtime.loader import LlamaModel
+from sandwich.runtime.ops_fallback import NumpyOps, Segment
+from sandwich.runtime.rope_tables import cos_sin
+
+
+def make_ops(kind: str | object, model: LlamaModel, *, max_tokens: int, max_batch: int,
+             max_seq: int, threads: int | None = None):
+    """'numpy' (the marked fallback), 'dsl' (compiled DSL kernels, numpy prefill attention),
+    or an object with the same methods."""
+    cfg = model.config
+    if kind == "numpy":
+        return NumpyOps(max_tokens=max_tokens, heads=cfg.num_attention_heads,
+                        head_dim=cfg.head_dim, max_seq=max_seq)
+    if kind == "dsl":
+        from sandwich.runtime.ops_dsl import DslOps
+
+        return DslOps(max_tokens=max_tokens, max_batch=max_batch, heads=cfg.num_attention_heads,
+                      kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+                      hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, max_seq=max_seq,
+                      cpu=model.gemms.qkv.cache.cpu,
+                      threads=threads or len(os.sched_getaffinity(0)))
+    if isinstance(kind, str):
+        raise ConfigError(f"unknown ops kind {kind!r} (choose 'numpy' or 'dsl')")
+    return kind
+
+
+class Executor:
+    """One model, one KV cache, one set of activation buffers."""
+
+    def __init__(self, model: LlamaModel, *, max_batch: int, max_seq: int,
+                 max_tokens: int | None = None, ops: str | object = "dsl",
+                 threads: int | None = None) -> None:
+        cfg = model.config
+        self.model, self.cfg = model, cfg
+        self.max_tokens = max(max_tokens or max_seq, max_batch)
+        self.kv = KVCache(layers=cfg.num_hidden_layers, max_batch=max_batch, max_seq=max_seq,
+                          kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.n_q, self.n_kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+        t = self.max_tokens
+        self.buffers: dict[str, np.ndarray] = {
+            "x": aligned_zeros((t, h)),  # residual stream
+            "h": aligned_zeros((t, h)),  # normed input of a GEMM
+            "qkv": aligned_zeros((t, self.n_q + 2 * self.n_kv)),
+            "attn": aligned_zeros((t, self.n_q)),
+            "proj": aligned_zeros((t, h)),  # o / down output before the residual add
+            "gate_up": aligned_zeros((t, 2 * cfg.intermediate_size)),
+            "act": aligned_zeros((t, cfg.intermediate_size)),
+            "last": aligned_zeros((max_batch, h)),  # last token of each segment, before the norm
+            "logits": aligned_zeros((max_batch, cfg.vocab_size)),
+            "positions": aligned_zeros(t, np.int64),
+            "ids": aligned_zeros(t, np.int64),
+        }
+        self.cos, self.sin = (aligned_copy(tab) for tab in cos_sin(model.rope, max_seq))
+        self.ops = make_ops(ops, model, max_tokens=t, max_batch=max_batch, max_seq=max_seq,
+                            threads=threads)
+        self.scale = float(d) ** -0.5
+
+    # -- public API ----------------------------------------------------------------------
+    def addresses(self) -> dict[str, int]:
+        """Data addresses of every permanent buffer (the no-allocation test compares them)."""
+        out = {k: v.ctypes.data for k, v in self.buffers.items()}
+        out.update({f"kv{i}": t.ctypes.data for i, t in enumerate(self.kv.kv)})
+        return out
+
+    def start(self, prompt: Sequence[int]) -> tuple[int, np.ndarray]:
+        """Take a batch slot and prefill the prompt; returns (slot, last-token logits view)."""
+        self.kv.check_prompt(len(prompt))
+        slot = self.kv.alloc()
+        try:
+            return slot, self.prefill(slot, prompt)
+        except BaseException:
+            self.kv.free(slot)
+            raise
+
+    def release(self, slot: int) -> None:
+        self.kv.free(slot)
+
+    def prefill(self, slot: int, tokens: Sequence[int]) -> np.ndarray:
+        """Append tokens to a slot in chunks of max_tokens; returns the last token's logits."""
+        self.kv.check_room(slot, len(tokens))
+        for c0 in range(0, len(tokens), self.max_tokens):
+            chunk = tokens[c0: c0 + self.max_tokens]
+            logits = self.forward([(slot, int(self.kv.lens[slot]), len(chunk))], chunk)
+        return logits[0]
+
+    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+        """One new token per slot; returns logits (B, vocab), a view of the permanent buffer."""
+        if len(slots) != len(tokens):
+            raise ShapeError(f"decode got {len(slots)} slots and {len(tokens)} tokens")
+        for s in slots:
+            self.kv.check_room(s, 1)
+        return self.forward([(s, int(self.kv.lens[s]), 1) for s in slots], tokens)
+
+    # -- the forward pass ----------------------------------------------------------------
+    def forward(self, segments: Sequence[Segment], tokens: Sequence[int]) -> np.ndarray:
+        """Run every layer on the segments' tokens, write K/V, return each segment's last logits."""
+        b = self.buffers
+        n_tok = sum(n for _, _, n in segments)
+        if n_tok != len(tokens) or n_tok > self.max_tokens or len(segments) > self.kv.max_batch:
+            raise CapacityError(f"forward of {n_tok} tokens in {len(segments)} segments exceeds "
+                                f"max_tokens={self.max_tokens} / max_batch={self.kv.max_batch}")
+        ids, pos = b["ids"][:n_tok], b["positions"][:n_tok]
+        ids[:] = tokens
+        if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
+            raise ShapeError(f"token ids must be in [0, {self.cfg.vocab_size}), got "
+                             f"{int(ids.min())}..{int(ids.max())}")
+        t0 = 0
+        for _, start, n in segments:
+            pos[t0: t0 + n] = np.arange(start, start + n)
+            t0 += n
+        x = b["x"][:n_tok]
+        np.take(self.model.embed, ids, axis=0, out=x)
+        for layer in range(self.cfg.num_hidden_layers):
+            self._layer(layer, segments, n_tok, pos)
+        for slot, start, n in segments:
+            self.kv.lens[slot] = start + n
+        return self._head(segments)
+
+    def _layer(self, layer: int, segments: Sequence[Segment], n_tok: int, pos: np.ndarray) -> None:
+        b, ops, g = self.buffers, self.ops, self.model.gemms
+        w = self.model.layers[layer]
+        eps, d = self.cfg.rms_norm_eps, self.cfg.head_dim
+        x, h, qkv = b["x"][:n_tok], b["h"][:n_tok], b["qkv"][:n_tok]
+        ops.rmsnorm(x, w.input_norm, eps, out=h)
+        g.qkv(h, w.qkv, out=qkv)
+        q = qkv[:, : self.n_q].reshape(n_tok, -1, d)
+        k = qkv[:, self.n_q: self.n_q + self.n_kv].reshape(n_tok, -1, d)
+        v = qkv[:, self.n_q + self.n_kv:].reshape(n_tok, -1, d)
+        ops.rope(q, k, pos, self.cos, self.sin)
+        kc, vc = self.kv.k(layer), self.kv.v(layer)
+        t0 = 0
+        for slot, start, n in segments:
+            kc[start: start + n, slot] = k[t0: t0 + n]
+            vc[start: start + n, slot] = v[t0: t0 + n]
+            t0 += n
+        attn, proj = b["attn"][:n_tok], b["proj"][:n_tok]
+        ops.attention(q, kc, vc, segments, self.scale, out=attn)
+        g.o(attn, w.o, out=proj)
+        np.add(x, proj, out=x)
+        ops.rmsnorm(x, w.post_norm, eps, out=h)
+        gu, act = b["gate_up"][:n_tok], b["act"][:n_tok]
+        g.gate_up(h, w.gate_up, out=gu)
+        ops.silu_mul(gu, out=act)
+        g.down(act, w.down, out=proj)
+        np.add(x, proj, out=x)
+
+    def _head(self, segments: Sequence[Segment]) -> np.ndarray:
+        """Final norm and lm_head on the last token of each segment only."""
+        b = self.buffers
+        s = len(segments)
+        last, normed, logits = b["last"][:s], b["h"][:s], b["logits"][:s]
+        t0 = 0
+        for i, (_, _, n) in enumerate(segments):
+            t0 += n
+            last[i] = b["x"][t0 - 1]
+        self.ops.rmsnorm(last, self.model.norm, self.cfg.rms_norm_eps, out=normed)
+        self.model.gemms.lm_head(normed, self.model.lm_head, out=logits)
+        return logits

@@ -1,0 +1,129 @@
+"""Load an HF Llama-family directory and pack its weights once into the cached GEMMs' layouts.
+
+QKV and gate/up are fused along N (column blocks [q | k | v] and [gate | up]), matching the
+payload the tuner tuned, so each layer runs four GEMMs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sandwich.errors import ConfigError, ShapeError
+from sandwich.runtime.buffers import aligned_copy
+from sandwich.runtime.checkpoint import read_raw_config, tensor_shapes
+from sandwich.runtime.kernel_cache import GemmKernel, KernelCache, PackedWeight
+from sandwich.runtime.rope_tables import RopeSpec, rope_spec
+from sandwich.runtime.safetensors_io import Checkpoint
+from sandwich.tuner.models import ModelConfig, parse_model_config
+
+
+@dataclass(frozen=True)
+class ModelGemms:
+    """The tuned GEMM of each projection (ops sharing (N, K) share a kernel)."""
+
+    qkv: GemmKernel
+    o: GemmKernel
+    gate_up: GemmKernel
+    down: GemmKernel
+    lm_head: GemmKernel
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    input_norm: np.ndarray  # (hidden,)
+    qkv: PackedWeight  # K=hidden, N=(H + 2 KVH) D
+    o: PackedWeight  # K=H D, N=hidden
+    post_norm: np.ndarray  # (hidden,)
+    gate_up: PackedWeight  # K=hidden, N=2 inter
+    down: PackedWeight  # K=inter, N=hidden
+
+
+@dataclass(frozen=True)
+class LlamaModel:
+    """Everything the executor needs: config, RoPE spec, packed weights and their GEMMs."""
+
+    config: ModelConfig
+    rope: RopeSpec
+    embed: np.ndarray  # (vocab, hidden) float32; may be a read-only view of the mapped file
+    layers: tuple[LayerWeights, ...]
+    norm: np.ndarray
+    lm_head: PackedWeight  # K=hidden, N=vocab (the embedding when tied)
+    gemms: ModelGemms
+
+
+def read_config(model_dir: str | Path) -> tuple[ModelConfig, RopeSpec]:
+    """Validate config.json: Llama family, SiLU, no biases, a supported RoPE."""
+    d = Path(model_dir)
+    if not d.is_dir():
+        raise ConfigError(f"{d}: no such model directory")
+    if not (d / "config.json").is_file():
+        raise ConfigError(f"{d}: no config.json; an HF model directory needs one")
+    raw, source = read_raw_config(d)
+    cfg = parse_model_config(raw, source=source, name=d.name)
+    act = raw.get("hidden_act", "silu")
+    if act != "silu":
+        raise ConfigError(f"{source}: hidden_act {act!r} is not supported (Llama uses 'silu')")
+    if raw.get("attention_bias") or raw.get("mlp_bias") or raw.get("model_type") == "qwen2":
+        raise ConfigError(f"{source}: projection biases are not supported yet (Llama has none)")
+    return cfg, rope_spec(raw, head_dim=cfg.head_dim, source=source)
+
+
+def model_gemms(cfg: ModelConfig, cache: KernelCache, *, threads: int | None = None) -> ModelGemms:
+    """Look up every projection's GEMM; a CacheError names the shape to tune."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    return ModelGemms(
+        qkv=cache.gemm(n=(heads + 2 * kv) * d, k=h, threads=threads),
+        o=cache.gemm(n=h, k=heads * d, threads=threads),
+        gate_up=cache.gemm(n=2 * cfg.intermediate_size, k=h, threads=threads),
+        down=cache.gemm(n=h, k=cfg.intermediate_size, threads=threads),
+        lm_head=cache.gemm(n=cfg.vocab_size, k=h, threads=threads),
+    )
+
+
+class _Reader:
+    """Fetches tensors as float32, checking names and shapes against the config."""
+
+    def __init__(self, ckpt: Checkpoint, cfg: ModelConfig) -> None:
+        self.ckpt, self.shapes = ckpt, tensor_shapes(cfg)
+        missing = [n for n in self.shapes if n not in ckpt]
+        if missing:
+            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+            raise ShapeError(f"{ckpt.dir}: checkpoint lacks {', '.join(missing[:3])}{more}; "
+                             f"it does not match config.json")
+        for name, want in self.shapes.items():  # headers only: no data is read yet
+            got = ckpt.get(name).shape
+            if got != want:
+                raise ShapeError(f"{ckpt.dir}: tensor '{name}' has shape {list(got)}, "
+                                 f"config.json implies {list(want)}")
+
+    def __call__(self, name: str) -> np.ndarray:
+        return self.ckpt.get(name).to_f32()
+
+
+def load_model(model_dir: str | Path, cache: KernelCache, *, threads: int | None = None) -> LlamaModel:
+    """Read config + safetensors, fuse and pack every projection once."""
+    cfg, rope = read_config(model_dir)
+    read = _Reader(Checkpoint(model_dir), cfg)
+    gemms = model_gemms(cfg, cache, threads=threads)
+    layers = []
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        qkv = np.concatenate([read(p + f"self_attn.{x}_proj.weight") for x in "qkv"], axis=0)
+        gate_up = np.concatenate([read(p + "mlp.gate_proj.weight"), read(p + "mlp.up_proj.weight")])
+        layers.append(LayerWeights(
+            input_norm=aligned_copy(read(p + "input_layernorm.weight")),
+            qkv=gemms.qkv.pack(qkv.T),
+            o=gemms.o.pack(read(p + "self_attn.o_proj.weight").T),
+            post_norm=aligned_copy(read(p + "post_attention_layernorm.weight")),
+            gate_up=gemms.gate_up.pack(gate_up.T),
+            down=gemms.down.pack(read(p + "mlp.down_proj.weight").T),
+        ))
+    embed = read("model.embed_tokens.weight")
+    head = embed if cfg.tie_word_embeddings else read("lm_head.weight")
+    return LlamaModel(config=cfg, rope=rope, embed=embed, layers=tuple(layers),
+                      norm=aligned_copy(read("model.norm.weight")), lm_head=gemms.lm_head.pack(head.T),
+                      gemms=gemms)

@@ -1,0 +1,152 @@
+"""RMSNorm, SiLU-mul, RoPE, decode and prefill attention from the DSL kernels
+(dsl/kernels/*.sw), compiled for this CPU.
+
+A prefill chunk after the first (it attends to earlier chunks in the cache, which
+flash_prefill cannot) still uses the NUMPY FALLBACK (`NumpyOps.attention`). Each kernel is checked against the
+numpy fallback when it is built (DESIGN: a wrong kernel is never used). The model dimensions
+are fixed at build time; M (tokens) and B (sequences) stay symbolic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from sandwich.compiler.target import CpuInfo, tvm_target
+from sandwich.errors import BuildError
+from sandwich.runtime.buffers import aligned_zeros
+from sandwich.runtime.dsl_attention import DecodeAttention, PrefillAttention, Segment, kernel_arg
+from sandwich.runtime.ops_fallback import NumpyOps
+
+
+def _build(name: str, cpu: CpuInfo, threads: int, fixed: dict, tunables: dict | None = None):
+    import tvm
+
+    from sandwich.compiler.lower_tir import lower_to_tir
+    from sandwich.dsl.load import load_kernel
+
+    try:
+        mod = lower_to_tir(load_kernel(name), tunables=tunables or {}, vlen=cpu.lanes_f32,
+                           fixed=fixed)
+        return tvm.compile(mod, target=tvm_target(cpu, threads))["main"]
+    except Exception as e:  # DSL or TVM: the user sees one line naming the kernel
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BuildError(f"DSL kernel {name} failed to build: {first}") from e
+
+
+def _pow2_at_most(n: int, cap: int) -> int:
+    p = 1
+    while p * 2 <= min(n, cap):
+        p *= 2
+    return p
+
+
+class DslOps(NumpyOps):
+    """Compiled kernels for norms, RoPE, SiLU-mul and decode attention."""
+
+    kind = "dsl (chunks after the first prefill chunk: numpy-fallback attention)"
+
+    def __init__(self, *, max_tokens: int, max_batch: int, heads: int, kv_heads: int,
+                 head_dim: int, hidden: int, intermediate: int, max_seq: int, cpu: CpuInfo,
+                 threads: int) -> None:
+        super().__init__(max_tokens=max_tokens, heads=heads, head_dim=head_dim, max_seq=max_seq)
+        self.dims = (heads, kv_heads, head_dim)
+        self._rms = _build("rmsnorm", cpu, threads, {"N": hidden})
+        self._silu = _build("silu_mul", cpu, threads, {"N": intermediate})
+        self._rope = _build("rope", cpu, threads, {"H": heads, "KVH": kv_heads, "D": head_dim})
+        self._decode = DecodeAttention(lambda n, f, t: _build(n, cpu, threads, f, t), heads=heads,
+                                       kv_heads=kv_heads, head_dim=head_dim, max_batch=max_batch,
+                                       vlen=cpu.lanes_f32, n_split=_pow2_at_most(threads, 16))
+        self._prefill = PrefillAttention(lambda n, f, t: _build(n, cpu, threads, f, t),
+                                         heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                                         max_tokens=max_tokens, vlen=cpu.lanes_f32)
+        # RoPE reads q and k as compact arrays; the fused QKV rows interleave them (glue copy)
+        self._q = aligned_zeros((max_tokens, heads, head_dim))
+        self._k = aligned_zeros((max_tokens, kv_heads, head_dim))
+        self._pos = aligned_zeros((max_tokens,), np.int32)
+        try:
+            self._self_check(hidden, intermediate)
+        except (ValueError, TypeError, RuntimeError) as e:  # a kernel signature changed under us
+            raise BuildError(f"DSL kernels rejected the runtime's arguments: "
+                             f"{str(e).strip().splitlines()[0]}; update runtime/ops_dsl.py") from e
+
+    def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
+        self._rms(x.shape[0], x.shape[1], eps, kernel_arg(x), kernel_arg(w), kernel_arg(out))
+
+    def silu_mul(self, gate_up: np.ndarray, out: np.ndarray) -> None:
+        self._silu(out.shape[0], out.shape[1], kernel_arg(gate_up), kernel_arg(out))
+
+    def rope(self, q: np.ndarray, k: np.ndarray, positions: np.ndarray,
+             cos: np.ndarray, sin: np.ndarray) -> None:
+        t = q.shape[0]
+        h, kvh, d = self.dims
+        qc, kc, pos = self._q[:t], self._k[:t], self._pos[:t]
+        qc[...] = q
+        kc[...] = k
+        pos[...] = positions
+        self._rope(t, h, kvh, d, cos.shape[0], *map(kernel_arg, (pos, cos, sin, qc, kc)))
+        q[...] = qc
+        k[...] = kc
+
+    def attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                  segments: Sequence[Segment], scale: float, out: np.ndarray) -> None:
+        if all(n == 1 for _, _, n in segments):
+            self._decode(q, k_cache, v_cache, segments, scale, out)
+            return
+        t0 = 0
+        for slot, start, n in segments:
+            rows = slice(t0, t0 + n)
+            if start == 0:
+                self._prefill(q[rows], k_cache[:n, slot], v_cache[:n, slot], scale, out[rows])
+            else:  # a later prefill chunk attends to earlier chunks too: NUMPY FALLBACK
+                super().attention(q[rows], k_cache, v_cache, [(slot, start, n)], scale, out[rows])
+            t0 += n
+
+    def _self_check(self, hidden: int, intermediate: int) -> None:
+        """Run each kernel once against the numpy fallback on random data (3 tokens; a
+        2-slot, 9-position KV cache for decode attention)."""
+        rng = np.random.default_rng(0)
+        ref = NumpyOps(max_tokens=3, heads=self.dims[0], head_dim=self.dims[2], max_seq=9)
+
+        def rand(*shape):
+            a = aligned_zeros(shape)
+            a[...] = rng.standard_normal(shape, dtype=np.float32)
+            return a
+
+        x, w, gu = rand(3, hidden), rand(hidden), rand(3, 2 * intermediate)
+        h, kvh, d = self.dims
+        qk = rng.standard_normal((3, h + kvh, d), dtype=np.float32)
+        ang = np.arange(8, dtype=np.float32)[:, None] * np.float32(0.1) ** np.arange(d // 2, dtype=np.float32)
+        cos, sin = aligned_zeros(ang.shape), aligned_zeros(ang.shape)
+        cos[...], sin[...] = np.cos(ang), np.sin(ang)
+        pos = np.array([0, 7, 3])
+        checks = {}
+        for ops in (self, ref):
+            y = aligned_zeros(x.shape)
+            ops.rmsnorm(x, w, 1e-5, out=y)
+            s = aligned_zeros((3, intermediate))
+            ops.silu_mul(gu, out=s)
+            r = qk.copy()
+            ops.rope(r[:, :h], r[:, h:], pos, cos, sin)
+            checks[ops is self] = (y, s, r)
+        kv = aligned_zeros((2, 9, 2, kvh, d))
+        kv[...] = rng.standard_normal(kv.shape, dtype=np.float32)
+        segs = [(1, 8, 1), (0, 2, 1)][: self._decode.max_batch]
+        for ops in (self, ref):
+            a = aligned_zeros((len(segs), h * d))
+            ops.attention(qk[: len(segs), :h], kv[0], kv[1], segs, 0.125, out=a)
+            checks[ops is self] += (a,)
+        qkv3 = rand(3, h + 2 * kvh, d)
+        pre = aligned_zeros((2, 5, 1, kvh, d))
+        pre[:, :3, 0] = qkv3[:, h:].reshape(3, 2, kvh, d).transpose(1, 0, 2, 3)
+        for ops in (self, ref):
+            a = aligned_zeros((3, h * d))
+            ops.attention(qkv3[:, :h], pre[0], pre[1], [(0, 0, 3)], 0.125, out=a)
+            checks[ops is self] += (a,)
+        for name, got, want in zip(("rmsnorm", "silu_mul", "rope", "decode_attention",
+                                    "flash_prefill"),
+                                   checks[True], checks[False], strict=True):
+            if not np.allclose(got, want, rtol=1e-4, atol=1e-5):
+                raise BuildError(f"DSL kernel {name} disagrees with the numpy reference "
+                                 f"(max error {float(np.abs(got - want).max()):.3g}); not used")

@@ -1,0 +1,101 @@
+"""NUMPY FALLBACK for the non-GEMM ops (RMSNorm, RoPE, SiLU-mul, attention).
+
+The reference the DSL kernels are checked against, and the stand-in where none is wired
+yet: prefill attention (flash_prefill.sw) runs here even with ops='dsl'. The executor calls
+only the methods below, so `ops_dsl.DslOps` overrides them one by one. They
+write into the executor's preallocated buffers (`out=`); numpy still makes small
+temporaries inside (reductions, strided matmuls), which the compiled kernels will not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from sandwich.runtime.buffers import aligned_zeros
+
+Segment = tuple[int, int, int]  # (batch slot, first position, token count)
+
+
+class NumpyOps:
+    """Reference implementations with HF Llama's float32 semantics."""
+
+    kind = "numpy-fallback"
+
+    def __init__(self, *, max_tokens: int, heads: int, head_dim: int, max_seq: int) -> None:
+        self._var = aligned_zeros(max_tokens)
+        half = head_dim // 2
+        self._cs = aligned_zeros((2, max_tokens, 1, half))
+        self._rot = aligned_zeros((2, max_tokens * heads * half))
+        self._scores = aligned_zeros((heads, max_seq))  # decode (one query) scores
+
+    def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
+        """out = x / sqrt(mean(x^2) + eps) * w, row by row."""
+        var = self._var[: x.shape[0]]
+        np.multiply(x, x, out=out)
+        np.mean(out, axis=1, out=var)
+        np.add(var, np.float32(eps), out=var)
+        np.sqrt(var, out=var)
+        np.divide(x, var[:, None], out=out)
+        np.multiply(out, w, out=out)
+
+    def silu_mul(self, gate_up: np.ndarray, out: np.ndarray) -> None:
+        """out = silu(gate) * up for gate_up = [gate | up] along columns."""
+        n = out.shape[1]
+        gate, up = gate_up[:, :n], gate_up[:, n:]
+        np.negative(gate, out=out)
+        np.exp(out, out=out)
+        np.add(out, np.float32(1.0), out=out)
+        np.divide(gate, out, out=out)
+        np.multiply(out, up, out=out)
+
+    def rope(self, q: np.ndarray, k: np.ndarray, positions: np.ndarray,
+             cos: np.ndarray, sin: np.ndarray) -> None:
+        """Rotate-half RoPE in place on q (T, H, D) and k (T, KVH, D)."""
+        t = q.shape[0]
+        c, s = self._cs[0, :t], self._cs[1, :t]
+        np.take(cos, positions, axis=0, out=c[:, 0])
+        np.take(sin, positions, axis=0, out=s[:, 0])
+        for x in (q, k):
+            half = x.shape[2] // 2
+            x1, x2 = x[..., :half], x[..., half:]
+            size = x1.size
+            a = self._rot[0, :size].reshape(x1.shape)
+            b = self._rot[1, :size].reshape(x1.shape)
+            np.multiply(x2, s, out=a)  # x2 s
+            np.multiply(x1, s, out=b)  # x1 s
+            np.multiply(x1, c, out=x1)
+            np.subtract(x1, a, out=x1)  # x1 c - x2 s
+            np.multiply(x2, c, out=x2)
+            np.add(x2, b, out=x2)  # x2 c + x1 s
+
+    def attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                  segments: Sequence[Segment], scale: float, out: np.ndarray) -> None:
+        """Causal GQA attention of each segment's queries over its slot's cached keys.
+
+        q: (T, H, D); caches: [max_seq, max_batch, KVH, D] (positions already written);
+        out: (T, H * D)."""
+        heads, d = q.shape[1], q.shape[2]
+        kvh = k_cache.shape[2]
+        g = heads // kvh
+        t0 = 0
+        for slot, start, n in segments:
+            length = start + n
+            keys = k_cache[:length, slot].transpose(1, 2, 0)  # (KVH, D, L)
+            vals = v_cache[:length, slot].transpose(1, 0, 2)  # (KVH, L, D)
+            qg = q[t0: t0 + n].reshape(n, kvh, g, d).transpose(1, 2, 0, 3)  # (KVH, g, n, D)
+            dst = out[t0: t0 + n].reshape(n, kvh, g, d).transpose(1, 2, 0, 3)
+            if n == 1:
+                sc = self._scores[:, :length].reshape(kvh, g, 1, length)
+                np.matmul(qg, keys[:, None], out=sc)
+            else:
+                sc = np.matmul(qg, keys[:, None])
+                causal = np.arange(length)[None, :] > (start + np.arange(n))[:, None]
+                sc[..., causal] = -np.inf
+            np.multiply(sc, np.float32(scale), out=sc)
+            np.subtract(sc, sc.max(axis=-1, keepdims=True), out=sc)
+            np.exp(sc, out=sc)
+            np.divide(sc, sc.sum(axis=-1, keepdims=True), out=sc)
+            np.matmul(sc, vals[:, None], out=dst)
+            t0 += n
