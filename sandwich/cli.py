@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     from sandwich.runtime import cli as runtime_cli
     from sandwich.topology import cli as topo_cli
     from sandwich.tuner import cli as tuner_cli
+    from sandwich.tuner import compare_cli
 
     parser = argparse.ArgumentParser(
         prog="sandwichc",
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     topo_cli.register(sub)
     dsl_cli.register(sub)
     runtime_cli.register(sub)
+    compare_cli.register(sub)
     return parser
 
 
