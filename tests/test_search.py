@@ -161,8 +161,11 @@ def test_reuse_unfreezes_when_the_frozen_schedule_falls_off():
         search.tune_m(m)
     frozen = search.state.frozen
     assert frozen is not None and frozen.slice.b_k != 512
+    before = len(meas.calls)
     res = search.tune_m(64)
-    assert not res.reused and res.trials > 1  # searched again
+    assert not res.reused and res.trials > 1  # searched again ...
+    refined = [s for s, m in meas.calls[before:] if m == 64]
+    assert {s.micro_kernel for s in refined} == {frozen.micro_kernel}  # ... around the frozen one
 
 
 def test_time_callable_stops_early_on_long_calls():

@@ -214,17 +214,24 @@ class SandwichSearch:
                 res = MResult(m, frozen, g, len(self.trials) - n0, self.clock() - t0, reused=True)
                 self._record(res)
                 return res
-            # the frozen schedule fell off at this M: search again, and let reuse re-arm
+            # the frozen schedule fell off at this M: refine it (finetune from its slice with
+            # its micro-kernel, no fast start), and let reuse re-arm
             self.state.frozen = None
+            refine: KernelSchedule | None = frozen
+        else:
+            refine = None
         hist = self.state.history
         prev = self._eval(hist[-1].schedule, m, "reuse") if hist else 0.0
-        mks = self.candidates(m)
+        mks = [refine.micro_kernel] if refine else self.candidates(m)
         if len(mks) > self.settings.mk_keep:
             ranked = sorted(mks, key=lambda mk: -self._probe(mk, m))
             mks = ranked[: self.settings.mk_keep]
         best: tuple[float, KernelSchedule] | None = None
         for mk in mks:
-            start, _ = self.fast_start(mk, m, self._default_poly(m, mk))
+            if refine:
+                start = refine.slice
+            else:
+                start, _ = self.fast_start(mk, m, self._default_poly(m, mk))
             schemes = [pl for pl in polymerizations(self.threads, split_k=self.settings.split_k)
                        if useful(pl, m, self.n, self.k, mk)] or [Polymerization(1, 1, 1)]
             for pl in schemes:
