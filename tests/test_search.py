@@ -176,3 +176,13 @@ def test_time_callable_stops_early_on_long_calls():
     t = time_callable(lambda: time.sleep(0.01), warmup=0, repeat=50, min_repeat_s=0.0,
                       max_total_s=0.05)
     assert 3 <= t.repeats < 50 and t.min_s >= 0.009
+
+
+def test_time_cap_per_m_stops_measuring():
+    clock = iter(float(i) for i in range(10**6))
+    meas = FakeMeasure(_good)
+    search = SandwichSearch(n=1024, k=512, pack_n=64, micro_kernels=[MicroKernel(4, 64)],
+                            threads=2, measure=meas, clock=lambda: next(clock),
+                            settings=SearchSettings(max_seconds_per_m=5.0))
+    res = search.tune_m(16)
+    assert 1 <= res.trials <= 6 and res.gflops > 0  # each clock read is one "second"

@@ -29,7 +29,7 @@ from sandwich.tuner.payload import make_payload
 from sandwich.tuner.tune import unique_shapes
 
 ROTATE_MAX_M = 8
-TIMING = {"warmup": 1, "repeat": 5, "min_repeat_s": 0.02}
+TIMING = {"warmup": 2, "repeat": 7, "min_repeat_s": 0.03}
 # thread pools (TVM's, OpenBLAS's, OpenMP's) spin for a while after a call; a pause before
 # each runner lets the previous library's threads sleep so they do not steal its cores
 SETTLE_S = 0.2
@@ -89,41 +89,63 @@ def _machine_name() -> str:
     return f"{cpu.model} ({cpu.mcpu}, {cpu.isa}, {cpu.cores} cores, L3 {cpu.l3_bytes >> 20} MiB)"
 
 
+def _cases(models: list[str], ms: list[int], tp: int):
+    """(model, op names, op, m) for every unique GEMM shape of the models at every M."""
+    for model in models:
+        payload = make_payload(load_model_config(model), tp=tp, seq_max=max(ms))
+        for names, op in unique_shapes(payload):
+            for m in ms:
+                yield model, names, op, m
+
+
 def run_bench(*, models: list[str], ms: list[int], tp: int, peer_names: list[str], threads: int,
               cache, rotate: bool, command: str, log=print) -> BenchResult:
-    """Time every unique GEMM shape of the models at every M, ours and the peers'."""
+    """Time every unique GEMM shape of the models at every M, ours and the peers'.
+
+    Ours are timed first, before any peer library starts: OpenVINO's and OpenMP's idle
+    worker threads keep spinning after their calls and steal the cores a short TVM kernel
+    needs, which would understate ours. Peers follow in the same process and run, with
+    the same threads, inputs and cache state."""
     limits = measure_machine(threads)
     log(f"machine limits with {threads} threads: peak {limits.peak_gflops:.1f} GFLOPS, "
         f"streaming read {limits.read_gbs:.1f} GB/s")
+    cases = list(_cases(models, ms, tp))
+    rows, rotated = [], []
+    for model, names, op, m in cases:
+        gemm = cache.gemm(n=op.n, k=op.k, dtype=op.dtype, threads=threads)
+        a, w = random_gemm(m, op.n, op.k, seed=m)
+        out = np.empty((m, op.n), np.float32)
+        ours = measure_runner("sandwich", _runner(gemm, out), a, w, [gemm.pack(w)], **TIMING)
+        rows.append({"model": model, "op": "+".join(names), "m": m, "n": op.n, "k": op.k,
+                     "sandwich_gflops": ours.gflops,
+                     "sandwich_schedule": gemm.schedule_for(m).key()})
+        if rotate and m <= ROTATE_MAX_M:
+            rotated.append(_rotated_ours(rows[-1], gemm, a, w, limits))
     peers = make_peers(peer_names, threads=threads)
     for msg in peers.messages:
         log(msg)
     res = BenchResult(command, datetime.date.today().isoformat(), _machine_name(), threads,
                       limits.peak_gflops, limits.read_gbs, list(peers.names), list(peers.messages))
-    for model in models:
-        cfg = load_model_config(model)
-        payload = make_payload(cfg, tp=tp, seq_max=max(ms))
-        for names, op in unique_shapes(payload):
-            gemm = cache.gemm(n=op.n, k=op.k, dtype=op.dtype, threads=threads)
-            for m in ms:
-                a, w = random_gemm(m, op.n, op.k, seed=m)
-                out = np.empty((m, op.n), np.float32)
-                row = {"model": model, "op": "+".join(names), "m": m, "n": op.n, "k": op.k}
-                _settle()
-                ours = measure_runner("sandwich", _runner(gemm, out), a, w, [gemm.pack(w)], **TIMING)
-                row["sandwich_gflops"] = ours.gflops
-                row["sandwich_schedule"] = gemm.schedule_for(m).key()
-                for peer in peers.peers:
-                    _settle()
-                    row[f"{peer.name}_gflops"] = measure_peer(peer, a, w, **TIMING).gflops
-                best = max((row[f"{p}_gflops"] for p in peers.names), default=0.0)
-                row["best_peer_gflops"] = best
-                row["speedup_vs_best_peer"] = row["sandwich_gflops"] / best if best else None
-                res.rows.append(row)
-                log(_row_line(row, peers.names))
-                if rotate and m <= ROTATE_MAX_M:
-                    res.rotated_rows.append(_rotated_row(row, gemm, peers.peers, a, w, limits))
+    for row, rot in zip(rows, _pad(rotated, rows, rotate), strict=True):
+        a, w = random_gemm(row["m"], row["n"], row["k"], seed=row["m"])
+        for peer in peers.peers:
+            _settle()
+            row[f"{peer.name}_gflops"] = measure_peer(peer, a, w, **TIMING).gflops
+        best = max((row[f"{p}_gflops"] for p in peers.names), default=0.0)
+        row["best_peer_gflops"] = best
+        row["speedup_vs_best_peer"] = row["sandwich_gflops"] / best if best else None
+        res.rows.append(row)
+        log(_row_line(row, peers.names))
+        if rot is not None:
+            _rotated_peers(rot, peers.peers, a, w, limits)
+            res.rotated_rows.append(rot)
     return res
+
+
+def _pad(rotated: list[dict], rows: list[dict], rotate: bool) -> list[dict | None]:
+    """Align the rotated rows (M <= ROTATE_MAX_M only) with all rows."""
+    it = iter(rotated)
+    return [next(it) if rotate and r["m"] <= ROTATE_MAX_M else None for r in rows]
 
 
 def _runner(gemm, out: np.ndarray):
@@ -131,23 +153,25 @@ def _runner(gemm, out: np.ndarray):
     return lambda a, handle: gemm(a, handle, out=out)
 
 
-def _rotated_row(row: dict, gemm, peers, a, w, limits) -> dict:
+def _rotated_ours(row: dict, gemm, a, w, limits) -> dict:
     """The same shape with weights rotated over copies several times the LLC: DRAM-bound."""
     copies = rotation_copies(w.nbytes, limits.llc_bytes)
     out = np.empty((a.shape[0], w.shape[1]), np.float32)
     handles = [gemm.pack(w) for _ in range(copies)]
-    _settle()
     ours = measure_runner("sandwich", _runner(gemm, out), a, w, handles, **TIMING)
     del handles
     rot = {k: row[k] for k in ("model", "op", "m", "n", "k")}
     rot.update(copies=copies, sandwich_gbs=ours.weight_gbs,
                sandwich_pct_read=ours.pct_of_read(limits.read_gbs))
+    return rot
+
+
+def _rotated_peers(rot: dict, peers, a, w, limits) -> None:
     for peer in peers:
         _settle()
-        t = measure_peer(peer, a, w, copies=copies, **TIMING)
+        t = measure_peer(peer, a, w, copies=rot["copies"], **TIMING)
         rot[f"{peer.name}_gbs"] = t.weight_gbs
         rot[f"{peer.name}_pct_read"] = t.pct_of_read(limits.read_gbs)
-    return rot
 
 
 def _row_line(row: dict, peers) -> str:

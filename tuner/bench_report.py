@@ -15,8 +15,10 @@ def write_markdown(res, path: Path) -> None:
         f"- machine: {res.machine}",
         f"- threads: {res.threads} for every library (same process, same run), fp32, date {res.date}",
         f"- measured limits: FMA peak {res.peak_gflops:.1f} GFLOPS, streaming read {res.read_gbs:.1f} GB/s",
-        "- timings: warm-up, then 5 repeats, median; each result checked against numpy first;"
-        " every runner sees the same weights repeated (same cache state)",
+        "- timings: warm-up, then 7 repeats, median; each result checked against numpy first;"
+        " every runner sees the same weights repeated (same cache state); ours are timed"
+        " before the peer libraries start (their idle threads keep spinning), peers after,"
+        " in the same process",
         f"- peers: {', '.join(res.peers)}" + (f" (skipped: {'; '.join(res.skipped)})" if res.skipped else ""),
         "",
         f"**Geomean speedup over the best peer per row: {s['geomean_speedup_all']:.2f} overall, "

@@ -28,6 +28,7 @@ class SearchSettings:
     reuse_patience: int = 3  # stable Ms in a row before the schedule is frozen
     split_k: bool = True
     probe_k: int = 256  # b_k of the probe slice that ranks micro-kernels
+    max_seconds_per_m: float | None = None  # past this, candidates count as no gain
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class SandwichSearch:
         self.state = SearchState()
         self.trials: list[Trial] = []
         self._seen: dict[tuple[KernelSchedule, int], float] = {}
+        self._deadline: float | None = None
 
     # -- bookkeeping -------------------------------------------------------------------
     def resume(self, results: list[MResult]) -> None:
@@ -92,6 +94,8 @@ class SandwichSearch:
 
     def _eval(self, sched: KernelSchedule, m: int, phase: str) -> float:
         key = (sched, m)
+        if key not in self._seen and self._deadline is not None and self.clock() > self._deadline:
+            return 0.0  # this M's time is spent: an unmeasured candidate never wins
         if key not in self._seen:
             res = self.measure(sched, m)
             self._seen[key] = res.gflops if res.ok else 0.0
@@ -207,6 +211,8 @@ class SandwichSearch:
     def tune_m(self, m: int) -> MResult:
         """Best schedule at this M: frozen schedule if reuse has kicked in, else the search."""
         t0, n0 = self.clock(), len(self.trials)
+        cap = self.settings.max_seconds_per_m
+        self._deadline = None if cap is None else t0 + cap
         frozen = self.state.frozen
         if frozen is not None:
             g = self._eval(frozen, m, "reuse")

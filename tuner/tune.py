@@ -127,6 +127,8 @@ def verify_numerics(cache: KernelCache, *, n: int, k: int, ms: list[int], dtype:
     """Run the cached GEMM at each M against numpy; returns the failures."""
     import numpy as np
 
+    from sandwich.tuner.reference import reference_matmul
+
     gemm = cache.gemm(n=n, k=k, dtype=dtype)
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((k, n), dtype=np.float32)
@@ -135,7 +137,7 @@ def verify_numerics(cache: KernelCache, *, n: int, k: int, ms: list[int], dtype:
     for m in ms:
         a = rng.standard_normal((m, k), dtype=np.float32)
         out = gemm(a, wp)
-        ref = a.astype(np.float64) @ w.astype(np.float64)
+        ref = reference_matmul(a, w)
         err = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
         if not np.isfinite(err) or err > 1e-4:
             problems.append(f"N={n} K={k} M={m}: max relative error {err:.3g}")

@@ -18,6 +18,7 @@ from sandwich.compiler.gemm_runner import (
 from sandwich.compiler.target import CpuInfo
 from sandwich.errors import BuildError, ConfigError
 from sandwich.tuner.measure import MeasureResult
+from sandwich.tuner.reference import reference_matmul
 from sandwich.tuner.timing import gflops, time_callable
 from sandwich.types import KernelSchedule
 
@@ -31,7 +32,7 @@ def check_against_numpy(func, schedule: KernelSchedule, a: np.ndarray, wp: np.nd
     if schedule.polymerization.t_k > 1:
         ws = np.empty((schedule.polymerization.t_k * m, n), dtype=np.float32)
     call_gemm(func, a, wp, out, schedule, ws)
-    ref = a.astype(np.float64) @ w.astype(np.float64)
+    ref = reference_matmul(a, w)
     err = np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30)
     if not np.isfinite(err) or err > rtol:
         return f"kernel {schedule.key()} is wrong at M={m}: max relative error {err:.3g}"

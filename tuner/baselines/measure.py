@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from sandwich.errors import BuildError, ConfigError
 from sandwich.tuner.baselines import Peer
@@ -56,8 +57,9 @@ def check_gemm(out: np.ndarray, a: np.ndarray, w: np.ndarray, *, rtol: float = 1
     if out.shape != (m, n):
         raise BuildError(f"{what} returned shape {out.shape}, expected {(m, n)}")
     a64, w64 = a.astype(np.float64), w.astype(np.float64)
-    err = np.abs(out.astype(np.float64) - a64 @ w64)
-    bound = rtol * (np.abs(a64) @ np.abs(w64)) + 1e-30
+    with threadpool_limits(limits=1, user_api="blas"):  # no spinning BLAS workers left behind
+        err = np.abs(out.astype(np.float64) - a64 @ w64)
+        bound = rtol * (np.abs(a64) @ np.abs(w64)) + 1e-30
     if not np.all(err <= bound):
         worst = float(np.max(err / bound)) * rtol
         raise BuildError(f"{what} is wrong at {m}x{n}x{a.shape[1]}: relative error {worst:.2e} > {rtol:.0e}")
