@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 tune: $(STAMP)
+	$(BIN)/pip install -q -e ".[dev,bench]"
 	$(BIN)/sandwichc tune --budget quick
 	$(BIN)/sandwichc bench gemm --json results/gemm_vs_vendor.json
 
