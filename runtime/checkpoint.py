@@ -5,37 +5,13 @@ that a downloaded model has."""
 from __future__ import annotations
 
 import json
-from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from sandwich.errors import ConfigError
 from sandwich.runtime.safetensors_io import SINGLE_NAME, save_file, save_sharded
-from sandwich.tuner.models import ModelConfig, embedded_models, parse_model_config
-
-
-def read_raw_config(name_or_path: str | Path) -> tuple[dict[str, Any], str]:
-    """An HF config dict from a config.json, a directory holding one, or an embedded name."""
-    path = Path(name_or_path)
-    if path.is_dir():
-        path = path / "config.json"
-    if path.is_file():
-        text, source = path.read_text(), str(path)
-    elif str(name_or_path) in embedded_models():
-        f = resources.files("sandwich.tuner").joinpath("configs", f"{name_or_path}.json")
-        text, source = f.read_text(), f"embedded model '{name_or_path}'"
-    else:
-        raise ConfigError(f"unknown model '{name_or_path}': not a config.json or a directory with one, "
-                          f"and not one of: {', '.join(embedded_models())}")
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{source}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: expected a JSON object, got {type(raw).__name__}")
-    return raw, source
+from sandwich.tuner.models import ModelConfig, parse_model_config, read_raw_config
 
 
 def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -18,13 +18,13 @@ import pytest
 
 from sandwich.errors import CacheError, ConfigError, ShapeError
 from sandwich.runtime import KernelCache
-from sandwich.runtime.checkpoint import read_raw_config, write_checkpoint
+from sandwich.runtime.checkpoint import write_checkpoint
 from sandwich.runtime.executor import Executor
 from sandwich.runtime.kv_cache import CapacityError
 from sandwich.runtime.loader import load_model
 from sandwich.runtime.safetensors_io import CheckpointError
 from sandwich.tuner.budget import get_budget
-from sandwich.tuner.models import load_model_config
+from sandwich.tuner.models import load_model_config, read_raw_config
 from sandwich.tuner.payload import make_payload
 from sandwich.tuner.tune import tune_op, unique_shapes
 

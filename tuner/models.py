@@ -41,6 +41,12 @@ def embedded_models() -> list[str]:
 
 def load_model_config(name_or_path: str | Path) -> ModelConfig:
     """Load an embedded config by name, or a `config.json` (or a directory holding one)."""
+    raw, source = read_raw_config(name_or_path)
+    return parse_model_config(raw, source=source, name=Path(str(name_or_path)).stem)
+
+
+def read_raw_config(name_or_path: str | Path) -> tuple[dict[str, Any], str]:
+    """The HF config dict (unvalidated) and a name for it in error messages."""
     text, source = _read(str(name_or_path))
     try:
         raw = json.loads(text)
@@ -48,7 +54,7 @@ def load_model_config(name_or_path: str | Path) -> ModelConfig:
         raise ConfigError(f"{source}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a JSON object, got {type(raw).__name__}")
-    return parse_model_config(raw, source=source, name=Path(str(name_or_path)).stem)
+    return raw, source
 
 
 def _read(name_or_path: str) -> tuple[str, str]:
