@@ -11,12 +11,16 @@ let-bound (a loop whose start depends on an outer loop variable is mislowered, a
 let-bound index into a local array breaks CompactBufferAllocation: "Buffer ... is used
 before its definition"); every local scalar is a 1-element "global" array, not a let
 binding (TVM 0.27 turns let variables into "local" arrays, which become heap workspace
-that aliases everything); nested parallel loops are fused or run serially.
+that aliases everything) unless the caller asks for substitution (`scalars`); nested
+parallel loops are fused or run serially. `unroll` loops with constant bounds, `if`s on
+constants and constant-row local arrays are resolved here (compiler/lower_static.py).
 """
 
 from __future__ import annotations
 
 from sandwich.compiler import lower_vector as V
+from sandwich.compiler.lower_args import check_fixed, signature
+from sandwich.compiler.lower_static import SCALARS, StaticParts
 from sandwich.dsl import ast as A
 from sandwich.dsl.errors import DSLError
 from sandwich.dsl.highlevel import ast as H
@@ -48,9 +52,10 @@ def _assigned(stmts, out: set[str]) -> set[str]:
     return out
 
 
-class _Emitter(V.VectorLoops):
-    def __init__(self, kernel: H.Kernel, consts: dict, vlen: int) -> None:
-        self.consts, self.vlen = consts, vlen
+class _Emitter(V.VectorLoops, StaticParts):
+    def __init__(self, kernel: H.Kernel, consts: dict, vlen: int, scalars: str = "box",
+                 fold: bool = False) -> None:
+        self.consts, self.vlen, self.scalars, self.fold = consts, vlen, scalars, fold
         self.types: dict[str, str] = {p.name: p.dtype for p in kernel.params}
         self.mutable = _assigned(kernel.body, set())
         self.boxed: set[str] = set()  # local scalars, held in 1-element arrays
@@ -63,6 +68,9 @@ class _Emitter(V.VectorLoops):
         self.lane = ""  # the lane index inside a vector loop body
         self.in_vector = False
         self.parallel_depth = 0
+        self.pure = {p.name for p in kernel.params if not p.shape}  # substitutable names
+        self.splits: dict = {}  # buffer name -> SplitArray
+        self.pending: list = []  # split arrays not yet allocated
 
     def bind(self, name: str) -> str:
         self.fresh += 1
@@ -102,6 +110,10 @@ class _Emitter(V.VectorLoops):
         return next((t for t in types if t in ("f32", "bf16", "f16")), types[0])
 
     def expr(self, e) -> str:
+        if self.fold and isinstance(e, (A.Binary, A.Unary, A.Call)):
+            v = self.static(e)  # fold constant integer parts: shorter source, faster build
+            if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+                return str(v)
         if isinstance(e, A.Name):
             if e.id in self.consts:
                 v = self.consts[e.id]
@@ -117,6 +129,11 @@ class _Emitter(V.VectorLoops):
         if isinstance(e, A.BoolLit):
             return f"T.bool({e.value})"
         if isinstance(e, A.Index):
+            if e.array not in self.names:
+                raise DSLError(f"the kernel uses array {e.array}, which this build leaves out")
+            split = self.split_index(self.names[e.array], e.indices)
+            if split is not None:
+                return split
             return f"{self.names[e.array]}[{', '.join(self.expr(i) for i in e.indices)}]"
         if isinstance(e, A.Unary):
             return f"T.Not({self.expr(e.operand)})" if e.op == "not" else f"(-{self.expr(e.operand)})"
@@ -124,11 +141,16 @@ class _Emitter(V.VectorLoops):
             return f'T.Cast("{_TVM[e.dtype]}", {self.expr(e.value)})'
         if isinstance(e, A.Call):
             args = [self.expr(a) for a in e.args]
+            if e.func == "select" and self.static(e.args[0]) is not None:
+                return args[1] if self.static(e.args[0]) else args[2]
             if e.func == "fma":
                 return f"({args[0]} * {args[1]} + {args[2]})"
             if e.func == "exp" and self.in_vector and self.dtype(e) == "f32":
                 return V.fast_exp(args[0])
             return f"{_FUNCS[e.func]}({', '.join(args)})"
+        short = self.identity(e) if self.fold else None
+        if short is not None:
+            return short
         a, b = self.expr(e.left), self.expr(e.right)
         if e.op in ("and", "or"):
             return f"T.{'And' if e.op == 'and' else 'Or'}({a}, {b})"
@@ -137,8 +159,13 @@ class _Emitter(V.VectorLoops):
         return f"({a} {e.op} {b})"
 
     def block(self, stmts, depth: int) -> None:
-        if not stmts:
+        start, mark = len(self.lines), len(self.pending)
+        self.stmts(stmts, depth)
+        self.resolve_splits(mark)
+        if len(self.lines) == start:
             self.line(depth, "T.evaluate(0)")
+
+    def stmts(self, stmts, depth: int) -> None:
         for s in stmts:
             self.stmt(s, depth)
 
@@ -160,6 +187,8 @@ class _Emitter(V.VectorLoops):
                 if value is not None:  # e.g. `group = H / KVH` with H and KVH fixed
                     self.consts[s.name] = value
                     return
+            if self.inline_decl(s, depth) or (s.shape and self.split_decl(s, depth)):
+                return
             init = None if s.init is None else self.cast(s.dtype, s.init)
             if s.name in self.lanes:  # a scalar inside a vector loop: one slot per lane
                 if init is not None:
@@ -183,6 +212,8 @@ class _Emitter(V.VectorLoops):
             text = print_expr(s.cond).replace('"', "'")
             self.line(depth, f'assert {self.expr(s.cond)}, "kernel requirement failed: {text}"')
         elif isinstance(s, A.If):
+            if self.static_if(s, depth, self.stmt):
+                return
             self.line(depth, f"if {self.expr(s.cond)}:")
             self.block(s.then, depth + 1)
             if s.orelse:
@@ -205,6 +236,10 @@ class _Emitter(V.VectorLoops):
 
     def loop(self, s: H.For, depth: int) -> None:
         self.types[s.var] = "i32"
+        self.consts.pop(s.var, None)
+        if self.expand_loop(s, depth):
+            return
+        self.pure.add(s.var)
         trips, const_trips = self.trips(s)
         start, step = self.expr(s.start), self.expr(s.step)
         self.fresh += 1
@@ -233,6 +268,7 @@ class _Emitter(V.VectorLoops):
         """Two directly nested parallel loops become one parallel loop over both."""
         i_trips, _ = self.trips(inner)
         self.types[inner.var] = "i32"
+        self.pure.add(inner.var)
         self.line(depth, f"for {u} in T.parallel({trips} * {i_trips}):")
         self.names[s.var] = V.affine(start, f"({u} // {i_trips})", step)
         self.names[inner.var] = V.affine(self.expr(inner.start), f"({u} % {i_trips})",
@@ -242,42 +278,46 @@ class _Emitter(V.VectorLoops):
         self.parallel_depth -= 1
 
 
-def _check_fixed(kernel: H.Kernel, fixed: dict) -> None:
-    scalars = {p.name: p for p in kernel.params if not p.shape}
-    for name, value in fixed.items():
-        if name not in scalars:
-            raise DSLError(f"kernel {kernel.name}: cannot fix {name!r}: not a scalar parameter "
-                           f"(scalar parameters: {', '.join(scalars) or 'none'})")
-        want_int = scalars[name].dtype in A.INT_DTYPES
-        if want_int != isinstance(value, int) or isinstance(value, bool):
-            raise DSLError(f"kernel {kernel.name}: {name} is {scalars[name].dtype}, "
-                           f"got {value!r}")
-
-
 def to_tvmscript(kernel: H.Kernel, *, tunables: dict[str, int], vlen: int,
-                 fixed: dict | None = None) -> str:
+                 fixed: dict | None = None, args: tuple[str, ...] | None = None,
+                 align: int | None = None, scalars: str = "box", fold: bool = False) -> str:
     """TVMScript source of `main(<params in order>)` for one point of the search space.
 
-    `fixed` scalar parameters keep their place in the signature; a call with another value
-    fails the kernel's entry assertion.
+    `fixed` scalar parameters keep their place in the signature (a call with another value
+    fails the kernel's entry assertion) unless `args` (the argument names, in order)
+    leaves them out. `align` relaxes the data alignment TVM demands of array arguments.
+    `scalars` says how immutable integer scalars are held (compiler/lower_static.py:
+    "box", "inline" or "let"); `fold` writes constant parts of expressions as numbers.
     """
+    if scalars not in SCALARS:
+        raise DSLError(f"scalars must be one of {SCALARS}, got {scalars!r}")
     require_valid(kernel, tunables, vlen=vlen)
     fixed = dict(fixed or {})
-    _check_fixed(kernel, fixed)
+    check_fixed(kernel, fixed)
     consts = {**tunables, A.VLEN: vlen, **fixed}
-    e = _Emitter(kernel, consts, vlen)
-    args = ", ".join(f"{p.name}_h: T.handle" if p.shape else f"{p.name}_: T.{_TVM[p.dtype]}"
-                     for p in kernel.params)
+    e = _Emitter(kernel, consts, vlen, scalars, fold)
+    sig = signature(kernel, args, fixed)
+    for p in kernel.params:
+        if p.shape and p not in sig:
+            del e.names[p.name]  # an array left out: any use is an error
+    params = ", ".join(f"{p.name}_h: T.handle" if p.shape else f"{p.name}_: T.{_TVM[p.dtype]}"
+                       for p in sig)
     e.line(0, "@T.prim_func")
-    e.line(0, f"def main({args}):")
+    e.line(0, f"def main({params}):")
     e.line(1, 'T.func_attr({"global_symbol": "main", "tir.noalias": True})')
     for p in kernel.params:
+        if p not in sig and not p.shape and p.name not in fixed:
+            e.line(1, f"{p.name}_ = T.{_TVM[p.dtype]}()")  # bound by a buffer's shape
+    extra = f", align={align}" if align else ""
+    for p in sig:
         if p.shape:
             shape = ", ".join(e.expr(d) for d in p.shape)
-            e.line(1, f'{p.name}_ = T.match_buffer({p.name}_h, ({shape},), "{_TVM[p.dtype]}")')
+            e.line(1, f'{p.name}_ = T.match_buffer({p.name}_h, ({shape},), '
+                   f'"{_TVM[p.dtype]}"{extra})')
     for name, value in fixed.items():
-        e.line(1, f'assert {name}_ == {e.expr(A.Name(name))}, "{name} must be {value}: '
-               'the kernel was built for it"')
+        if any(p.name == name for p in sig):
+            e.line(1, f'assert {name}_ == {e.expr(A.Name(name))}, "{name} must be {value}: '
+                   'the kernel was built for it"')
     skip = set(constraints(kernel))  # already checked above, with the tunable values
     e.block(tuple(s for s in kernel.body if s not in skip), 1)
     return "\n".join(e.lines) + "\n"

@@ -211,6 +211,8 @@ class VectorLoops:
 
     def vector_stmt(self, stmt, reds, parts, lane, depth: int) -> None:
         if isinstance(stmt, A.If):
+            if self.static_if(stmt, depth, lambda t, d: self.vector_stmt(t, reds, parts, lane, d)):
+                return
             self.line(depth, f"if {self.expr(stmt.cond)}:")
             for t in stmt.then or ():
                 self.vector_stmt(t, reds, parts, lane, depth + 1)

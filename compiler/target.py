@@ -148,3 +148,9 @@ def tvm_target(cpu: CpuInfo, threads: int):
     import tvm
 
     return tvm.target.Target(cpu.target_dict(threads))
+
+
+def describe_machine() -> str:
+    """One line for benchmark reports: CPU model, -mcpu, ISA, cores and LLC."""
+    cpu = detect_cpu()
+    return f"{cpu.model} ({cpu.mcpu}, {cpu.isa}, {cpu.cores} cores, L3 {cpu.l3_bytes >> 20} MiB)"

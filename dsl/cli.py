@@ -1,5 +1,5 @@
 """DSL subcommands: `ir` prints a kernel's IR, `compile` builds one kernel into a `.so`,
-`bench-attention` regenerates results/attention.md."""
+`tune-kernel` searches a kernel's tunables, `bench-attention` regenerates results/attention.md."""
 
 from __future__ import annotations
 
@@ -85,8 +85,49 @@ def run_bench_attention(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_tune_kernel(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from tqdm import tqdm
+
+    from sandwich.dsl import tune_kernel as tk
+
+    if args.threads < 1:
+        raise DSLError(f"--threads must be at least 1, got {args.threads}")
+    if args.trials is not None and args.trials < 1:
+        raise DSLError(f"--trials must be at least 1, got {args.trials}")
+    settings = replace(tk.BUDGETS[args.budget], seed=args.seed, threads=args.threads)
+    if args.trials is not None:
+        settings = replace(settings, trials=args.trials)
+    kernel = _pick_kernel(_resolve(args.file), args.kernel)
+    with tqdm(total=settings.trials, unit="trial", disable=args.no_progress,
+              dynamic_ncols=True, desc=kernel.name) as bar:
+        best = [float("inf")]
+
+        def on_trial(trial) -> None:
+            if trial.outcome.ok:
+                best[0] = min(best[0], trial.outcome.ms)
+            bar.set_postfix_str(f"best {best[0]:.4f} ms" if best[0] < float("inf") else "")
+            bar.update(1)
+
+        tuning = tk.tune(kernel, shape_args=args.shape, pins=args.pin, settings=settings,
+                         on_trial=on_trial)
+    shape = " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in tuning.shapes.items())
+    print(f"{kernel.name} at {shape}, {settings.threads} threads, "
+          f"{len(tuning.result.history)} trials (budget {args.budget}, seed {args.seed})")
+    print("\n".join(tk.report_lines(tuning)))
+    if args.json:
+        tk.write_json(tuning, args.json)
+        print(f"wrote {args.json}")
+    if args.out:
+        tk.write_best_so(tuning, args.out)
+        print(f"wrote {args.out}")
+    return 0
+
+
 def register(subparsers) -> None:
-    """Add the `ir`, `compile` and `bench-attention` subcommands to the sandwichc parser."""
+    """Add the `ir`, `compile`, `tune-kernel` and `bench-attention` subcommands."""
     p = subparsers.add_parser("ir", help="parse, check and print a DSL kernel source",
                               description="Parse a kernel source (.sw low-level C-like IR, "
                               ".swpy high-level Python-like IR), check it, and print it.")
@@ -106,6 +147,27 @@ def register(subparsers) -> None:
     p.add_argument("--threads", type=int, default=2, help="worker threads (default 2)")
     p.add_argument("-o", "--output", required=True, help="the .so to write")
     p.set_defaults(func=run_compile)
+
+    p = subparsers.add_parser("tune-kernel", help="tune a DSL kernel's tunables at one shape",
+                              description="Search a kernel's tunables (coordinate descent "
+                              "with random restarts); every new point is checked against a "
+                              "reference before it is timed.")
+    p.add_argument("file", help="kernel source file, or a shipped kernel name")
+    p.add_argument("--kernel", help="which kernel, when the file defines several")
+    p.add_argument("--shape", action="extend", nargs="+", default=[], metavar="NAME=VALUE",
+                   help="scalar arguments, e.g. --shape M=64 N=768 K=768 (all are needed, "
+                   "except eps, and scale which defaults to 1/sqrt(D))")
+    p.add_argument("--pin", action="extend", nargs="+", default=[], metavar="NAME=VALUE",
+                   help="hold tunables at one value each, e.g. --pin t_k=1")
+    p.add_argument("--threads", type=int, default=2, help="worker threads (default 2)")
+    p.add_argument("--budget", choices=("tiny", "quick", "default"), default="quick",
+                   help="trials and timing care: tiny 4, quick 16, default 48 (default quick)")
+    p.add_argument("--trials", type=int, help="measured points, overriding the budget")
+    p.add_argument("--seed", type=int, default=0, help="seed of the data and the restarts")
+    p.add_argument("--json", help="write the best point and the history here")
+    p.add_argument("--out", help="write the winning kernel's .so here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_tune_kernel)
 
     p = subparsers.add_parser("bench-attention", help="benchmark the DSL attention kernels",
                               description="Decode attention vs streaming bandwidth, causal "

@@ -1,9 +1,11 @@
-"""`sandwichc init-model`: write a random-weight HF-format Llama checkpoint."""
+"""`sandwichc init-model | generate | serve-bench`: checkpoints and the serving engine."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
+from sandwich.errors import ConfigError
 from sandwich.tuner.models import DEFAULT_MODEL
 
 
@@ -20,6 +22,7 @@ def register(sub) -> None:
                    help="split the weights over this many files plus model.safetensors.index.json")
     p.add_argument("--bf16", action="store_true", help="store the weights as BF16 (single file)")
     p.set_defaults(func=cmd_init_model)
+    register_serving(sub)
 
 
 def cmd_init_model(args: argparse.Namespace) -> int:
@@ -33,4 +36,163 @@ def cmd_init_model(args: argparse.Namespace) -> int:
     out = write_checkpoint(args.config, args.out, seed=args.seed, layers=args.layers,
                            shards=args.shards, bf16=args.bf16)
     print(f"wrote {out}/config.json and the weights (seed {args.seed})")
+    return 0
+
+
+# -- generate / serve-bench (issue 6) -------------------------------------------------------
+def _id_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(t) for t in text.replace(" ", "").split(",") if t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token ids like 1,2,3, "
+                                         f"got {text!r}") from None
+
+
+def _serving_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="HF-format model directory (see init-model)")
+    p.add_argument("--cache-dir", help="kernel cache (default: $SANDWICHC_CACHE_DIR or the user cache)")
+    p.add_argument("--threads", type=int, help="TVM thread-pool size (default: all CPUs of the process)")
+    p.add_argument("--ops", choices=("dsl", "numpy"), default="dsl",
+                   help="non-GEMM ops: compiled DSL kernels, or the numpy fallback")
+    p.add_argument("--max-seq", type=int, help="KV-cache positions per sequence")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (argmax)")
+    p.add_argument("--prefill-config", help="ServiceConfig JSON (or `topo search` JSON) for prefill")
+    p.add_argument("--decode-config", help="ServiceConfig JSON (or `topo search` JSON) for decode")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel processes (tune with `sandwichc tune --tp N` first); "
+                   "ranks are pinned to the --decode-config's CPU sets, else an even split")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="skip the untimed warm-up request (first kernel calls load lazily)")
+
+
+def register_serving(sub) -> None:
+    g = sub.add_parser("generate", help="generate tokens for one prompt of token ids")
+    _serving_args(g)
+    g.add_argument("--prompt-ids", type=_id_list, required=True, help="comma-separated token ids")
+    g.add_argument("--max-new-tokens", type=int, required=True)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--stop-ids", type=_id_list, default=(), help="comma-separated stop token ids")
+    g.add_argument("--json", action="store_true", help='print {"ids": [...], "ttft_ms": ..., "tpot_ms": ...}')
+    g.set_defaults(func=cmd_generate)
+
+    b = sub.add_parser("serve-bench", help="replay a request trace in real time: TTFT/TPOT "
+                       "percentiles, SLO attainment, throughput")
+    _serving_args(b)
+    b.add_argument("--trace", required=True, help="JSON Lines file (arrival_s, prompt_len or "
+                   "prompt_ids, output_len) or 'synthetic' (Poisson arrivals)")
+    b.add_argument("--rate", type=float, default=1.0, help="synthetic arrivals per second")
+    b.add_argument("--duration", type=float, default=10.0,
+                   help="seconds of arrivals (synthetic; a file trace is cut at this time)")
+    b.add_argument("--prompt-mean", type=float, default=32.0, help="synthetic mean prompt length")
+    b.add_argument("--output-mean", type=float, default=16.0, help="synthetic mean output length")
+    b.add_argument("--max-batch", type=int, default=4)
+    b.add_argument("--slo-ttft-ms", type=float, default=1000.0)
+    b.add_argument("--slo-tpot-ms", type=float, default=100.0)
+    b.add_argument("--json", dest="json_out", help="also write the report as JSON to this file")
+    b.set_defaults(func=cmd_serve_bench)
+
+
+def _engine(args, *, max_batch: int, max_seq: int, clock=None):
+    """Load the model on the kernel cache and wrap an executor in an engine."""
+    import atexit
+    import os
+    import time
+
+    from sandwich.cli import cache_dir_arg
+    from sandwich.runtime.engine import Engine
+    from sandwich.runtime.executor import Executor
+    from sandwich.runtime.kernel_cache import KernelCache
+    from sandwich.runtime.loader import load_model
+    from sandwich.runtime.phases import PhaseSwitcher, load_service_config
+
+    if max_batch < 1 or max_seq < 1:
+        raise ConfigError(f"--max-batch and --max-seq must be >= 1, got {max_batch} and {max_seq}")
+    if args.tp < 1:
+        raise ConfigError(f"--tp must be >= 1, got {args.tp}")
+    cache = KernelCache(cache_dir_arg(args))
+    if args.tp > 1:
+        from sandwich.runtime.tp import TPExecutor
+
+        if args.prefill_config:
+            raise ConfigError("--prefill-config with --tp > 1: the ranks keep one CPU set for both "
+                              "phases (give it with --decode-config)")
+        sets = load_service_config(args.decode_config, "decode") if args.decode_config else None
+        ex = TPExecutor(args.model, cache, tp=args.tp, max_batch=max_batch, max_seq=max_seq,
+                        ops=args.ops, cpu_sets=sets)
+        atexit.register(ex.close)  # stop the workers however the command ends
+        phases = PhaseSwitcher()  # both phases as the ranks were pinned: no switching
+    else:
+        phases = PhaseSwitcher(
+            load_service_config(args.prefill_config, "prefill") if args.prefill_config else None,
+            load_service_config(args.decode_config, "decode") if args.decode_config else None)
+        threads = args.threads or len(os.sched_getaffinity(0))
+        ex = Executor(load_model(args.model, cache), max_batch=max_batch, max_seq=max_seq,
+                      ops=args.ops, threads=threads)
+    engine = Engine(ex, phases=phases, clock=clock or time.perf_counter)
+    if not args.no_warmup:
+        engine.warm_up()
+    return engine
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import json
+
+    from sandwich.runtime.engine import Request, RequestError
+
+    if args.max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    need = len(args.prompt_ids) + args.max_new_tokens - 1
+    engine = _engine(args, max_batch=1, max_seq=args.max_seq or max(need, 1))
+    req = Request(prompt=args.prompt_ids, max_new_tokens=args.max_new_tokens,
+                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                  seed=args.seed, stop=args.stop_ids)
+    (res,) = engine.run([req])
+    if res.error:
+        raise RequestError(res.error)
+    if args.json:
+        print(json.dumps({"ids": list(res.ids), "ttft_ms": res.ttft_ms, "tpot_ms": res.tpot_ms}))
+    else:
+        print(" ".join(map(str, res.ids)))
+        print(f"{len(res.ids)} tokens ({res.finish}); TTFT {res.ttft_ms:.2f} ms, "
+              f"TPOT {res.tpot_ms:.2f} ms", file=sys.stderr)
+    return 0
+
+
+def cmd_serve_bench(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    from sandwich.runtime import serve_bench as sb
+    from sandwich.runtime import traces
+
+    max_seq = args.max_seq or 256
+    if args.trace == "synthetic":
+        entries = traces.synthetic_trace(rate=args.rate, duration_s=args.duration, seed=args.seed,
+                                         prompt_mean=args.prompt_mean, output_mean=args.output_mean,
+                                         max_seq=max_seq)
+    else:
+        entries = [e for e in traces.read_trace(args.trace) if e.arrival_s < args.duration]
+    if not entries:
+        raise ConfigError(f"the trace has no request arriving before --duration {args.duration} s; "
+                          f"raise --rate or --duration")
+    engine = _engine(args, max_batch=args.max_batch, max_seq=max_seq)
+    reqs = traces.to_requests(entries, vocab_size=engine.vocab_size or 1, seed=args.seed,
+                              temperature=args.temperature)
+    with tqdm(total=len(reqs), desc="serve-bench", unit="req", disable=None, file=sys.stderr) as bar:
+        results, wall = sb.replay(engine, [e.arrival_s for e in entries], reqs,
+                                  clock=engine.clock, on_done=lambda _: bar.update())
+    engine_stats = vars(engine.stats) | {"max_batch": args.max_batch, "max_seq": max_seq,
+                                         "ops": args.ops, "trace": args.trace}
+    stats = sb.summarize(results, duration_s=wall, slo_ttft_ms=args.slo_ttft_ms,
+                         slo_tpot_ms=args.slo_tpot_ms, engine=engine_stats)
+    print(sb.format_report(stats))
+    errors = [r.error for r in results if r.error]
+    if errors:
+        print(f"{len(errors)} requests failed; first: {errors[0]}", file=sys.stderr)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(stats.to_dict(), indent=1))
     return 0

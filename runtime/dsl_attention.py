@@ -48,6 +48,10 @@ class DecodeAttention:
         self._q = aligned_zeros((max_batch, heads, head_dim))
         self._slots = aligned_zeros(max_batch, np.int32)
         self._lens = aligned_zeros(max_batch, np.int32)
+        # every argument lives in a permanent buffer, so the wrapped arguments of a (batch
+        # size, layer's cache, output) are built once: wrapping them costs as much as a
+        # short-context kernel
+        self._args: dict[tuple, tuple] = {}
 
     def __call__(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                  segments: Sequence[Segment], scale: float, out: np.ndarray) -> None:
@@ -58,11 +62,16 @@ class DecodeAttention:
         qc[...] = q  # the fused QKV rows interleave q, k and v: the kernel wants q compact
         for i, (slot, start, _) in enumerate(segments):
             slots[i], lens[i] = slot, start + 1
-        shape = self._work_shape(b)
-        work = self._work[: int(np.prod(shape))].reshape(shape)
-        max_seq, max_batch = k_cache.shape[0], k_cache.shape[1]
-        self._f(b, h, kvh, d, max_seq, max_batch, scale, kernel_arg(qc), kernel_arg(k_cache), kernel_arg(v_cache),
-                kernel_arg(slots), kernel_arg(lens), kernel_arg(out.reshape(b, h, d)), kernel_arg(work))
+        key = (b, scale, k_cache.ctypes.data, v_cache.ctypes.data, k_cache.shape, out.ctypes.data)
+        args = self._args.get(key)
+        if args is None:
+            shape = self._work_shape(b)
+            work = self._work[: int(np.prod(shape))].reshape(shape)
+            max_seq, max_batch = k_cache.shape[0], k_cache.shape[1]
+            args = (b, h, kvh, d, max_seq, max_batch, scale,
+                    *map(kernel_arg, (qc, k_cache, v_cache, slots, lens, out.reshape(b, h, d), work)))
+            self._args[key] = args
+        self._f(*args)
 
 
 class PrefillAttention:

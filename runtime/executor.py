@@ -7,12 +7,15 @@ activations live in buffers allocated once at (max_tokens, ...) and are used as 
 prefixes, so a decode step allocates nothing and every address stays fixed (eLLM).
 A forward call takes segments (slot, first position, count): a prefill is one segment of
 many tokens, a decode step one segment of one token per running sequence.
+For tensor parallelism (runtime/tp.py) the model is one rank's shard (runtime/shard.py) and two
+hooks join the ranks: `allreduce` sums the o and down partial outputs before each residual add,
+and `gather` assembles the vocabulary-sharded logits.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -50,8 +53,13 @@ class Executor:
 
     def __init__(self, model: LlamaModel, *, max_batch: int, max_seq: int,
                  max_tokens: int | None = None, ops: str | object = "dsl",
-                 threads: int | None = None) -> None:
+                 threads: int | None = None,
+                 allreduce: Callable[[np.ndarray], None] | None = None,
+                 gather: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+        """`allreduce(x)` sums x in place across TP ranks; `gather(logits)` returns the full
+        logits rows from this rank's vocabulary shard (both None: one process)."""
         cfg = model.config
+        self.allreduce, self.gather = allreduce, gather
         self.model, self.cfg = model, cfg
         self.max_tokens = max(max_tokens or max_seq, max_batch)
         self.kv = KVCache(layers=cfg.num_hidden_layers, max_batch=max_batch, max_seq=max_seq,
@@ -68,7 +76,7 @@ class Executor:
             "gate_up": aligned_zeros((t, 2 * cfg.intermediate_size)),
             "act": aligned_zeros((t, cfg.intermediate_size)),
             "last": aligned_zeros((max_batch, h)),  # last token of each segment, before the norm
-            "logits": aligned_zeros((max_batch, cfg.vocab_size)),
+            "logits": aligned_zeros((max_batch, model.lm_head.n)),  # a vocab shard under TP
             "positions": aligned_zeros(t, np.int64),
             "ids": aligned_zeros(t, np.int64),
         }
@@ -158,12 +166,16 @@ class Executor:
         attn, proj = b["attn"][:n_tok], b["proj"][:n_tok]
         ops.attention(q, kc, vc, segments, self.scale, out=attn)
         g.o(attn, w.o, out=proj)
+        if self.allreduce is not None:
+            self.allreduce(proj)
         np.add(x, proj, out=x)
         ops.rmsnorm(x, w.post_norm, eps, out=h)
         gu, act = b["gate_up"][:n_tok], b["act"][:n_tok]
         g.gate_up(h, w.gate_up, out=gu)
         ops.silu_mul(gu, out=act)
         g.down(act, w.down, out=proj)
+        if self.allreduce is not None:
+            self.allreduce(proj)
         np.add(x, proj, out=x)
 
     def _head(self, segments: Sequence[Segment]) -> np.ndarray:
@@ -177,4 +189,4 @@ class Executor:
             last[i] = b["x"][t0 - 1]
         self.ops.rmsnorm(last, self.model.norm, self.cfg.rms_norm_eps, out=normed)
         self.model.gemms.lm_head(normed, self.model.lm_head, out=logits)
-        return logits
+        return logits if self.gather is None else self.gather(logits)

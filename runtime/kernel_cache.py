@@ -20,8 +20,8 @@ import numpy as np
 from sandwich.compiler.build import export_atomic, load_function
 from sandwich.compiler.gemm_runner import (
     aligned_empty,
-    call_gemm,
     check_activation,
+    gemm_args,
     pack_weights,
     workspace_view,
 )
@@ -163,6 +163,11 @@ class GemmKernel:
         self.pack_n = packs.pop()
         self._funcs: dict[KernelSchedule, object] = {}
         self._ws = np.empty(0, dtype=np.float32)
+        # (a, weights, out) buffers seen before -> (kernel, wrapped arguments): an executor
+        # calls with the same permanent buffers every step, and wrapping them again costs
+        # as much as an M=1 kernel. Entries keep their arrays alive, so an address is never
+        # reused by another array while cached; the size is capped.
+        self._calls: dict[tuple, tuple] = {}
 
     def schedule_for(self, m: int) -> KernelSchedule:
         """The record with the largest m_lo <= M (the first one below every m_lo)."""
@@ -183,9 +188,18 @@ class GemmKernel:
         return PackedWeight(pack_weights(w, self.pack_n), self.n, self.k)
 
     def __call__(self, a: np.ndarray, wp: PackedWeight, out: np.ndarray | None = None) -> np.ndarray:
+        key = None
+        if out is not None and isinstance(a, np.ndarray) and isinstance(wp, PackedWeight):
+            key = (a.ctypes.data, a.shape, a.strides, a.dtype, wp.data.ctypes.data, wp.n, wp.k,
+                   out.ctypes.data, out.shape, out.strides, out.dtype)
+            hit = self._calls.get(key)
+            if hit is not None:
+                hit[0](*hit[1])
+                return out
         if not isinstance(wp, PackedWeight) or (wp.n, wp.k) != (self.n, self.k):
             raise ShapeError(f"weights were not packed by this GEMM (N={self.n}, K={self.k}); "
                              f"use gemm.pack(w)")
+        given = a
         a = check_activation(a, self.k)
         m = a.shape[0]
         if out is None:
@@ -197,6 +211,12 @@ class GemmKernel:
         ws = None
         if t_k > 1:
             if self._ws.size < t_k * m * self.n:
-                self._ws = np.empty(t_k * m * self.n, dtype=np.float32)
+                self._ws = aligned_empty((t_k * m * self.n,))
             ws = workspace_view(self._ws, t_k, m, self.n)
-        return call_gemm(self._func(schedule), a, wp.data, out, schedule, ws)
+        func, args = self._func(schedule), gemm_args(a, wp.data, out, schedule, ws)
+        if key is not None and a is given:  # no copy was made: the call can be replayed
+            if len(self._calls) >= 256:
+                self._calls.clear()
+            self._calls[key] = (func, args, a, wp.data, out, ws)
+        func(*args)
+        return out

@@ -1,5 +1,38 @@
-"""Shared test setup: TVM's thread pool is sized from TVM_NUM_THREADS when it starts."""
+"""Shared test setup: TVM's thread pool is sized from TVM_NUM_THREADS when it starts; the
+runtime tests share one way to get a tuned kernel cache and a small random checkpoint."""
 
+import json
 import os
 
+import pytest
+
 os.environ.setdefault("TVM_NUM_THREADS", "2")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A kernel cache per test module; SANDWICHC_TEST_CACHE_DIR keeps its kernels across runs."""
+    from sandwich.runtime import KernelCache
+
+    return KernelCache(os.environ.get("SANDWICHC_TEST_CACHE_DIR") or tmp_path_factory.mktemp("kernels"))
+
+
+def tuned_checkpoint(tmp_path_factory, cache, name: str, *, tp_threads=((1, 2),), **over):
+    """A 2-layer random checkpoint of embedded model `name` (config fields overridden), with
+    its GEMMs tuned at the `tiny` budget for each (tp, threads); seq_max=2 suffices, since
+    larger M reuse the M=2 schedule."""
+    from sandwich.runtime.checkpoint import write_checkpoint
+    from sandwich.tuner.budget import get_budget
+    from sandwich.tuner.models import load_model_config, read_raw_config
+    from sandwich.tuner.payload import make_payload
+    from sandwich.tuner.tune import tune_op, unique_shapes
+
+    raw, _ = read_raw_config(name)
+    cfg_path = tmp_path_factory.mktemp("cfg") / "config.json"
+    cfg_path.write_text(json.dumps(raw | {"num_hidden_layers": 2} | over))
+    d = write_checkpoint(cfg_path, tmp_path_factory.mktemp(name), seed=7, norm_std=0.1)
+    for tp, threads in tp_threads:
+        for names, op in unique_shapes(make_payload(load_model_config(d), tp=tp, seq_max=2)):
+            tune_op(names=names, op=op, seq_max=2, threads=threads, budget=get_budget("tiny"),
+                    cache=cache)
+    return d

@@ -1,5 +1,6 @@
 """Vendor GEMM peers and the check/time helpers of the GEMM benchmark (issue 2, item 9)."""
 
+import importlib.util
 import sys
 
 import numpy as np
@@ -140,3 +141,44 @@ def test_gemm_timing_json_and_percentage():
     r = measure.measure_peer(peer, a, w, copies=2, repeat=2, min_repeat_s=0.0)
     assert r.to_json()["timing"]["repeats"] == 2
     assert r.pct_of_read(r.weight_gbs * 2) == pytest.approx(50.0)
+
+
+class _BatchedPeer(Peer):
+    """Runs every weight copy in one call, as the OpenVINO peer does when rotated."""
+
+    name = "batched"
+
+    def __init__(self):
+        self.handles = []
+
+    def prepare(self, w):
+        return w.copy()
+
+    def prepare_rotated(self, w, copies):
+        self.handles = [[w.copy() for _ in range(copies)]]
+        return self.handles, copies
+
+    def run(self, a, handle):
+        if isinstance(handle, list):
+            outs = [a @ h for h in handle]
+            return outs[0]
+        return a @ handle
+
+
+def test_a_batched_rotation_reports_rates_per_gemm():
+    peer = _BatchedPeer()
+    a, w = measure.random_gemm(2, 64, 64)
+    r = measure.measure_peer(peer, a, w, copies=4, repeat=2, min_repeat_s=0.0)
+    assert r.rotated and len(peer.handles[0]) == 4
+    assert r.weight_gbs == pytest.approx(4 * w.nbytes / r.timing.median_s / 1e9)
+    assert r.gflops == pytest.approx(4 * 2 * 2 * 64 * 64 / r.timing.median_s / 1e9)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="openvino not installed")
+def test_openvino_rotation_is_one_model_with_every_copy():
+    peer = make_peers(["openvino"], threads=1).peers[0]
+    a, w = measure.random_gemm(3, 32, 48)
+    handles, per_call = peer.prepare_rotated(w, 5)
+    assert len(handles) == 1 and per_call == 5
+    np.testing.assert_allclose(peer.run(a, handles[0]), a @ w, rtol=1e-4)
+    assert len(handles[0].compiled[3].outputs) == 5

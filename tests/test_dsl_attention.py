@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 from sandwich.compiler.lower_tir import lower_to_tir  # noqa: E402
 from sandwich.compiler.target import detect_cpu, tvm_target  # noqa: E402
 from sandwich.dsl.load import load_kernel  # noqa: E402
+from sandwich.tuner.reference import reference_attention  # noqa: E402
 
 pytestmark = pytest.mark.tvm
 CPU = detect_cpu()
@@ -36,18 +37,6 @@ def close(a, b):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5)
 
 
-def numpy_attention(q, k, v, scale, causal):
-    """q [Sq, H, D], k/v [Sk, KVH, D] -> [Sq, H, D]; causal aligns the last query to the last key."""
-    group = q.shape[1] // k.shape[1]
-    k, v = np.repeat(k, group, 1).astype(np.float64), np.repeat(v, group, 1).astype(np.float64)
-    s = np.einsum("qhd,khd->hqk", q.astype(np.float64), k) * scale
-    if causal:
-        sq, sk = q.shape[0], k.shape[0]
-        s = np.where(np.arange(sk)[None] <= np.arange(sq)[:, None] + sk - sq, s, -np.inf)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    return np.einsum("hqk,khd->qhd", p / p.sum(-1, keepdims=True), v)
-
-
 def torch_attention(q, k, v, scale, causal):
     """The same through torch SDPA (KV heads repeated for GQA)."""
     group = q.shape[1] // k.shape[1]
@@ -67,7 +56,7 @@ def test_flash_prefill_is_causal_attention(fixed):
     q, k, v = rand(S, H, D), rand(S, KVH, D), rand(S, KVH, D)
     tq, tk, tv, to = tensors(q, k, v, np.full((S, H, D), np.nan, np.float32))
     f(S, H, KVH, D, scale, tq, tk, tv, to)
-    close(to.numpy(), numpy_attention(q, k, v, scale, causal=True))
+    close(to.numpy(), reference_attention(q, k, v, scale, causal=True))
     close(to.numpy(), torch_attention(q, k, v, scale, causal=True))
 
 
@@ -95,7 +84,7 @@ def test_decode_attention_gqa(decode_kernel):
     q = rand(2, H, D)
     out = decode(decode_kernel, q, kc, vc, slots, lens)
     for b, (n, s) in enumerate(zip(lens, slots, strict=True)):
-        close(out[b], numpy_attention(q[b:b + 1], kc[:n, s], vc[:n, s], 0.25, causal=False)[0])
+        close(out[b], reference_attention(q[b:b + 1], kc[:n, s], vc[:n, s], 0.25, causal=False)[0])
         close(out[b], torch_attention(q[b:b + 1], kc[:n, s], vc[:n, s], 0.25, causal=False)[0])
 
 
@@ -135,7 +124,7 @@ def test_paged_decode_attention_follows_the_block_table():
                                      np.full((3, H, D), np.nan, np.float32))
     f(3, H, KVH, D, nblocks, bs, max_blocks, 0.25, tq, tk, tv, tt, tl, to)
     for b in range(3):
-        close(to.numpy()[b], numpy_attention(q[b:b + 1], keys[b], vals[b], 0.25, False)[0])
+        close(to.numpy()[b], reference_attention(q[b:b + 1], keys[b], vals[b], 0.25, False)[0])
         close(to.numpy()[b], torch_attention(q[b:b + 1], keys[b], vals[b], 0.25, False)[0])
 
 

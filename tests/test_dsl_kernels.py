@@ -8,6 +8,7 @@ import pytest
 from sandwich.dsl.interp import run
 from sandwich.dsl.load import builtin_kernels, load_kernel
 from sandwich.dsl.space import domains, is_valid, require_valid
+from sandwich.tuner.reference import reference_attention
 
 VLEN = 4
 EXPECTED = {"gemm", "flash_prefill", "decode_attention", "paged_decode_attention", "rope",
@@ -85,25 +86,13 @@ def test_rmsnorm_silu_rope_match_numpy():
     close(kk, ref(k0))
 
 
-def attention_ref(q, k, v, scale, causal):
-    """q [Sq, H, D], k/v [Sk, KVH, D] -> [Sq, H, D]; causal aligns the last query to the last key."""
-    group = q.shape[1] // k.shape[1]
-    k, v = np.repeat(k, group, 1).astype(np.float64), np.repeat(v, group, 1).astype(np.float64)
-    s = np.einsum("qhd,khd->hqk", q.astype(np.float64), k) * scale
-    if causal:
-        sq, sk = q.shape[0], k.shape[0]
-        s = np.where(np.arange(sk)[None] <= np.arange(sq)[:, None] + sk - sq, s, -np.inf)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    return np.einsum("hqk,khd->qhd", p / p.sum(-1, keepdims=True), v)
-
-
 def test_flash_prefill_matches_causal_attention():
     S, H, KVH, D = 37, 4, 2, 4
     q, k, v = rand(S, H, D), rand(S, KVH, D), rand(S, KVH, D)
     o = np.full((S, H, D), np.nan, np.float32)
     run(load_kernel("flash_prefill"), tunables=dict(b_q=8, b_kv=16, mu_k=4, mu_q=2, n_d=4), vlen=VLEN, S=S, H=H,
         KVH=KVH, D=D, scale=0.5, Q=q, K=k, V=v, O=o)
-    close(o, attention_ref(q, k, v, 0.5, causal=True))
+    close(o, reference_attention(q, k, v, 0.5, causal=True))
 
 
 def _decode(lens, slots, q, k_cache, v_cache, H, KVH, D):
@@ -128,7 +117,7 @@ def test_decode_attention_ragged_gqa_ignores_slots_past_length():
     out = _decode(lens, slots, q, kc, vc, H, KVH, D)
     assert np.isfinite(out).all()
     for b, (n, s) in enumerate(zip(lens, slots, strict=True)):
-        close(out[b], attention_ref(q[b : b + 1], kc[:n, s], vc[:n, s], 0.5, causal=False)[0])
+        close(out[b], reference_attention(q[b : b + 1], kc[:n, s], vc[:n, s], 0.5, causal=False)[0])
         alone = _decode([n], [s], q[b : b + 1], kc, vc, H, KVH, D)
         np.testing.assert_array_equal(out[b], alone[0])  # one call == separate calls
 
@@ -154,4 +143,4 @@ def test_paged_decode_attention_follows_the_block_table():
         num_blocks=nblocks, block_size=bs, max_blocks=max_blocks, scale=0.5, q=q, k_cache=kc,
         v_cache=vc, block_table=table, lens=np.array(lens, np.int32), out=out)
     for b in range(3):
-        close(out[b], attention_ref(q[b : b + 1], keys[b], vals[b], 0.5, causal=False)[0])
+        close(out[b], reference_attention(q[b : b + 1], keys[b], vals[b], 0.5, causal=False)[0])

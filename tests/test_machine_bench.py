@@ -38,3 +38,11 @@ def test_measure_machine_round_trips_json():
 def test_bad_thread_count_is_a_config_error(threads):
     with pytest.raises(ConfigError, match="threads"):
         mb.peak_gflops(threads)
+
+
+def test_read_bandwidth_over_several_streams_checks_its_sum():
+    # the worker sums every float it reads (all ones): any stream count must read them all
+    for streams in ((1,), (3,), (1, 2, 4)):
+        assert mb.read_bandwidth_gbs(1, size_bytes=1 << 20, repeat=2, streams=streams) > 0
+    with pytest.raises(ConfigError):
+        mb.read_bandwidth_gbs(1, size_bytes=1 << 20, streams=(0,))

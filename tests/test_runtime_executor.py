@@ -15,18 +15,14 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from conftest import tuned_checkpoint
 
 from sandwich.errors import CacheError, ConfigError, ShapeError
 from sandwich.runtime import KernelCache
-from sandwich.runtime.checkpoint import write_checkpoint
 from sandwich.runtime.executor import Executor
 from sandwich.runtime.kv_cache import CapacityError
 from sandwich.runtime.loader import load_model
 from sandwich.runtime.safetensors_io import CheckpointError
-from sandwich.tuner.budget import get_budget
-from sandwich.tuner.models import load_model_config, read_raw_config
-from sandwich.tuner.payload import make_payload
-from sandwich.tuner.tune import tune_op, unique_shapes
 
 pytestmark = pytest.mark.tvm
 try:  # the reference; only the tests comparing against it need it
@@ -39,20 +35,9 @@ PROMPT = [1, 5, 9, 200, 1000, 7, 11, 13]
 DECODE_STEPS = 32
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    d = os.environ.get("SANDWICHC_TEST_CACHE_DIR") or tmp_path_factory.mktemp("kernels")
-    return KernelCache(d)
-
-
 def _checkpoint(tmp_path_factory, cache, name: str, **over):
     """A 2-layer random checkpoint of `name` (config fields overridden), tuned and loaded."""
-    raw, _ = read_raw_config(name)
-    cfg_path = tmp_path_factory.mktemp("cfg") / "config.json"
-    cfg_path.write_text(json.dumps(raw | {"num_hidden_layers": 2} | over))
-    d = write_checkpoint(cfg_path, tmp_path_factory.mktemp(name), seed=7, norm_std=0.1)
-    for names, op in unique_shapes(make_payload(load_model_config(d), seq_max=2)):
-        tune_op(names=names, op=op, seq_max=2, threads=2, budget=get_budget("tiny"), cache=cache)
+    d = tuned_checkpoint(tmp_path_factory, cache, name, **over)
     hf = None
     if transformers is not None:
         hf = transformers.LlamaForCausalLM.from_pretrained(d, dtype=torch.float32).eval()

@@ -54,7 +54,7 @@ def test_fast_start_visits_exactly():
     def fn(s, m):
         return 100.0 * min(s.slice.b_k, 64) / 64 * (0.9 if s.slice.b_k > 64 else 1.0)
 
-    search, meas = _search(fn)
+    search, meas = _search(fn, start_k=16)  # the paper's start: one tile per dimension
     mk, pl = MicroKernel(1, 64), Polymerization(1, 2, 1)
     sl, g = search.fast_start(mk, 8, pl)
     assert (sl, g) == (ComputeSlice(1, 64, 64), 100.0)
@@ -70,6 +70,38 @@ def test_fast_start_visits_exactly():
         (1, 64, 128),  # K +4 tiles: loss -> rolled back, step reset
         (1, 64, 80),   # K +1 tile: second miss -> K stops
     ]
+
+
+def test_fast_start_begins_at_start_k():
+    # b_k gains up to 512: from the default start (256) it takes one step, not five
+    search, meas = _search(lambda s, m: float(min(s.slice.b_k, 512)))
+    sl, _ = search.fast_start(MicroKernel(1, 64), 8, Polymerization(1, 2, 1))
+    first = meas.calls[0][0].slice
+    assert (first.b_m, first.b_n, first.b_k) == (1, 64, 256)
+    assert sl.b_k == 512 - 512 % 16 and len(meas.calls) < 12
+    # K smaller than start_k: the start is clamped to K
+    search, meas = _search(lambda s, m: 1.0, k=96)
+    search.fast_start(MicroKernel(1, 64), 8, Polymerization(1, 2, 1))
+    assert meas.calls[0][0].slice.b_k == 96
+
+
+def test_confirm_reruns_the_leaders_and_keeps_their_better_run():
+    # the true best (mu_m=4) is measured slow the first time only: the rerun rescues it
+    runs: dict = {}
+
+    def fn(s, m):
+        key = (s, m)
+        runs[key] = runs.get(key, 0) + 1
+        g = _good(s, m)
+        return g * 0.3 if s.micro_kernel.mu_m == 4 and runs[key] == 1 else g
+
+    search, meas = _search(fn, confirm_top=50)
+    res = search.tune_m(16)
+    assert res.schedule.micro_kernel == MicroKernel(4, 64)
+    assert any(t.phase == "confirm" for t in search.trials)
+    search2, _ = _search(fn, confirm_top=0)
+    runs.clear()
+    assert search2.tune_m(16).schedule.micro_kernel != MicroKernel(4, 64)
 
 
 def astuple(s):
@@ -112,6 +144,15 @@ def test_sliding_window_narrows_micro_kernels():
         search.tune_m(m)
     winners = {r.schedule.micro_kernel for r in search.state.history[-2:]}
     assert set(search.candidates(64)) == winners
+
+
+def test_skinny_m_tries_only_full_panel_micro_kernels():
+    mks = [MicroKernel(1, 64), MicroKernel(2, 32), MicroKernel(4, 64), MicroKernel(8, 32)]
+    search, _ = _search(_good, mks=mks)
+    assert search.candidates(4) == [MicroKernel(1, 64), MicroKernel(4, 64)]
+    assert search.candidates(9) == mks  # past skinny_m every fitting width is back
+    search, _ = _search(_good, mks=[MicroKernel(2, 32)])
+    assert search.candidates(4) == [MicroKernel(2, 32)]  # no full-panel kernel: keep what fits
 
 
 def test_schedule_reuse_freezes_and_skips_search():

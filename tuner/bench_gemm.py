@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from sandwich.compiler.gemm_runner import aligned_empty
+from sandwich.compiler.target import describe_machine
 from sandwich.errors import ConfigError
 from sandwich.tuner.baselines.measure import (
     measure_peer,
@@ -23,9 +25,10 @@ from sandwich.tuner.baselines.measure import (
     rotation_copies,
 )
 from sandwich.tuner.baselines.vendor import make_peers
-from sandwich.tuner.machine_bench import measure_machine
+from sandwich.tuner.machine_bench import measure_machine, read_bandwidth_gbs
 from sandwich.tuner.models import load_model_config
 from sandwich.tuner.payload import make_payload
+from sandwich.tuner.quiet import busy_warning, other_cpu_load
 from sandwich.tuner.tune import unique_shapes
 
 ROTATE_MAX_M = 8
@@ -53,9 +56,11 @@ class BenchResult:
     skipped: list[str]
     rows: list[dict] = field(default_factory=list)
     rotated_rows: list[dict] = field(default_factory=list)
+    other_load: tuple[float, float] = (0.0, 0.0)  # other processes' CPU share, start and end
 
     def to_json(self) -> dict:
         return {"command": self.command, "date": self.date, "machine": self.machine,
+                "other_cpu_load_start_end": list(self.other_load),
                 "threads": self.threads, "peak_gflops": self.peak_gflops,
                 "read_gbs": self.read_gbs, "peers": self.peers, "skipped": self.skipped,
                 "rows": self.rows, "rotated_rows": self.rotated_rows,
@@ -82,13 +87,6 @@ def summarize(rows: list[dict], peers: list[str], peak: float) -> dict:
     }
 
 
-def _machine_name() -> str:
-    from sandwich.compiler.target import detect_cpu
-
-    cpu = detect_cpu()
-    return f"{cpu.model} ({cpu.mcpu}, {cpu.isa}, {cpu.cores} cores, L3 {cpu.l3_bytes >> 20} MiB)"
-
-
 def _cases(models: list[str], ms: list[int], tp: int):
     """(model, op names, op, m) for every unique GEMM shape of the models at every M."""
     for model in models:
@@ -106,6 +104,9 @@ def run_bench(*, models: list[str], ms: list[int], tp: int, peer_names: list[str
     worker threads keep spinning after their calls and steal the cores a short TVM kernel
     needs, which would understate ours. Peers follow in the same process and run, with
     the same threads, inputs and cache state."""
+    load0 = other_cpu_load()
+    if busy_warning(load0, "the benchmark"):
+        log(busy_warning(load0, "the benchmark"))
     limits = measure_machine(threads)
     log(f"machine limits with {threads} threads: peak {limits.peak_gflops:.1f} GFLOPS, "
         f"streaming read {limits.read_gbs:.1f} GB/s")
@@ -114,7 +115,7 @@ def run_bench(*, models: list[str], ms: list[int], tp: int, peer_names: list[str
     for model, names, op, m in cases:
         gemm = cache.gemm(n=op.n, k=op.k, dtype=op.dtype, threads=threads)
         a, w = random_gemm(m, op.n, op.k, seed=m)
-        out = np.empty((m, op.n), np.float32)
+        out = aligned_empty((m, op.n))  # as the executor's buffers are
         ours = measure_runner("sandwich", _runner(gemm, out), a, w, [gemm.pack(w)], **TIMING)
         rows.append({"model": model, "op": "+".join(names), "m": m, "n": op.n, "k": op.k,
                      "sandwich_gflops": ours.gflops,
@@ -124,7 +125,7 @@ def run_bench(*, models: list[str], ms: list[int], tp: int, peer_names: list[str
     peers = make_peers(peer_names, threads=threads)
     for msg in peers.messages:
         log(msg)
-    res = BenchResult(command, datetime.date.today().isoformat(), _machine_name(), threads,
+    res = BenchResult(command, datetime.date.today().isoformat(), describe_machine(), threads,
                       limits.peak_gflops, limits.read_gbs, list(peers.names), list(peers.messages))
     for row, rot in zip(rows, _pad(rotated, rows, rotate), strict=True):
         a, w = random_gemm(row["m"], row["n"], row["k"], seed=row["m"])
@@ -139,6 +140,7 @@ def run_bench(*, models: list[str], ms: list[int], tp: int, peer_names: list[str
         if rot is not None:
             _rotated_peers(rot, peers.peers, a, w, limits)
             res.rotated_rows.append(rot)
+    res.other_load = (load0, other_cpu_load())
     return res
 
 
@@ -156,22 +158,32 @@ def _runner(gemm, out: np.ndarray):
 def _rotated_ours(row: dict, gemm, a, w, limits) -> dict:
     """The same shape with weights rotated over copies several times the LLC: DRAM-bound."""
     copies = rotation_copies(w.nbytes, limits.llc_bytes)
-    out = np.empty((a.shape[0], w.shape[1]), np.float32)
+    out = aligned_empty((a.shape[0], w.shape[1]))
     handles = [gemm.pack(w) for _ in range(copies)]
     ours = measure_runner("sandwich", _runner(gemm, out), a, w, handles, **TIMING)
+    local = _local_read_gbs(limits)
     del handles
     rot = {k: row[k] for k in ("model", "op", "m", "n", "k")}
-    rot.update(copies=copies, sandwich_gbs=ours.weight_gbs,
-               sandwich_pct_read=ours.pct_of_read(limits.read_gbs))
+    rot.update(copies=copies, sandwich_gbs=ours.weight_gbs, sandwich_read_gbs=local,
+               sandwich_pct_read=ours.pct_of_read(local))
     return rot
+
+
+def _local_read_gbs(limits) -> float:
+    """The streaming-read bandwidth measured right after a rotated timing: this VM's DRAM
+    bandwidth drifts by tens of percent over minutes, so each percentage is taken against
+    the bandwidth of its own moment."""
+    return read_bandwidth_gbs(limits.threads, size_bytes=limits.read_buffer_bytes, repeat=3)
 
 
 def _rotated_peers(rot: dict, peers, a, w, limits) -> None:
     for peer in peers:
         _settle()
         t = measure_peer(peer, a, w, copies=rot["copies"], **TIMING)
+        local = _local_read_gbs(limits)
         rot[f"{peer.name}_gbs"] = t.weight_gbs
-        rot[f"{peer.name}_pct_read"] = t.pct_of_read(limits.read_gbs)
+        rot[f"{peer.name}_read_gbs"] = local
+        rot[f"{peer.name}_pct_read"] = t.pct_of_read(local)
 
 
 def _row_line(row: dict, peers) -> str:

@@ -14,12 +14,16 @@ def write_markdown(res, path: Path) -> None:
         "",
         f"- machine: {res.machine}",
         f"- threads: {res.threads} for every library (same process, same run), fp32, date {res.date}",
-        f"- measured limits: FMA peak {res.peak_gflops:.1f} GFLOPS, streaming read {res.read_gbs:.1f} GB/s",
+        f"- measured limits: FMA peak {res.peak_gflops:.1f} GFLOPS, streaming read {res.read_gbs:.1f} GB/s (the best of 1, 2 and 4 concurrent streams per thread; this VM's DRAM bandwidth drifts by tens of percent over minutes)",
         "- timings: warm-up, then 7 repeats, median; each result checked against numpy first;"
         " every runner sees the same weights repeated (same cache state); ours are timed"
         " before the peer libraries start (their idle threads keep spinning), peers after,"
         " in the same process",
         f"- peers: {', '.join(res.peers)}" + (f" (skipped: {'; '.join(res.skipped)})" if res.skipped else ""),
+        f"- other processes used {100 * res.other_load[0]:.0f}% of the CPUs at the start and "
+        f"{100 * res.other_load[1]:.0f}% at the end (above 15% the figures are not trustworthy)",
+        "- OpenVINO, rotated: one compiled model holds every weight copy (one model per copy would"
+        " start a thread pool each); its time per call is divided by the copies",
         "",
         f"**Geomean speedup over the best peer per row: {s['geomean_speedup_all']:.2f} overall, "
         f"{s['geomean_speedup_m_le_64']:.2f} for M <= 64.** Rows with M >= 512 reach "
@@ -38,7 +42,7 @@ def write_markdown(res, path: Path) -> None:
                      f"{100 * r['sandwich_gflops'] / res.peak_gflops:.0f}% |")
     if res.rotated_rows:
         lines += ["", "## Skinny M with weights rotated beyond the LLC (DRAM-bound)", "",
-                  "Weight GB/s and % of the measured streaming-read bandwidth.", "",
+                  "Weight GB/s and % of the streaming-read bandwidth measured right after each timing (DRAM bandwidth drifts here).", "",
                   "| model | op | M | N x K | copies | sandwich | " + " | ".join(res.peers) + " |",
                   "|---|---|---:|---|---:|---:|" + "---:|" * len(res.peers)]
         for r in res.rotated_rows:

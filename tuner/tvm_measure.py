@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sandwich.compiler.build import build_gemm
+from sandwich.compiler.gemm_dsl import build_gemm_dsl
 from sandwich.compiler.gemm_runner import (
     aligned_empty,
     call_gemm,
@@ -84,7 +84,7 @@ class TvmMeasure:
             try:
                 fam = schedule.family()
                 if fam not in self.kernels:
-                    self.kernels[fam] = build_gemm(schedule, n=self.n, k=self.k, cpu=self.cpu,
+                    self.kernels[fam] = build_gemm_dsl(schedule, n=self.n, k=self.k, cpu=self.cpu,
                                                    threads=self.threads)
                 ex = self.kernels[fam]
                 func = ex["main"]
@@ -109,7 +109,7 @@ class TvmMeasure:
         ws = None
         if t_k > 1:
             if self.ws_buf.size < t_k * m * self.n:
-                self.ws_buf = np.empty(t_k * self.seq_max * self.n, dtype=np.float32)
+                self.ws_buf = aligned_empty((t_k * self.seq_max * self.n,))
             ws = workspace_view(self.ws_buf, t_k, m, self.n)
         args = gemm_args(self.a[:m], self.wp, self.c[:m], schedule, ws)
         t = time_callable(lambda: func(*args), warmup=1, repeat=self.repeat,

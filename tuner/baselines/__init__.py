@@ -34,6 +34,15 @@ class Peer(ABC):
         M (OpenVINO does so), as an application using that library would see it.
         """
 
+    def prepare_rotated(self, w: np.ndarray, copies: int) -> tuple[list[object], int]:
+        """Handles for the rotated-weights mode, and how many GEMMs one run() call does.
+
+        By default `copies` separate handles, one GEMM per call. A library that cannot hold
+        many prepared weights at once (OpenVINO starts a thread pool per compiled model)
+        overrides this with one handle that runs every copy per call.
+        """
+        return [self.prepare(w) for _ in range(copies)], 1
+
 
 @dataclass(frozen=True)
 class SkippedPeer:

@@ -84,20 +84,28 @@ def rotation_copies(weight_bytes: int, llc_bytes: int, *, factor: int = 8) -> in
 
 
 def measure_runner(name: str, run: Runner, a: np.ndarray, w: np.ndarray,
-                   handles: Sequence[object], *, rtol: float = 1e-4, **timing_kw) -> GemmTiming:
-    """Check run(a, h) against numpy (first and last handle), then time it (rotated if >1 handle)."""
+                   handles: Sequence[object], *, rtol: float = 1e-4, gemms_per_call: int = 1,
+                   rotated: bool | None = None, **timing_kw) -> GemmTiming:
+    """Check run(a, h) against numpy (first and last handle), then time it (rotated if >1 handle).
+
+    When one call runs `gemms_per_call` GEMMs on distinct weights, the rates are per GEMM."""
     for h in {id(h): h for h in (handles[0], handles[-1])}.values():
         check_gemm(run(a, h), a, w, rtol=rtol, what=name)
-    rotated = len(handles) > 1
-    t = time_rotated(run, a, handles, **timing_kw) if rotated else \
+    if rotated is None:
+        rotated = len(handles) > 1
+    t = time_rotated(run, a, handles, **timing_kw) if len(handles) > 1 else \
         time_callable(lambda: run(a, handles[0]), **timing_kw)
+    per_gemm = t.median_s / gemms_per_call
     (m, k), n = a.shape, w.shape[1]
-    return GemmTiming(name=name, m=m, n=n, k=k, timing=t, gflops=gflops(2.0 * m * n * k, t.median_s),
-                      weight_gbs=w.nbytes / t.median_s / 1e9, rotated=rotated)
+    return GemmTiming(name=name, m=m, n=n, k=k, timing=t, gflops=gflops(2.0 * m * n * k, per_gemm),
+                      weight_gbs=w.nbytes / per_gemm / 1e9, rotated=rotated)
 
 
 def measure_peer(peer: Peer, a: np.ndarray, w: np.ndarray, *, copies: int = 1,
                  **timing_kw) -> GemmTiming:
     """Prepare `copies` weight copies for `peer`, check it against numpy, and time it."""
-    handles = [peer.prepare(w) for _ in range(copies)]
-    return measure_runner(peer.name, peer.run, a, w, handles, **timing_kw)
+    if copies <= 1:
+        return measure_runner(peer.name, peer.run, a, w, [peer.prepare(w)], **timing_kw)
+    handles, per_call = peer.prepare_rotated(w, copies)
+    return measure_runner(peer.name, peer.run, a, w, handles, gemms_per_call=per_call,
+                          rotated=True, **timing_kw)

@@ -73,25 +73,31 @@ static void *fma_worker(void *p) {
 
 typedef struct {
     const float *p;
-    size_t n; /* a multiple of READ_ACCS * LANES */
+    size_t n; /* a multiple of READ_ACCS * LANES * streams */
     int passes;
+    int streams; /* the chunk is read as this many equal parts, in lock step */
     float result;
 } read_job;
 
+/* One core keeps more loads in flight when it reads several address streams at once
+ * (a GEMV over several weight panels does): the limit is the best over stream counts. */
 static void *read_worker(void *p) {
     read_job *job = (read_job *)p;
     vec a0 = VSET1(0.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    size_t part = job->n / job->streams;
     for (int pass = 0; pass < job->passes; pass++) {
-        const float *x = job->p;
-        for (size_t i = 0; i < job->n; i += READ_ACCS * LANES) {
-            a0 = VADD(a0, VLOAD(x + i + 0 * LANES));
-            a1 = VADD(a1, VLOAD(x + i + 1 * LANES));
-            a2 = VADD(a2, VLOAD(x + i + 2 * LANES));
-            a3 = VADD(a3, VLOAD(x + i + 3 * LANES));
-            a4 = VADD(a4, VLOAD(x + i + 4 * LANES));
-            a5 = VADD(a5, VLOAD(x + i + 5 * LANES));
-            a6 = VADD(a6, VLOAD(x + i + 6 * LANES));
-            a7 = VADD(a7, VLOAD(x + i + 7 * LANES));
+        for (size_t i = 0; i < part; i += READ_ACCS * LANES) {
+            for (int st = 0; st < job->streams; st++) {
+                const float *x = job->p + st * part + i;
+                a0 = VADD(a0, VLOAD(x + 0 * LANES));
+                a1 = VADD(a1, VLOAD(x + 1 * LANES));
+                a2 = VADD(a2, VLOAD(x + 2 * LANES));
+                a3 = VADD(a3, VLOAD(x + 3 * LANES));
+                a4 = VADD(a4, VLOAD(x + 4 * LANES));
+                a5 = VADD(a5, VLOAD(x + 5 * LANES));
+                a6 = VADD(a6, VLOAD(x + 6 * LANES));
+                a7 = VADD(a7, VLOAD(x + 7 * LANES));
+            }
         }
     }
     vec s = VADD(VADD(VADD(a0, a1), VADD(a2, a3)), VADD(VADD(a4, a5), VADD(a6, a7)));
@@ -127,18 +133,20 @@ int mb_fma(int threads, long iters, float *out) {
     return rc;
 }
 
-/* Read buf[0:n) `passes` times, split into contiguous per-thread chunks.
- * buf must be 64-byte aligned and n a multiple of mb_read_block() * threads. */
-int mb_read(int threads, const float *buf, size_t n, int passes, float *out) {
+/* Read buf[0:n) `passes` times, split into contiguous per-thread chunks, each read as
+ * `streams` concurrent streams. buf must be 64-byte aligned and n a multiple of
+ * mb_read_block() * threads * streams. */
+int mb_read(int threads, const float *buf, size_t n, int passes, int streams, float *out) {
     size_t block = (size_t)READ_ACCS * LANES;
-    if (threads < 1 || threads > MAX_THREADS || passes < 1) return -1;
-    if (((size_t)buf & 63) != 0 || n % (block * threads) != 0) return -1;
+    if (threads < 1 || threads > MAX_THREADS || passes < 1 || streams < 1) return -1;
+    if (((size_t)buf & 63) != 0 || n % (block * threads * streams) != 0) return -1;
     read_job jobs[MAX_THREADS];
     size_t chunk = n / threads;
     for (int t = 0; t < threads; t++) {
         jobs[t].p = buf + t * chunk;
         jobs[t].n = chunk;
         jobs[t].passes = passes;
+        jobs[t].streams = streams;
     }
     int rc = run_threads(threads, read_worker, jobs, sizeof(read_job));
     float s = 0.0f;

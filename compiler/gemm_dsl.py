@@ -1,0 +1,55 @@
+"""The tuner's GEMM family built from the DSL (dsl/kernels/gemm_family.sw).
+
+`build_gemm_dsl` is a drop-in for `compiler.build.build_gemm`: the same schedules are
+valid, and the executable has the same calling convention,
+`main(A[M, K], W[N/pack_n, K, pack_n], C[M, N], [WS[t_k*M, N]], bmb, bnt, bk)`.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from sandwich.compiler.build import compile_source
+from sandwich.compiler.gemm_template import GemmProblem, validate
+from sandwich.compiler.lower_tir import to_tvmscript
+from sandwich.compiler.target import CpuInfo
+from sandwich.errors import ConfigError, DSLError
+from sandwich.types import KernelSchedule
+
+KERNEL = "gemm_family"
+
+
+@lru_cache(maxsize=1)
+def _kernel():
+    from sandwich.dsl.load import load_kernel
+
+    return load_kernel(KERNEL)
+
+
+def family_tunables(schedule: KernelSchedule) -> dict[str, int]:
+    """The kernel's tunables for a schedule's family (its slice is a runtime argument)."""
+    mk, pl = schedule.micro_kernel, schedule.polymerization
+    return {"mu_m": mk.mu_m, "mu_n": mk.mu_n, "pack_n": schedule.pack_n,
+            "t_m": pl.t_m, "t_n": pl.t_n, "t_k": pl.t_k}
+
+
+def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int) -> str:
+    """TVMScript of the family; refuses the schedules the hand template refuses."""
+    validate(schedule, GemmProblem(n=n, k=k, lanes=lanes))
+    split_k = schedule.polymerization.t_k > 1
+    args = ("A", "W", "C") + (("WS",) if split_k else ()) + ("bmb", "bnt", "bk")
+    try:
+        # align=4: activations are numpy views (not 64-byte aligned), as in the hand
+        # template; "inline" scalars: no let variables, which TVM 0.27 puts in heap
+        # workspace and reloads after every store (the hand template pays for that)
+        return to_tvmscript(_kernel(), tunables=family_tunables(schedule), vlen=lanes,
+                            fixed={"N": n, "K": k}, args=args, align=4,
+                            scalars="inline", fold=True)
+    except DSLError as e:  # e.g. a tile outside the kernel's tunable domains
+        raise ConfigError(f"GEMM schedule {schedule.key()} is outside {KERNEL}.sw: {e}") from e
+
+
+def build_gemm_dsl(schedule: KernelSchedule, *, n: int, k: int, cpu: CpuInfo, threads: int):
+    """Compile the DSL GEMM for the family of one schedule (any M, any slice)."""
+    src = gemm_dsl_tvmscript(schedule, n=n, k=k, lanes=cpu.lanes_f32)
+    return compile_source(src, cpu, threads)

@@ -1,0 +1,250 @@
+"""Continuous batching over an executor: admit (prefill) between decode steps, decode every
+running sequence in one call per step, release a slot the moment its sequence finishes.
+
+The executor is duck-typed: `start(prompt) -> (slot, logits_row)`, `decode(slots, tokens) ->
+logits (B, vocab)`, `release(slot)`, `kv.max_batch`, `kv.max_seq`; the single-process
+`Executor` and the tensor-parallel one both qualify. A bad request becomes an error result
+and never stops the others; requests beyond max_batch wait in the queue.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sandwich.errors import SandwichError
+from sandwich.runtime.phases import PhaseSwitcher
+from sandwich.runtime.sampling import Sampler, SamplingParams
+
+
+class RequestError(SandwichError):
+    """A request cannot be served (the engine reports it and keeps serving the others)."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation request; temperature 0 = greedy, else seeded sampling."""
+
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    stop: tuple[int, ...] = ()
+    rid: int | str | None = None
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a finished request reports; times are engine-clock seconds, latencies ms.
+
+    finish is 'stop' (a stop token, kept as the last id), 'length' (max_new_tokens) or
+    'error' (then `error` says why). TTFT counts from arrival, so queueing is included;
+    TPOT is (finish - first token) / (tokens - 1), 0.0 for a single token."""
+
+    rid: int | str | None
+    ids: tuple[int, ...]
+    finish: str
+    ttft_ms: float
+    tpot_ms: float
+    arrival_s: float
+    finish_s: float
+    prompt_len: int
+    ticket: int = 0  # the engine's submission number
+    error: str | None = None
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0  # decode calls
+    prefills: int = 0
+    decode_tokens: int = 0
+    max_running: int = 0
+    errors: int = 0
+    phase_switches: int = 0  # prefill <-> decode transitions
+    phase_applied: int = 0  # transitions that changed the CPU set or thread count
+
+
+@dataclass
+class _Seq:
+    req: Request
+    arrival: float
+    ticket: int
+    sampler: Sampler | None = None
+    slot: int = -1
+    ids: list[int] = field(default_factory=list)
+    first: float = 0.0
+
+
+class Engine:
+    """FIFO continuous batching; `step()` returns the requests that finished in it."""
+
+    def __init__(self, executor, *, phases: PhaseSwitcher | None = None,
+                 vocab_size: int | None = None, max_queue: int | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.ex, self.clock = executor, clock
+        self.max_batch, self.max_seq = executor.kv.max_batch, executor.kv.max_seq
+        self.vocab_size = vocab_size or _vocab_of(executor)
+        self.phases = phases or PhaseSwitcher.default()
+        self.max_queue = max_queue
+        self.stats = EngineStats()
+        self._queue: deque[_Seq] = deque()
+        self._running: list[_Seq] = []
+        self._done: list[Result] = []
+        self._tickets = 0
+        # one scratch for every sampler: sampling is sequential within a step
+        self._scratch = np.empty((2, self.vocab_size or 1))
+
+    # -- public API ----------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return bool(self._queue or self._running or self._done)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def submit(self, req: Request, *, arrival: float | None = None) -> int:
+        """Queue a request (arrival defaults to now) and return its ticket; an invalid request
+        is answered by the next `step()` with an error result."""
+        self._tickets += 1
+        seq = _Seq(req, self.clock() if arrival is None else arrival, self._tickets)
+        why = self.problem(req)
+        if why is None and self.max_queue is not None and len(self._queue) >= self.max_queue:
+            why = f"queue full ({self.max_queue} waiting requests); retry later or raise max_queue"
+        if why is None:
+            try:
+                seq.sampler = Sampler(req.sampling, self._scratch)
+            except SandwichError as e:
+                why = str(e)
+        if why is not None:
+            self._fail(seq, why)
+        else:
+            self._queue.append(seq)
+        return seq.ticket
+
+    def step(self) -> list[Result]:
+        """Admit waiting requests into free slots (prefill), then one decode step for all."""
+        self._admit()
+        if self._running:
+            self._decode()
+        out, self._done = self._done, []
+        return out
+
+    def run(self, requests: Iterable[Request]) -> list[Result]:
+        """Serve requests that all arrive now; results in submission order."""
+        tickets = [self.submit(r) for r in requests]
+        done: dict[int, Result] = {}
+        while self.busy:
+            done.update((r.ticket, r) for r in self.step())
+        return [done[t] for t in tickets]
+
+    def warm_up(self) -> None:
+        """Run one tiny request so lazy kernel loading stays out of the measurements, then
+        reset the statistics."""
+        n = min(2, self.max_seq)
+        self.run([Request(prompt=(0,) * n, max_new_tokens=min(2, self.max_seq - n + 1))])
+        self.stats = EngineStats()
+        self.phases.switches = self.phases.applied = 0
+
+    def problem(self, req: Request) -> str | None:
+        """Why a request can never be served here, or None."""
+        n, new = len(req.prompt), req.max_new_tokens
+        if n < 1:
+            return "empty prompt: a request needs at least one prompt token"
+        if n > self.max_seq:
+            return f"prompt of {n} tokens is longer than max_seq={self.max_seq}; shorten it or raise max_seq"
+        if self.vocab_size:
+            bad = [t for t in req.prompt if not 0 <= t < self.vocab_size]
+            if bad:
+                return f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
+        if new < 1:
+            return f"max_new_tokens must be >= 1, got {new}"
+        if n + new - 1 > self.max_seq:  # the last token is sampled, never written to the cache
+            return (f"prompt of {n} tokens + {new} new tokens needs {n + new - 1} cache positions, "
+                    f"beyond max_seq={self.max_seq}; lower max_new_tokens or raise max_seq")
+        return None
+
+    # -- the loop ------------------------------------------------------------------------
+    def _admit(self) -> None:
+        """Prefill waiting requests while a slot is free (FIFO)."""
+        while self._queue and len(self._running) < self.max_batch:
+            seq = self._queue.popleft()
+            self._enter("prefill")
+            try:
+                seq.slot, row = self.ex.start(list(seq.req.prompt))
+            except SandwichError as e:
+                self._fail(seq, str(e))
+                continue
+            self.stats.prefills += 1
+            self._running.append(seq)
+            seq.ids.append(seq.sampler(row))  # type: ignore[misc]
+            seq.first = self.clock()
+            self._retire()
+        self.stats.max_running = max(self.stats.max_running, len(self._running))
+
+    def _decode(self) -> None:
+        """One token for every running sequence, in one executor call."""
+        self._enter("decode")
+        run = self._running
+        try:
+            logits = self.ex.decode([s.slot for s in run], [s.ids[-1] for s in run])
+        except SandwichError as e:
+            for s in run:
+                self._release(s)
+                self._fail(s, f"decode step failed: {e}")
+            self._running = []
+            return
+        self.stats.steps += 1
+        self.stats.decode_tokens += len(run)
+        for i, s in enumerate(run):
+            s.ids.append(s.sampler(logits[i]))  # type: ignore[misc]
+        self._retire()
+
+    def _retire(self) -> None:
+        """Finish every running sequence that hit a stop token or its length; free its slot."""
+        now, keep = self.clock(), []
+        for s in self._running:
+            stop = s.ids[-1] in s.req.stop
+            if not stop and len(s.ids) < s.req.max_new_tokens:
+                keep.append(s)
+                continue
+            self._release(s)
+            n = len(s.ids)
+            tpot = (now - s.first) / (n - 1) * 1e3 if n > 1 else 0.0
+            self._done.append(Result(rid=s.req.rid, ids=tuple(s.ids), finish="stop" if stop else "length",
+                                     ttft_ms=(s.first - s.arrival) * 1e3, tpot_ms=tpot, arrival_s=s.arrival,
+                                     finish_s=now, prompt_len=len(s.req.prompt), ticket=s.ticket))
+        self._running = keep
+
+    def _release(self, seq: _Seq) -> None:
+        if seq.slot >= 0:
+            self.ex.release(seq.slot)
+            seq.slot = -1
+
+    def _fail(self, seq: _Seq, why: str) -> None:
+        self.stats.errors += 1
+        now = self.clock()
+        self._done.append(Result(rid=seq.req.rid, ids=tuple(seq.ids), finish="error", ttft_ms=0.0,
+                                 tpot_ms=0.0, arrival_s=seq.arrival, finish_s=now,
+                                 prompt_len=len(seq.req.prompt), ticket=seq.ticket, error=why))
+
+    def _enter(self, phase: str) -> None:
+        self.phases.enter(phase)
+        self.stats.phase_switches = self.phases.switches
+        self.stats.phase_applied = self.phases.applied
+
+
+def _vocab_of(executor) -> int | None:
+    """The vocabulary size if the executor exposes its model config (both executors do)."""
+    cfg = getattr(executor, "cfg", None) or getattr(getattr(executor, "model", None), "config", None)
+    return getattr(cfg, "vocab_size", None)

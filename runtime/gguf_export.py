@@ -1,0 +1,122 @@
+"""Write an HF Llama checkpoint as an F32 GGUF file, so llama.cpp runs the same weights.
+
+The serving benchmark compares against llama.cpp on exactly the weights sandwichc loads.
+Two things differ from the HF layout: llama.cpp rotates pairs of adjacent lanes in RoPE
+where HF rotates the two halves of a head, so the rows of q_proj and k_proj are permuted
+per head (as llama.cpp's own converter does); and GGUF wants a vocabulary, so a random
+checkpoint gets a placeholder SentencePiece vocabulary (control tokens, the 256 byte
+tokens, then `<tN>`) of the model's size. Prompts are given as token ids, so the
+placeholder text never matters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from sandwich.errors import ConfigError
+from sandwich.runtime.loader import read_config
+from sandwich.runtime.rope_tables import RopeSpec, inv_freq
+from sandwich.runtime.safetensors_io import Checkpoint
+
+_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def rope_permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """Rows of a q/k projection from HF's half-split RoPE order to GGML's interleaved one."""
+    out, inp = w.shape
+    return w.reshape(heads, 2, out // heads // 2, inp).swapaxes(1, 2).reshape(out, inp)
+
+
+def rope_freq_divisors(rope: RopeSpec) -> np.ndarray:
+    """A scaled RoPE (linear, llama3) as llama.cpp takes it: one divisor per frequency in
+    `rope_freqs.weight`, here the plain frequencies over the scaled ones."""
+    plain = inv_freq(replace(rope, kind="default"))
+    return (plain / inv_freq(rope)).astype(np.float32)
+
+
+def placeholder_vocab(size: int) -> tuple[list[str], list[float], list[int]]:
+    """<unk>, <s>, </s>, the byte tokens <0x00>..<0xFF>, then <tN>: a vocabulary llama.cpp
+    accepts (it looks up the newline byte token) for a model that has none."""
+    import gguf
+
+    if size < 3 + 256:
+        raise ConfigError(f"vocab_size {size} is too small for a GGUF placeholder vocabulary (>= 259)")
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+    types += [gguf.TokenType.BYTE] * 256
+    tokens += [f"<t{i}>" for i in range(len(tokens), size)]
+    types += [gguf.TokenType.NORMAL] * (size - len(types))
+    return tokens, [0.0] * size, [int(t) for t in types]
+
+
+def write_gguf(model_dir: str | Path, out_path: str | Path) -> Path:
+    """Convert `model_dir` (config.json + safetensors) to one F32 GGUF file; returns its path."""
+    try:
+        import gguf
+    except ImportError:
+        raise ConfigError("writing GGUF needs the gguf package (pip install -e .[serving])") from None
+    cfg, rope = read_config(model_dir)
+    ckpt = Checkpoint(model_dir)
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    w = gguf.GGUFWriter(str(tmp), "llama")
+    w.add_name(cfg.name)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_rope_dimension_count(cfg.head_dim)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    tokens, scores, types = placeholder_vocab(cfg.vocab_size)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+
+    def f32(name: str) -> np.ndarray:
+        return np.ascontiguousarray(ckpt.get(name).to_f32())
+
+    w.add_tensor("token_embd.weight", f32("model.embed_tokens.weight"))
+    if rope.kind != "default":
+        w.add_tensor("rope_freqs.weight", rope_freq_divisors(rope))
+    for i in range(cfg.num_hidden_layers):
+        for hf, gg in _LAYER_NAMES.items():
+            t = f32(f"model.layers.{i}.{hf}")
+            if hf.endswith("q_proj.weight"):
+                t = rope_permute(t, cfg.num_attention_heads)
+            elif hf.endswith("k_proj.weight"):
+                t = rope_permute(t, cfg.num_key_value_heads)
+            w.add_tensor(f"blk.{i}.{gg}", t)
+    w.add_tensor("output_norm.weight", f32("model.norm.weight"))
+    if not cfg.tie_word_embeddings:
+        w.add_tensor("output.weight", f32("lm_head.weight"))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tmp.replace(out)
+    return out

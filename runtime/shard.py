@@ -1,0 +1,108 @@
+"""One tensor-parallel rank's slice of a Llama checkpoint, packed into the GEMMs of
+`make_payload(cfg, tp=...)` (Megatron-style: two all-reduces per layer).
+
+Attention is split by heads (q/k/v rows of the rank's heads, o columns of the same heads) and
+the MLP by the intermediate dimension (gate/up rows, down columns), so attention and SiLU-mul
+need no communication; o and down yield partial sums that the all-reduce adds. lm_head is
+split by vocabulary rows when tp divides the vocabulary (the payload tunes that shape; the
+logits of one step are small to gather, the lm_head weights are the largest GEMM of a small
+model), else replicated. Embedding and norms are replicated: the residual stream is whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from sandwich.errors import CacheError, ConfigError
+from sandwich.runtime.buffers import aligned_copy
+from sandwich.runtime.kernel_cache import KernelCache
+from sandwich.runtime.loader import LayerWeights, LlamaModel, ModelGemms, _Reader, read_config
+from sandwich.runtime.safetensors_io import Checkpoint
+from sandwich.tuner.models import ModelConfig
+from sandwich.tuner.payload import make_payload
+
+
+def check_tp(cfg: ModelConfig, tp: int) -> None:
+    """Raise a ConfigError unless every sharded dimension splits evenly over tp ranks."""
+    if tp < 1:
+        raise ConfigError(f"tensor-parallel degree must be >= 1, got {tp}")
+    for what, value in (("num_attention_heads", cfg.num_attention_heads),
+                        ("num_key_value_heads", cfg.num_key_value_heads),
+                        ("intermediate_size", cfg.intermediate_size)):
+        if value % tp:
+            raise ConfigError(f"{cfg.name}: tensor-parallel degree {tp} does not divide {what} "
+                              f"({value}); choose a tp that divides it")
+
+
+def shard_config(cfg: ModelConfig, tp: int) -> ModelConfig:
+    """The config one rank runs: its heads, kv heads and intermediate size; hidden, head_dim
+    and vocab_size (token ids, embedding) stay whole."""
+    check_tp(cfg, tp)
+    return dataclasses.replace(cfg, num_attention_heads=cfg.num_attention_heads // tp,
+                               num_key_value_heads=cfg.num_key_value_heads // tp,
+                               intermediate_size=cfg.intermediate_size // tp)
+
+
+def vocab_sharded(cfg: ModelConfig, tp: int) -> bool:
+    """lm_head is split by vocabulary rows exactly when the payload tuned it that way."""
+    return tp > 1 and cfg.vocab_size % tp == 0
+
+
+def shard_gemms(cfg: ModelConfig, cache: KernelCache, *, tp: int,
+                threads: int | None = None) -> ModelGemms:
+    """The GEMMs of the tp payload, tuned for `threads` if the cache has them, else any."""
+    found = {}
+    for op in make_payload(cfg, tp=tp, seq_max=1).ops:
+        try:
+            try:
+                found[op.name] = cache.gemm(n=op.n, k=op.k, threads=threads)
+            except CacheError:
+                if threads is None:
+                    raise
+                found[op.name] = cache.gemm(n=op.n, k=op.k)
+        except CacheError as e:
+            raise CacheError(f"{e} (GEMM {op.name} at tensor-parallel degree {tp}: "
+                             f"tune with `--tp {tp}`)") from None
+    return ModelGemms(**found)
+
+
+def load_shard(model_dir: str | Path, cache: KernelCache, *, rank: int, tp: int,
+               threads: int | None = None) -> LlamaModel:
+    """Read rank `rank`'s rows/columns of every projection and pack them once."""
+    cfg, rope = read_config(model_dir)
+    if not 0 <= rank < tp:
+        raise ConfigError(f"rank {rank} is outside tensor-parallel degree {tp}")
+    local = shard_config(cfg, tp)
+    read = _Reader(Checkpoint(model_dir), cfg)
+    gemms = shard_gemms(cfg, cache, tp=tp, threads=threads)
+    d = cfg.head_dim
+    q = slice(rank * local.num_attention_heads * d, (rank + 1) * local.num_attention_heads * d)
+    kv = slice(rank * local.num_key_value_heads * d, (rank + 1) * local.num_key_value_heads * d)
+    mlp = slice(rank * local.intermediate_size, (rank + 1) * local.intermediate_size)
+    layers = []
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        qkv = np.concatenate([read(p + "self_attn.q_proj.weight")[q],  # rows: contiguous reads
+                              read(p + "self_attn.k_proj.weight")[kv],
+                              read(p + "self_attn.v_proj.weight")[kv]])
+        gate_up = np.concatenate([read(p + "mlp.gate_proj.weight")[mlp],
+                                  read(p + "mlp.up_proj.weight")[mlp]])
+        layers.append(LayerWeights(
+            input_norm=aligned_copy(read(p + "input_layernorm.weight")),
+            qkv=gemms.qkv.pack(qkv.T),
+            o=gemms.o.pack(read(p + "self_attn.o_proj.weight")[:, q].T),
+            post_norm=aligned_copy(read(p + "post_attention_layernorm.weight")),
+            gate_up=gemms.gate_up.pack(gate_up.T),
+            down=gemms.down.pack(read(p + "mlp.down_proj.weight")[:, mlp].T),
+        ))
+    embed = read("model.embed_tokens.weight")
+    head = embed if cfg.tie_word_embeddings else read("lm_head.weight")
+    if vocab_sharded(cfg, tp):
+        rows = cfg.vocab_size // tp
+        head = head[rank * rows: (rank + 1) * rows]
+    return LlamaModel(config=local, rope=rope, embed=embed, layers=tuple(layers),
+                      norm=aligned_copy(read("model.norm.weight")), lm_head=gemms.lm_head.pack(head.T),
+                      gemms=gemms)

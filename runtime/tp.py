@@ -1,0 +1,320 @@
+"""Tensor-parallel execution: rank 0 in the caller's process, ranks 1..tp-1 in spawned worker
+processes, each pinned to its CPU set, joined by the shared-memory all-reduce.
+
+`TPExecutor` has the public API of `Executor` (start / decode / release / kv / close), so the
+serving engine drives either. The caller's commands reach the workers as small pipe messages
+(token ids, slots); activations stay in each rank; partial sums meet in shared memory. Workers
+mirror rank 0's calls exactly, so their KV slots and lengths stay identical without replies;
+every user error is raised on rank 0 before anything is sent.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sandwich.errors import ConfigError, SandwichError, ShapeError
+from sandwich.runtime.allreduce import AllReduceError, SegmentSpec, ShmAllReduce
+from sandwich.runtime.buffers import aligned_zeros
+from sandwich.runtime.executor import Executor
+from sandwich.runtime.kernel_cache import KernelCache
+from sandwich.runtime.loader import read_config
+from sandwich.runtime.shard import check_tp, load_shard, vocab_sharded
+from sandwich.types import ServiceConfig
+
+START_TIMEOUT_S = 600.0  # loading, packing and compiling the DSL kernels in a worker
+
+
+class TPError(SandwichError):
+    """A tensor-parallel worker failed to start or died; the group must be recreated."""
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """Everything a worker needs to build its rank (picklable, sent once at spawn)."""
+
+    model_dir: str
+    cache_dir: str
+    rank: int
+    tp: int
+    cpus: tuple[int, ...]
+    max_batch: int
+    max_seq: int
+    max_tokens: int
+    ops: str
+    segment: SegmentSpec
+    timeout: float
+
+
+def default_cpu_sets(tp: int, cpus: Sequence[int] | None = None) -> list[tuple[int, ...]]:
+    """Split this process's CPUs (or `cpus`) into tp equal consecutive sets."""
+    avail = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    if len(avail) < tp:
+        raise ConfigError(f"tensor-parallel degree {tp} needs at least {tp} CPUs; this process may "
+                          f"use {len(avail)} ({avail}); lower --tp or widen the CPU affinity")
+    per = len(avail) // tp
+    return [tuple(avail[r * per: (r + 1) * per]) for r in range(tp)]
+
+
+def resolve_cpu_sets(tp: int, cpu_sets: ServiceConfig | Sequence[Sequence[int]] | None
+                     ) -> list[tuple[int, ...]]:
+    """CPU sets from a ServiceConfig's processes, an explicit list, or an even split."""
+    if cpu_sets is None:
+        return default_cpu_sets(tp)
+    sets = [tuple(p.cpus) for p in cpu_sets.processes] if isinstance(cpu_sets, ServiceConfig) \
+        else [tuple(int(c) for c in s) for s in cpu_sets]
+    if len(sets) != tp or any(not s for s in sets):
+        raise ConfigError(f"tensor-parallel degree {tp} needs {tp} non-empty CPU sets, got {sets}")
+    return sets
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
+
+
+def _build_rank(spec: RankSpec, comm: ShmAllReduce, logits: np.ndarray | None) -> Executor:
+    """Load this rank's shard and wire the all-reduce (and, on rank 0, the logits gather)."""
+    cache = KernelCache(spec.cache_dir)
+    threads = len(spec.cpus)
+    model = load_shard(spec.model_dir, cache, rank=spec.rank, tp=spec.tp, threads=threads)
+    gather = None
+    if vocab_sharded(model.config, spec.tp):
+        def gather(part: np.ndarray) -> np.ndarray:
+            out = None if logits is None else logits[: part.shape[0]]
+            comm.gather(part, out)
+            return part if out is None else out
+    return Executor(model, max_batch=spec.max_batch, max_seq=spec.max_seq,
+                    max_tokens=spec.max_tokens, ops=spec.ops, threads=threads,
+                    allreduce=comm, gather=gather)
+
+
+def _worker_main(conn, spec: RankSpec) -> None:
+    """A worker's life: pin, build, say ready, then mirror rank 0's calls until 'close'."""
+    os.sched_setaffinity(0, spec.cpus)
+    parent = os.getppid()
+    comm = ShmAllReduce(spec.segment, spec.rank, timeout=spec.timeout,
+                        alive=lambda: None if os.getppid() == parent else "rank 0's process exited")
+    try:
+        try:
+            ex = _build_rank(spec, comm, None)
+        except BaseException as e:
+            conn.send(("error", _one_line(e)))
+            return
+        conn.send(("ready",))
+        while True:
+            try:
+                cmd, *args = conn.recv()
+            except EOFError:  # rank 0 is gone
+                return
+            if cmd == "close":
+                return
+            try:
+                getattr(ex, cmd)(*args)  # start / decode / release, as rank 0 called them
+            except BaseException as e:
+                conn.send(("error", _one_line(e)))
+                comm.abort()
+                return
+    finally:
+        comm.close()
+
+
+def _pin_caller(cpus: tuple[int, ...]) -> set[int]:
+    """Pin rank 0 (the calling thread and TVM's pool) to its CPU set; returns the old mask."""
+    old = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    _config_tvm_pool(cpus)
+    return old
+
+
+def _config_tvm_pool(cpus: Sequence[int]) -> None:
+    """Resize TVM's thread pool to len(cpus) threads sharing those cores (mode -3)."""
+    import tvm
+
+    f = tvm.get_global_func("runtime.config_threadpool", allow_missing=True)
+    if f is not None:
+        f(-3, len(cpus), [str(c) for c in cpus])
+
+
+class TPExecutor:
+    """`Executor`'s API over tp processes; rank 0 runs in this process."""
+
+    def __init__(self, model_dir: str | Path, cache: KernelCache | str | Path, *, tp: int,
+                 max_batch: int, max_seq: int, max_tokens: int | None = None,
+                 ops: str = "dsl", cpu_sets: ServiceConfig | Sequence[Sequence[int]] | None = None,
+                 timeout: float = 60.0, pin_caller: bool = True) -> None:
+        cfg, _ = read_config(model_dir)
+        check_tp(cfg, tp)
+        self.cfg, self.tp = cfg, tp
+        sets = resolve_cpu_sets(tp, cpu_sets)
+        self.max_tokens = max(max_tokens or max_seq, max_batch)
+        shard_v = cfg.vocab_size // tp if vocab_sharded(cfg, tp) else 0
+        self._procs: list[mp.process.BaseProcess] = []
+        self._conns: list = []
+        self._broken = ""
+        self._closed = False
+        self._old_mask: set[int] | None = None
+        self.comm = ShmAllReduce.create(tp, self.max_tokens * cfg.hidden_size, gather=max_batch * shard_v,
+                                        timeout=timeout, alive=self._peer_problem)
+        try:
+            specs = [RankSpec(str(model_dir), str(cache.dir if isinstance(cache, KernelCache) else cache),
+                              r, tp, sets[r], max_batch, max_seq, self.max_tokens, ops,
+                              self.comm.spec, timeout) for r in range(tp)]
+            self._spawn(specs[1:])
+            if pin_caller:
+                self._old_mask = _pin_caller(sets[0])
+            self._logits = aligned_zeros((max_batch, cfg.vocab_size)) if shard_v else None
+            self.ex = _build_rank(specs[0], self.comm, self._logits)
+            self._wait_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- processes -----------------------------------------------------------------------
+    def _spawn(self, specs: Sequence[RankSpec]) -> None:
+        """Spawn (never fork: TVM's thread pool does not survive it) with TVM_NUM_THREADS set
+        in the child's environment, which is copied when the process starts."""
+        ctx = mp.get_context("spawn")
+        old = os.environ.get("TVM_NUM_THREADS")
+        try:
+            for spec in specs:
+                os.environ["TVM_NUM_THREADS"] = str(len(spec.cpus))
+                mine, theirs = ctx.Pipe()
+                p = ctx.Process(target=_worker_main, args=(theirs, spec), daemon=True,
+                                name=f"sandwichc-tp-rank{spec.rank}")
+                p.start()
+                theirs.close()
+                self._procs.append(p)
+                self._conns.append(mine)
+        finally:
+            if old is None:
+                os.environ.pop("TVM_NUM_THREADS", None)
+            else:
+                os.environ["TVM_NUM_THREADS"] = old
+
+    def _wait_ready(self) -> None:
+        for r, conn in enumerate(self._conns, start=1):
+            try:  # a worker that dies closes its pipe end: recv raises EOFError, no hang
+                msg = conn.recv() if conn.poll(START_TIMEOUT_S) else ("error", "no answer")
+            except (EOFError, OSError):
+                self._procs[r - 1].join(timeout=1)
+                msg = ("error", f"exited with code {self._procs[r - 1].exitcode} (a script that "
+                                f"spawns TP workers needs `if __name__ == '__main__':`)")
+            if msg[0] != "ready":
+                raise TPError(f"tensor-parallel rank {r} failed to start: {msg[1]}")
+
+    def _worker_message(self, i: int) -> str:
+        try:
+            if self._conns[i].poll(0.5):
+                msg = self._conns[i].recv()
+                return f": {msg[1]}" if msg[0] == "error" else ""
+        except (EOFError, OSError):
+            pass
+        return ""
+
+    def _peer_problem(self) -> str | None:
+        """Why a worker is gone (polled by rank 0 while it waits at a barrier)."""
+        for i, p in enumerate(self._procs):
+            if not p.is_alive():
+                return (f"tensor-parallel rank {i + 1} (pid {p.pid}) exited with code "
+                        f"{p.exitcode}{self._worker_message(i)}")
+        return None
+
+    # -- the Executor API ----------------------------------------------------------------
+    @property
+    def kv(self):
+        return self.ex.kv
+
+    def start(self, prompt: Sequence[int]) -> tuple[int, np.ndarray]:
+        """Take a slot and prefill on every rank; returns (slot, last-token logits)."""
+        prompt = [int(t) for t in prompt]
+        self._usable()
+        self.kv.check_prompt(len(prompt))
+        self._check_ids(prompt)
+        self.kv.free(self.kv.alloc())  # raises when every slot is taken; order unchanged
+        self._send(("start", prompt))
+        return self._run(self.ex.start, prompt)
+
+    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+        """One token per slot on every rank; returns logits (B, vocab), a permanent buffer."""
+        slots, tokens = [int(s) for s in slots], [int(t) for t in tokens]
+        self._usable()
+        if len(slots) != len(tokens):
+            raise ShapeError(f"decode got {len(slots)} slots and {len(tokens)} tokens")
+        for s in slots:
+            self.kv.check_room(s, 1)
+        self._check_ids(tokens)
+        self._send(("decode", slots, tokens))
+        return self._run(self.ex.decode, slots, tokens)
+
+    def release(self, slot: int) -> None:
+        self._usable()
+        self.ex.release(int(slot))
+        self._send(("release", int(slot)))
+
+    def _check_ids(self, ids: Sequence[int]) -> None:
+        v = self.cfg.vocab_size
+        if ids and (min(ids) < 0 or max(ids) >= v):
+            raise ShapeError(f"token ids must be in [0, {v}), got {min(ids)}..{max(ids)}")
+
+    def _usable(self) -> None:
+        if self._closed:
+            raise TPError("this TPExecutor is closed")
+        if self._broken:
+            raise TPError(f"the tensor-parallel group is broken ({self._broken}); create a new one")
+
+    def _send(self, msg: tuple) -> None:
+        for i, conn in enumerate(self._conns):
+            try:
+                conn.send(msg)
+            except OSError:
+                self._broken = self._peer_problem() or f"the pipe to rank {i + 1} is closed"
+                self.comm.abort()
+                raise TPError(f"tensor-parallel rank {i + 1} is gone: {self._broken}") from None
+
+    def _run(self, fn, *args):
+        try:
+            return fn(*args)
+        except AllReduceError as e:
+            problem = self._peer_problem() or str(e)
+            self._broken = problem
+            self.comm.abort()
+            raise TPError(problem) from None
+        except BaseException as e:  # rank 0 failed mid-step: release the workers from barriers
+            self._broken = _one_line(e)
+            self.comm.abort()
+            raise
+
+    # -- lifetime ------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the workers, unlink the segment, restore the caller's CPU mask."""
+        if self._closed:
+            return
+        self._closed = True
+        for conn in self._conns:
+            try:
+                conn.send(("close",))
+            except OSError:
+                pass
+        for p in self._procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+        for conn in self._conns:
+            conn.close()
+        self.comm.close()
+        if self._old_mask is not None:
+            os.sched_setaffinity(0, self._old_mask)
+            _config_tvm_pool(sorted(self._old_mask))
+
+    def __enter__(self) -> TPExecutor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,308 @@
+"""The serving engine (issue 6): continuous batching against single runs, sampling seeds, stop
+tokens, bad requests, the phase switcher, traces, serve-bench statistics and the CLI.
+
+Kernels are tuned into a temporary cache with the `tiny` budget at seq_max=2, as in
+test_runtime_executor.py; SANDWICHC_TEST_CACHE_DIR keeps them across runs. The tests marked
+`tvm` use the tuned model; the others use a fake executor, fake clocks or hand-made inputs.
+"""
+
+import json
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from conftest import tuned_checkpoint
+
+from sandwich.cli import main
+from sandwich.errors import ConfigError
+from sandwich.runtime.engine import Engine, Request, Result
+from sandwich.runtime.executor import Executor
+from sandwich.runtime.kv_cache import KVCache
+from sandwich.runtime.loader import load_model
+from sandwich.runtime.phases import PhasePlan, PhaseSwitcher, load_service_config
+from sandwich.runtime.sampling import Sampler, SamplingParams
+from sandwich.runtime.serve_bench import percentiles, replay, summarize
+from sandwich.runtime.traces import TraceError, read_trace, synthetic_trace
+from sandwich.types import ProcessPlan, ServiceConfig
+
+PROMPTS = [[1, 5, 9, 200, 1000, 7], [42, 17, 99], [300, 301, 302, 303, 304, 305, 306, 307, 8], [11]]
+TIE = 1e-4  # greedy picks may differ only where the top two logits are this close (relative)
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory, cache):
+    """(model dir, cache dir, loaded model): a 2-layer llama-160m with tiny-budget kernels."""
+    d = tuned_checkpoint(tmp_path_factory, cache, "llama-160m")
+    return d, cache.dir, load_model(d, cache)
+
+
+@pytest.fixture(scope="module")
+def ex(tuned):
+    return Executor(tuned[2], max_batch=3, max_seq=32, max_tokens=16, ops="dsl", threads=2)
+
+
+def _alone(ex, prompt, n):
+    """Greedy ids of one request run alone, and each step's top-1/top-2 logit gap (relative)."""
+    slot, row = ex.start(prompt)
+    ids, gaps = [], []
+    for _ in range(n):
+        top2 = np.sort(row)[-2:]
+        ids.append(int(row.argmax()))
+        gaps.append(float((top2[1] - top2[0]) / np.abs(row).max()))
+        if len(ids) < n:
+            row = ex.decode([slot], [ids[-1]])[0]
+    ex.release(slot)
+    return ids, gaps
+
+
+def _assert_same_greedy(got, ref, gaps):
+    """Equal ids, except that a near-tie in the single run may break either way."""
+    for i, (g, r) in enumerate(zip(got, ref, strict=True)):
+        if g != r:
+            assert gaps[i] < TIE, (i, got, ref)
+            return
+
+
+@pytest.mark.tvm
+def test_continuous_batching_equals_single_runs(ex):
+    engine = Engine(ex)
+    news = [7, 4, 6, 5]
+    tickets = [engine.submit(Request(prompt=tuple(PROMPTS[0]), max_new_tokens=news[0]))]
+    done = engine.step() + engine.step()  # A runs alone for two steps
+    tickets.append(engine.submit(Request(prompt=tuple(PROMPTS[1]), max_new_tokens=news[1])))
+    done += engine.step()
+    assert engine.running == 2
+    for p, n in zip(PROMPTS[2:], news[2:], strict=True):  # D waits for a slot (max_batch=3)
+        tickets.append(engine.submit(Request(prompt=tuple(p), max_new_tokens=n)))
+    while engine.busy:
+        done += engine.step()
+    by_ticket = {r.ticket: r for r in done}
+    assert engine.stats.max_running == 3 and engine.stats.prefills == 4 and ex.kv.in_use() == []
+    for t, p, n in zip(tickets, PROMPTS, news, strict=True):
+        res = by_ticket[t]
+        assert res.finish == "length" and len(res.ids) == n and res.error is None
+        assert res.ttft_ms > 0 and res.tpot_ms > 0 and res.finish_s > res.arrival_s
+        _assert_same_greedy(list(res.ids), *_alone(ex, p, n))
+    assert engine.stats.phase_switches >= 7  # prefill/decode alternate on every admission step
+
+
+@pytest.mark.tvm
+def test_sampling_is_reproducible_from_the_seed(ex):
+    def sample(seed, companion=None, **kw):
+        reqs = [Request(prompt=(1, 2, 3), max_new_tokens=6, temperature=0.9, seed=seed, **kw)]
+        if companion:
+            reqs.append(Request(prompt=tuple(companion), max_new_tokens=3))
+        return Engine(ex).run(reqs)[0].ids
+
+    a = sample(5)
+    assert sample(5, companion=PROMPTS[0]) == a  # batching does not change a seeded stream
+    assert sample(6) != a
+    assert sample(5, top_k=20, top_p=0.9) == sample(5, top_k=20, top_p=0.9, companion=[4])
+    greedy = Engine(ex).run([Request(prompt=(1, 2, 3), max_new_tokens=6)])[0].ids
+    assert greedy != a
+
+
+def test_sampler_cuts_on_a_known_row():
+    row = np.array([0.0, 3.0, 1.0, 2.9, -5.0], np.float32)
+    assert Sampler(SamplingParams())(row) == 1
+    assert {Sampler(SamplingParams(1.0, top_k=1, seed=s))(row) for s in range(20)} == {1}
+    assert {Sampler(SamplingParams(1.0, top_p=0.05, seed=s))(row) for s in range(20)} == {1}
+    picks = {Sampler(SamplingParams(1.0, top_k=2, seed=s))(row) for s in range(40)}
+    assert picks == {1, 3}
+    assert {Sampler(SamplingParams(5.0, seed=s))(row) for s in range(200)} == {0, 1, 2, 3, 4}
+    with pytest.raises(ConfigError, match="top_p must be in"):
+        Sampler(SamplingParams(1.0, top_p=0.0))
+
+
+@pytest.mark.tvm
+def test_stop_tokens_stop(ex):
+    ids, _ = _alone(ex, PROMPTS[0], 6)
+    stop = ids[3]
+    res = Engine(ex).run([Request(prompt=tuple(PROMPTS[0]), max_new_tokens=6, stop=(stop,))])[0]
+    assert res.finish == "stop" and res.ids == tuple(ids[: ids.index(stop) + 1])
+
+
+@pytest.mark.tvm
+def test_bad_requests_get_errors_and_the_others_finish(ex):
+    engine = Engine(ex)
+    vocab = ex.cfg.vocab_size
+    reqs = [Request(prompt=tuple(PROMPTS[0]), max_new_tokens=4),
+            Request(prompt=tuple(range(33)), max_new_tokens=2),
+            Request(prompt=(), max_new_tokens=2),
+            Request(prompt=(1, vocab), max_new_tokens=2),
+            Request(prompt=(1, 2), max_new_tokens=0),
+            Request(prompt=(1,) * 30, max_new_tokens=4),
+            Request(prompt=(1, 2), max_new_tokens=2, temperature=-1.0),
+            Request(prompt=tuple(PROMPTS[1]), max_new_tokens=5)]
+    res = engine.run(reqs)
+    assert [r.finish for r in res] == ["length"] + ["error"] * 6 + ["length"]
+    assert "prompt of 33 tokens is longer than max_seq=32" in res[1].error
+    assert "empty prompt" in res[2].error
+    assert f"token id {vocab} is outside the vocabulary" in res[3].error
+    assert "max_new_tokens must be >= 1" in res[4].error
+    assert "needs 33 cache positions, beyond max_seq=32" in res[5].error
+    assert "temperature must be >= 0" in res[6].error
+    assert all("\n" not in r.error for r in res[1:7])
+    assert len(res[0].ids) == 4 and len(res[7].ids) == 5 and engine.stats.errors == 6
+    assert ex.kv.in_use() == []
+
+
+@pytest.mark.tvm
+def test_more_requests_than_max_batch_all_finish(ex):
+    engine = Engine(ex)
+    res = engine.run([Request(prompt=(i + 1, 7), max_new_tokens=3 + i % 3) for i in range(7)])
+    assert [len(r.ids) for r in res] == [3 + i % 3 for i in range(7)]
+    assert all(r.finish == "length" for r in res) and engine.stats.max_running == 3
+    # queued requests wait: the last one's first token comes after the first ones finished
+    assert res[-1].ttft_ms > res[0].ttft_ms
+
+
+class _FakeExecutor:
+    """Next token = last token + 1: enough to check the scheduling and the timing logic."""
+
+    def __init__(self, max_batch=2, max_seq=16, vocab=50):
+        self.kv = KVCache(layers=1, max_batch=max_batch, max_seq=max_seq, kv_heads=1, head_dim=1)
+        self.cfg = SimpleNamespace(vocab_size=vocab)
+        self.starts: list[tuple[float, tuple]] = []
+        self.clock = lambda: 0.0
+
+    def _row(self, tok):
+        row = np.zeros(self.cfg.vocab_size, np.float32)
+        row[(tok + 1) % len(row)] = 1.0
+        return row
+
+    def start(self, prompt):
+        self.starts.append((self.clock(), tuple(prompt)))
+        slot = self.kv.alloc()
+        self.kv.lens[slot] = len(prompt)
+        return slot, self._row(prompt[-1])
+
+    def decode(self, slots, tokens):
+        for s in slots:
+            self.kv.lens[s] += 1
+        return np.stack([self._row(t) for t in tokens])
+
+    def release(self, slot):
+        self.kv.free(slot)
+
+
+def test_replay_admits_no_request_before_its_arrival():
+    now = [100.0]
+    fake = _FakeExecutor()
+    fake.clock = lambda: now[0]
+
+    def tick():  # every clock read advances 1 ms: a step takes a few ms
+        now[0] += 1e-3
+        return now[0]
+
+    engine = Engine(fake, clock=tick)
+    arrivals = [0.0, 0.5, 0.5]
+    reqs = [Request(prompt=(i * 10,), max_new_tokens=3, stop=(i * 10 + 2,)) for i in range(3)]
+    results, wall = replay(engine, arrivals, reqs, clock=tick,
+                           sleep=lambda s: now.__setitem__(0, now[0] + s))
+    t0 = results[0].arrival_s
+    assert [r.ids for r in results] == [(1, 2), (11, 12), (21, 22)]
+    assert [r.finish for r in results] == ["stop"] * 3
+    assert [round(r.arrival_s - t0, 6) for r in results] == arrivals
+    for (started, prompt), a in zip(fake.starts, arrivals, strict=True):
+        assert started >= t0 + a, (prompt, started - t0)
+    assert 0.5 < wall < 0.6 and all(r.ttft_ms < 50 for r in results)
+
+
+def test_percentiles_and_slo_on_hand_computed_inputs():
+    p = percentiles([40.0, 10.0, 30.0, 20.0])
+    assert (p.p50, p.p90) == (25.0, 37.0) and p.p99 == pytest.approx(39.7)
+
+    def res(ttft, tpot, n=3, finish="length"):
+        return Result(rid=None, ids=(1,) * n, finish=finish, ttft_ms=ttft, tpot_ms=tpot,
+                      arrival_s=0.0, finish_s=1.0, prompt_len=1)
+
+    rs = [res(100, 10), res(300, 10), res(100, 60), res(50, 0.0, n=1), res(0, 0, 0, "error")]
+    s = summarize(rs, duration_s=2.0, slo_ttft_ms=200, slo_tpot_ms=50)
+    assert (s.requests, s.completed, s.errors, s.generated_tokens) == (5, 4, 1, 10)
+    assert s.slo_attainment == pytest.approx(2 / 5)  # 1st and the one-token request
+    assert s.tokens_per_s == 5.0 and s.requests_per_s == 2.0
+    assert s.ttft_ms.p50 == 100.0 and s.tpot_ms.p50 == 10.0  # TPOT over >= 2-token requests
+
+
+def test_trace_parser_names_the_bad_line(tmp_path):
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"arrival_s": 0.5, "prompt_len": 4, "output_len": 2}\n\n'
+                 '{"arrival_s": 0.1, "prompt_ids": [1, 2], "output_len": 3}\n')
+    got = read_trace(f)
+    assert [(e.arrival_s, e.prompt_len, e.prompt_ids) for e in got] == [(0.1, 2, (1, 2)), (0.5, 4, None)]
+    bad = {'{"arrival_s": 0.5, "prompt_len": 4': "not valid JSON",
+           '{"arrival_s": 0.5, "output_len": 2}': "needs 'prompt_len'",
+           '{"arrival_s": 0.5, "prompt_len": 2}': "missing 'output_len'",
+           '{"arrival_s": -1, "prompt_len": 4, "output_len": 2}': "'arrival_s' must be a number >= 0",
+           '{"arrival_s": 0, "prompt_len": 4, "output_len": 2, "promt": 1}': "unknown key 'promt'"}
+    for line, msg in bad.items():
+        f.write_text('{"arrival_s": 0, "prompt_len": 1, "output_len": 1}\n' + line + "\n")
+        with pytest.raises(TraceError, match=msg) as e:
+            read_trace(f)
+        assert str(e.value).startswith(f"{f}:2: ") and "\n" not in str(e.value)
+    a = synthetic_trace(rate=50, duration_s=1, seed=3, prompt_mean=8, output_mean=4, max_seq=16)
+    assert a == synthetic_trace(rate=50, duration_s=1, seed=3, prompt_mean=8, output_mean=4, max_seq=16)
+    assert 25 < len(a) < 80 and all(e.prompt_len + e.output_len - 1 <= 16 for e in a)
+
+
+def test_phase_switcher_applies_plans_and_counts(tmp_path):
+    calls = []
+    cpus = tuple(sorted(os.sched_getaffinity(0)))
+    pool = (lambda n, c: calls.append(("pool", n, tuple(c))), 2)
+    decode = ServiceConfig(phase="decode", processes=(ProcessPlan(cpus=cpus[:1]),), threads_per_process=1)
+    ps = PhaseSwitcher(None, decode, pin=lambda c: calls.append(("pin", c)), pool=pool)
+    for phase in ["prefill", "prefill", "decode", "decode", "prefill", "decode"]:
+        ps.enter(phase)
+    assert ps.switches == 3 and ps.applied == 3  # the first prefill already runs as planned
+    assert calls[:2] == [("pin", cpus[:1]), ("pool", 1, (str(cpus[0]),))]
+    assert calls[2:4] == [("pin", cpus), ("pool", 2, tuple(map(str, cpus)))]
+    same = PhaseSwitcher(pin=lambda c: calls.append(c), pool=pool)
+    same.enter("prefill")
+    same.enter("decode")
+    assert same.switches == 1 and same.applied == 0 and len(calls) == 6
+    with pytest.raises(ConfigError, match="may run only on"):
+        PhaseSwitcher(PhasePlan((max(cpus) + 1,), 1), pool=pool)
+    with pytest.raises(ConfigError, match="the thread pool has 2"):
+        PhaseSwitcher(PhasePlan(cpus, 3), pool=pool)
+    topo = tmp_path / "topology.json"  # the layout `sandwichc topo search` writes
+    two = [{"cpus": [0], "numa_node": 0}, {"cpus": [1], "numa_node": 0}]
+    topo.write_text(json.dumps({"command": "x", "prefill": [
+        {"phase": "prefill", "processes": [{"cpus": list(cpus), "numa_node": 0}],
+         "threads_per_process": len(cpus), "ttft_s": 1.0, "tpot_s": 0.1}],
+        "decode": [{"phase": "decode", "processes": two, "threads_per_process": 1}]}))
+    assert load_service_config(topo, "prefill").processes[0].cpus == cpus
+    with pytest.raises(ConfigError, match="TP=2"):
+        PhaseSwitcher(decode=load_service_config(topo, "decode"), pool=pool)
+
+
+@pytest.mark.tvm
+def test_generate_json_schema_and_errors(tuned, capsys):
+    d, cache_dir, _ = tuned
+    base = ["generate", "--model", str(d), "--cache-dir", str(cache_dir), "--ops", "numpy",
+            "--threads", "2", "--prompt-ids", "1,5,9"]
+    assert main(base + ["--max-new-tokens", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"ids", "ttft_ms", "tpot_ms"} and len(out["ids"]) == 4
+    assert all(isinstance(i, int) for i in out["ids"])
+    assert isinstance(out["ttft_ms"], float) and isinstance(out["tpot_ms"], float)
+    assert main(base + ["--max-new-tokens", "4", "--max-seq", "4"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("sandwichc: error: prompt of 3 tokens + 4 new tokens") and err.count("\n") == 1
+
+
+@pytest.mark.tvm
+def test_serve_bench_on_a_tiny_synthetic_trace(tuned, tmp_path, capsys):
+    d, cache_dir, _ = tuned
+    out = tmp_path / "bench.json"
+    assert main(["serve-bench", "--model", str(d), "--cache-dir", str(cache_dir), "--ops", "numpy",
+                 "--threads", "2", "--trace", "synthetic", "--rate", "20", "--duration", "0.4",
+                 "--prompt-mean", "4", "--output-mean", "3", "--max-batch", "2", "--max-seq", "16",
+                 "--slo-ttft-ms", "1e6", "--slo-tpot-ms", "1e6", "--json", str(out)]) == 0
+    assert "SLO attainment 100.0%" in capsys.readouterr().out
+    s = json.loads(out.read_text())
+    assert s["requests"] == s["completed"] >= 1 and s["errors"] == 0 and s["slo_attainment"] == 1.0
+    assert s["generated_tokens"] >= s["requests"] and s["tokens_per_s"] > 0
+    assert s["ttft_ms"]["p50"] <= s["ttft_ms"]["p90"] <= s["ttft_ms"]["p99"]
+    assert s["duration_s"] > 0 and s["engine"]["prefills"] == s["requests"]

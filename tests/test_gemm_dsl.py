@@ -1,0 +1,162 @@
+"""The DSL GEMM family (dsl/kernels/gemm_family.sw via compiler/gemm_dsl.py) vs numpy, and
+the compile-time lowering it relies on (compiler/lower_static.py). Issue 3, item 4."""
+
+import os
+import re
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TVM_NUM_THREADS", "2")
+
+from sandwich.compiler.gemm_dsl import build_gemm_dsl, gemm_dsl_tvmscript  # noqa: E402
+from sandwich.compiler.gemm_runner import call_gemm, pack_weights  # noqa: E402
+from sandwich.compiler.lower_tir import to_tvmscript  # noqa: E402
+from sandwich.compiler.target import detect_cpu  # noqa: E402
+from sandwich.dsl.errors import DSLError  # noqa: E402
+from sandwich.dsl.interp import run  # noqa: E402
+from sandwich.dsl.load import load_kernel, load_source  # noqa: E402
+from sandwich.errors import ConfigError  # noqa: E402
+from sandwich.types import ComputeSlice, KernelSchedule, MicroKernel, Polymerization  # noqa: E402
+
+CPU = detect_cpu()
+L = CPU.lanes_f32
+N, K = 8 * L, 96  # K not a multiple of b_k: partial panels too
+MS = (1, 2, 3, 7, 16, 33, 100)
+
+
+def _sched(mu_m, mu_n, b, pl, pack=4 * L):
+    return KernelSchedule(MicroKernel(mu_m, mu_n), ComputeSlice(*b), Polymerization(*pl), pack)
+
+
+# (micro-kernel, [slices of the same family], polymerization); slices do not divide M
+FAMILIES = [
+    ((1, 4 * L), [(1, 4 * L, 64), (3, 8 * L, 96)], (1, 2, 1)),
+    ((2, 2 * L), [(4, 4 * L, 48)], (2, 1, 1)),
+    ((3, 4 * L), [(6, 4 * L, 32), (9, 8 * L, 64)], (1, 1, 2)),
+    ((4, L), [(8, 2 * L, 40)], (1, 2, 1)),
+    ((5, 2 * L), [(10, 2 * L, 64)], (2, 1, 1)),
+    ((6, 4 * L), [(12, 8 * L, 48), (6, 4 * L, 96)], (1, 2, 1)),
+    ((6, L), [(6, L, 16)], (1, 1, 2)),
+    ((14, 2 * L), [(28, 4 * L, 64)], (1, 2, 1)),  # tails of 8, 4, 2 and 1 rows
+    ((30, L), [(30, 2 * L, 48)], (1, 1, 2)),  # the tallest AVX-512 tile: a 16-row tail
+]
+
+
+@pytest.mark.tvm
+@pytest.mark.parametrize("mk, slices, pl", FAMILIES)
+def test_dsl_gemm_matches_numpy(mk, slices, pl):
+    family = _sched(*mk, slices[0], pl)
+    func = build_gemm_dsl(family, n=N, k=K, cpu=CPU, threads=2)["main"]
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((K, N), dtype=np.float32)
+    wp = pack_weights(w, 4 * L)
+    for b in slices:
+        s = _sched(*mk, b, pl)
+        for m in MS:
+            a = rng.standard_normal((m, K), dtype=np.float32)
+            out = np.full((m, N), np.nan, dtype=np.float32)
+            ws = np.full((pl[2] * m, N), np.nan, np.float32) if pl[2] > 1 else None
+            call_gemm(func, a, wp, out, s, ws)
+            np.testing.assert_allclose(out, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4,
+                                       err_msg=f"{s.key()} M={m}")
+
+
+@pytest.mark.parametrize("tun, sl, m", [
+    (dict(mu_m=3, mu_n=4, pack_n=8, t_m=1, t_n=2, t_k=1), (2, 1, 4), 7),
+    (dict(mu_m=2, mu_n=8, pack_n=8, t_m=2, t_n=1, t_k=2), (1, 2, 3), 5),
+    (dict(mu_m=5, mu_n=4, pack_n=4, t_m=1, t_n=1, t_k=1), (1, 4, 16), 13),
+])
+def test_source_is_right_in_the_reference_interpreter(tun, sl, m):
+    """The kernel source itself, without TVM: tails, split-K and slices, vlen = 4."""
+    n, k = 16, 10
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    c = np.full((m, n), np.nan, np.float32)
+    ws = np.full((tun["t_k"] * m, n), np.nan, np.float32)
+    run(load_kernel("gemm_family"), tunables=tun, vlen=4, M=m, N=n, K=k, A=a,
+        W=np.ascontiguousarray(pack_weights(w, tun["pack_n"])), C=c, WS=ws,
+        bmb=sl[0], bnt=sl[1], bk=sl[2])
+    np.testing.assert_allclose(c, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-5)
+
+
+def test_calling_convention_is_the_hand_templates():
+    plain = gemm_dsl_tvmscript(_sched(4, 4 * L, (8, 4 * L, 32), (1, 2, 1)), n=N, k=K, lanes=L)
+    split = gemm_dsl_tvmscript(_sched(4, 4 * L, (8, 4 * L, 32), (1, 1, 2)), n=N, k=K, lanes=L)
+    sig = re.compile(r"def main\((.*)\):")
+    names = [[p.split(":")[0].strip() for p in sig.search(src).group(1).split(",")]
+             for src in (plain, split)]
+    assert names[0] == ["A_h", "W_h", "C_h", "bmb_", "bnt_", "bk_"]
+    assert names[1] == ["A_h", "W_h", "C_h", "WS_h", "bmb_", "bnt_", "bk_"]
+
+
+def test_accumulators_are_one_stack_row_per_buffer():
+    """TVM 0.27 keeps only "global" buffers under 1024 B on the stack (in registers)."""
+    src = gemm_dsl_tvmscript(_sched(6, 4 * L, (12, 4 * L, 32), (1, 2, 1)), n=N, k=K, lanes=L)
+    shapes = re.findall(r"T\.alloc_buffer\(\(([^)]*)\)", src)
+    assert shapes and all(len(s.strip(", ").split(",")) == 1 for s in shapes)
+    assert all(int(s.strip(", ")) * 4 < 1024 for s in shapes)
+    assert "T.unroll(6)" not in src  # the rows are expanded when the kernel is written
+
+
+def test_refuses_what_the_hand_template_refuses():
+    with pytest.raises(ConfigError, match="multiple of the micro-kernel"):
+        gemm_dsl_tvmscript(_sched(3, 4 * L, (4, 4 * L, 16), (1, 1, 1)), n=N, k=K, lanes=L)
+    with pytest.raises(ConfigError, match="outside gemm_family"):  # mu_m 11: not in the domain
+        gemm_dsl_tvmscript(_sched(11, L, (11, L, 16), (1, 1, 1)), n=N, k=K, lanes=L)
+
+
+SRC = """
+kernel k(tunable i32 r in {2, 3}, i32 n, f32 X[n, 4], f32 Y[n, 4], f32 Z[n]) {
+    f32 acc[r, 4];
+    for (i32 t = 0; t < n; t++) {
+        unroll for (i32 i = 0; i < r; i++) {
+            vectorize for (i32 j = 0; j < 4; j++) { acc[i, j] = X[t, j]; }
+        }
+        if (r > 2) {
+            vectorize for (i32 j = 0; j < 4; j++) { Y[t, j] = acc[r - 1, j]; }
+        } else {
+            vectorize for (i32 j = 0; j < 4; j++) { Y[t, j] = acc[t % r, j]; }
+        }
+    }
+}
+"""
+
+
+def _lower(r, **kw):
+    kernel = load_source(SRC).kernels[0]
+    return to_tvmscript(kernel, tunables={"r": r}, vlen=4, **kw)
+
+
+def test_static_unroll_if_and_split_rows():
+    src = _lower(3)
+    assert "acc_1__r2 = T.alloc_buffer((4,)" in src and "if (3 > 2)" not in src
+    assert "T.unroll(3)" not in src
+
+
+def test_split_falls_back_when_a_row_is_not_constant():
+    src = _lower(2)  # acc[t % r, j]: the row depends on t
+    assert "acc_1_ = T.alloc_buffer((2, 4,)" in src and "_r0" not in src
+
+
+def test_signature_binds_dims_and_leaves_out_arrays():
+    src = _lower(3, args=("X", "Y"))
+    assert "def main(X_h: T.handle, Y_h: T.handle):" in src and "n_ = T.int32()" in src
+    with pytest.raises(DSLError, match="leaves out"):
+        _lower(3, args=("Z",))  # X and Y are used
+    with pytest.raises(DSLError, match="must be fixed or be a dimension"):
+        _lower(3, args=())
+
+
+def test_parity_script_parses_schedules_and_times_pairs():
+    from sandwich.tuner.dsl_parity import parse_schedule, time_pair
+
+    s = parse_schedule("mk4x64 p1x2x1 s8x64x768", 64)
+    assert (s.micro_kernel.mu_m, s.polymerization.t_n, s.slice.b_k, s.pack_n) == (4, 2, 768, 64)
+    with pytest.raises(ValueError, match="is not like"):
+        parse_schedule("mk4x64 s8x64x768", 64)
+    calls = []
+    hand, dsl, paired = time_pair(lambda: calls.append("h"), lambda: calls.append("d"), rounds=3)
+    assert hand > 0 and dsl > 0 and paired > 0
+    assert abs(calls.count("h") - calls.count("d")) <= 1  # one calibration call of hand

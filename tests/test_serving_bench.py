@@ -1,0 +1,138 @@
+"""The serving benchmark's pieces that need no peer library: GGUF export (RoPE row order,
+placeholder vocabulary, tensor names), timing arithmetic and the report."""
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+
+from sandwich.errors import ConfigError
+from sandwich.runtime import bench_serving
+from sandwich.runtime.gguf_export import rope_permute
+from sandwich.runtime.serving_peers import GenTiming, _timing
+
+HAS_GGUF = importlib.util.find_spec("gguf") is not None
+
+
+def _rope_hf(x, pos, theta=10000.0):
+    """HF: rotate the two halves of the head."""
+    d = x.shape[-1]
+    inv = theta ** (-np.arange(0, d, 2) / d)
+    ang = np.concatenate([pos * inv, pos * inv])
+    rot = np.concatenate([-x[d // 2:], x[: d // 2]])
+    return x * np.cos(ang) + rot * np.sin(ang)
+
+
+def _rope_ggml(x, pos, theta=10000.0):
+    """llama.cpp's normal mode: rotate adjacent pairs (2i, 2i+1)."""
+    d = x.shape[-1]
+    out = x.copy()
+    for i in range(d // 2):
+        a = pos * theta ** (-2 * i / d)
+        x0, x1 = x[2 * i], x[2 * i + 1]
+        out[2 * i] = x0 * np.cos(a) - x1 * np.sin(a)
+        out[2 * i + 1] = x0 * np.sin(a) + x1 * np.cos(a)
+    return out
+
+
+def test_rope_permute_turns_hf_rope_into_ggml_rope():
+    rng = np.random.default_rng(0)
+    heads, d, hidden = 3, 8, 5
+    w = rng.standard_normal((heads * d, hidden))
+    x = rng.standard_normal(hidden)
+    wp = rope_permute(w, heads)
+    q_hf, q_gg = (w @ x).reshape(heads, d), (wp @ x).reshape(heads, d)
+    for h in range(heads):
+        # llama.cpp's RoPE on the permuted rows = the permuted rows of HF's RoPE
+        want = rope_permute(_rope_hf(q_hf[h], 5).reshape(d, 1), 1).ravel()
+        np.testing.assert_allclose(_rope_ggml(q_gg[h], 5), want, rtol=1e-12)
+    assert sorted(wp.ravel()) == sorted(w.ravel())  # a permutation of rows, nothing else
+
+
+def test_timing_ttft_and_tpot():
+    t = _timing([5, 6, 7], [1.5, 1.7, 2.1], 1.0)
+    assert t == GenTiming([5, 6, 7], pytest.approx(500.0), pytest.approx(300.0))
+    assert _timing([5], [1.25], 1.0).tpot_ms == 0.0
+
+
+def test_unknown_peer_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="unknown serving peer"):
+        bench_serving.run_serving_bench(models=["llama-160m"], prompt_lens=[4], new_tokens=2,
+                                        repeats=1, threads=1, cache=None, work=tmp_path,
+                                        command="x", peers=["vllm"])
+
+
+def test_model_dir_for_rejects_unknown_names(tmp_path):
+    with pytest.raises(ConfigError, match="not a model directory"):
+        bench_serving.model_dir_for("no-such-model", tmp_path)
+
+
+class _FakePeer:
+    name = "fake"
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompt, n):
+        self.calls.append((len(prompt), n))
+        return GenTiming(list(range(n)), 10.0 * len(self.calls), 1.0)
+
+    def close(self):
+        pass
+
+
+def test_time_peers_warms_up_then_goes_round_robin():
+    order = []
+    a, b = _FakePeer(), _FakePeer()
+    b.name = "other"
+    a.generate = _logged(a.generate, order, "a")
+    b.generate = _logged(b.generate, order, "b")
+    out = bench_serving.time_peers([a, b], {4: [1] * 4, 16: [1] * 16}, 3, repeats=3,
+                                   settle=lambda: None)
+    # each length warmed up (2 tokens) on both, then the repeats alternate between peers
+    assert order == ["a", "b"] + ["a", "b"] * 3 + ["a", "b"] + ["a", "b"] * 3
+    assert a.calls == [(4, 2)] + [(4, 3)] * 3 + [(16, 2)] + [(16, 3)] * 3
+    assert out["fake"][4][1] == 30.0 and out["fake"][16][1] == 70.0  # medians of 20,30,40; 60,70,80
+
+
+def _logged(fn, order, tag):
+    def call(*args):
+        order.append(tag)
+        return fn(*args)
+    return call
+
+
+def test_report_lists_every_row(tmp_path):
+    res = bench_serving.ServingResult("cmd", "2026-11-22", "cpu", 2, 3)
+    res.rows.append(bench_serving.ServingRow("m", "sandwichc", 128, 32, 12.5, 3.25))
+    res.rows.append(bench_serving.ServingRow("m", "llama.cpp", 128, 32, 20.0, 4.0, True))
+    bench_serving.write_report(res, tmp_path / "s.md", tmp_path / "s.json")
+    md = (tmp_path / "s.md").read_text()
+    assert "| m | 128 | 32 | sandwichc | 12.5 | 3.25 |  |" in md
+    assert "| m | 128 | 32 | llama.cpp | 20.0 | 4.00 | yes |" in md
+    assert json.loads((tmp_path / "s.json").read_text())["rows"][1]["peer"] == "llama.cpp"
+
+
+@pytest.mark.skipif(not HAS_GGUF, reason="gguf is not installed (pip install -e .[dev])")
+def test_gguf_export_names_shapes_and_vocab(tmp_path):
+    import gguf
+
+    from sandwich.runtime.checkpoint import write_checkpoint
+    from sandwich.runtime.gguf_export import write_gguf
+
+    cfg = json.loads((write_checkpoint("llama-3.2-1b", tmp_path / "ck", seed=1, layers=1)
+                      / "config.json").read_text())
+    out = write_gguf(tmp_path / "ck", tmp_path / "m.gguf")
+    r = gguf.GGUFReader(str(out))
+    names = {t.name: t for t in r.tensors}
+    assert "blk.0.attn_q.weight" in names and "output_norm.weight" in names
+    assert ("output.weight" in names) == (not cfg.get("tie_word_embeddings", False))
+    d = cfg["hidden_size"] // cfg["num_attention_heads"]
+    k = names["blk.0.attn_k.weight"]
+    assert list(k.shape) == [cfg["hidden_size"], cfg["num_key_value_heads"] * d]  # GGUF: (in, out)
+    divisors = names["rope_freqs.weight"].data  # llama3 scaling: 1 for short wavelengths, 32 for long
+    assert divisors[0] == pytest.approx(1.0) and divisors[-1] == pytest.approx(cfg["rope_scaling"]["factor"])
+    toks = r.fields["tokenizer.ggml.tokens"]
+    assert len(toks.data) == cfg["vocab_size"]
+    assert not list(tmp_path.glob("*.tmp"))
