@@ -37,18 +37,14 @@ _FUNCS = {"exp": "T.exp", "log": "T.log", "sqrt": "T.sqrt", "rsqrt": "T.rsqrt",
 _LOOP = {"range": "range", "parallel": "T.parallel", "unroll": "T.unroll"}
 
 
-def _assigned(stmts, out: set[str]) -> set[str]:
+def _assigned(stmts) -> set[str]:
     """Names of scalars that are assigned after their declaration (they need a buffer)."""
-    for s in stmts:
+    out = set()
+    for s in H.walk(stmts):
         if isinstance(s, A.Assign) and isinstance(s.target, A.Name):
             out.add(s.target.id)
         elif isinstance(s, A.Decl) and not s.shape and s.init is None:
             out.add(s.name)
-        elif isinstance(s, A.If):
-            _assigned(s.then, out)
-            _assigned(s.orelse, out)
-        elif isinstance(s, H.For):
-            _assigned(s.body, out)
     return out
 
 
@@ -57,7 +53,7 @@ class _Emitter(V.VectorLoops, StaticParts):
                  fold: bool = False) -> None:
         self.consts, self.vlen, self.scalars, self.fold = consts, vlen, scalars, fold
         self.types: dict[str, str] = {p.name: p.dtype for p in kernel.params}
-        self.mutable = _assigned(kernel.body, set())
+        self.mutable = _assigned(kernel.body)
         self.boxed: set[str] = set()  # local scalars, held in 1-element arrays
         self.lines: list[str] = []
         self.fresh = 0

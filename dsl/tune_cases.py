@@ -104,23 +104,17 @@ SHIPPED = {"gemm": GEMM, "flash_prefill": FLASH_PREFILL, "decode_attention": DEC
 
 
 # --- any other kernel: seeded random arrays, checked against the interpreter per point
-def _written(stmts, out: set[str]) -> set[str]:
-    for s in stmts:
-        if isinstance(s, A.Assign) and isinstance(s.target, A.Index):
-            out.add(s.target.array)
-        elif isinstance(s, A.If):
-            _written(s.then, out)
-            _written(s.orelse, out)
-        elif isinstance(s, H.For):
-            _written(s.body, out)
-    return out
+def _written(stmts) -> set[str]:
+    """Arrays the kernel stores into: its outputs."""
+    return {s.target.array for s in H.walk(stmts)
+            if isinstance(s, A.Assign) and isinstance(s.target, A.Index)}
 
 
 def interpreter_case(kernel: H.Kernel, *, vlen: int) -> Case:
     """Inputs from a seed per array name (the same data at every point, whatever shape the
     tunables give it); integer arrays are zero, outputs NaN; the interpreter is the reference."""
     arrays = [p for p in kernel.params if p.shape]
-    outputs = _written(kernel.body, set()) & {p.name for p in arrays}
+    outputs = _written(kernel.body) & {p.name for p in arrays}
     params_in_order = [p.name for p in kernel.params]
 
     def args(s, d, p):

@@ -121,14 +121,12 @@ def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: 
                       log=print) -> ServingResult:
     from sandwich.compiler.target import describe_machine
     from sandwich.runtime.loader import read_config
-    from sandwich.tuner.quiet import busy_warning, other_cpu_load
+    from sandwich.tuner.quiet import other_cpu_load, warn_if_busy
 
     unknown = [p for p in peers if p not in PEERS]
     if unknown:
         raise ConfigError(f"unknown serving peer(s) {', '.join(unknown)}; choose from {', '.join(PEERS)}")
-    load0 = other_cpu_load()
-    if busy_warning(load0, "the serving benchmark"):
-        log(busy_warning(load0, "the serving benchmark"))
+    load0 = warn_if_busy("the serving benchmark", log)
     res = ServingResult(command, datetime.date.today().isoformat(), describe_machine(), threads, repeats)
     max_seq = max(prompt_lens) + new_tokens
     for model in models:

@@ -147,6 +147,10 @@ class KernelCache:
         self.db = TuningDB(self.dir / DB_NAME)
 
 
+_REPLAY_BYTES = 1 << 20  # activation + output bytes of a call GemmKernel may replay
+_REPLAY_ENTRIES = 64
+
+
 class GemmKernel:
     """C = A @ W for one (N, K): picks the schedule tuned for the M range of each call."""
 
@@ -166,7 +170,8 @@ class GemmKernel:
         # (a, weights, out) buffers seen before -> (kernel, wrapped arguments): an executor
         # calls with the same permanent buffers every step, and wrapping them again costs
         # as much as an M=1 kernel. Entries keep their arrays alive, so an address is never
-        # reused by another array while cached; the size is capped.
+        # reused by another array while cached; only small calls (where the wrapping shows)
+        # are kept, and few of them, so at most _REPLAY_ENTRIES * _REPLAY_BYTES stay alive.
         self._calls: dict[tuple, tuple] = {}
 
     def schedule_for(self, m: int) -> KernelSchedule:
@@ -214,8 +219,9 @@ class GemmKernel:
                 self._ws = aligned_empty((t_k * m * self.n,))
             ws = workspace_view(self._ws, t_k, m, self.n)
         func, args = self._func(schedule), gemm_args(a, wp.data, out, schedule, ws)
-        if key is not None and a is given:  # no copy was made: the call can be replayed
-            if len(self._calls) >= 256:
+        # replayable when no copy was made, and small enough to hold on to
+        if key is not None and a is given and a.nbytes + out.nbytes <= _REPLAY_BYTES:
+            if len(self._calls) >= _REPLAY_ENTRIES:
                 self._calls.clear()
             self._calls[key] = (func, args, a, wp.data, out, ws)
         func(*args)

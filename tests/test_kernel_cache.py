@@ -57,6 +57,29 @@ def test_public_gemm_api_any_m(tuned):
         KernelCache(d).gemm(n=N * 2, k=K)
 
 
+def test_repeated_calls_on_the_same_buffers_are_replayed_and_stay_correct(tuned):
+    from sandwich.runtime import kernel_cache as kc
+
+    gemm = KernelCache(tuned[0]).gemm(n=N, k=K, dtype="float32")
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((K, N), dtype=np.float32)
+    wp = gemm.pack(w)
+    a, out = np.empty((3, K), np.float32), np.empty((3, N), np.float32)
+    for _ in range(3):  # new contents in the same buffers: the replayed call reads them
+        a[...] = rng.standard_normal(a.shape, dtype=np.float32)
+        assert gemm(a, wp, out=out) is out
+        np.testing.assert_allclose(out, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+    assert len(gemm._calls) == 1
+    with pytest.raises(ShapeError):  # a different shape is not a replay: it is checked
+        gemm(np.zeros((3, K + 1), np.float32), wp, out=out)
+    rows = kc._REPLAY_BYTES // (4 * (K + N)) + 1  # too big to hold on to
+    big_a, big_out = np.ones((rows, K), np.float32), np.empty((rows, N), np.float32)
+    gemm(big_a, wp, out=big_out)
+    assert len(gemm._calls) == 1
+    gemm(a[:, :], wp, out=out)  # a new view of the same buffer replays
+    assert len(gemm._calls) == 1
+
+
 def test_altered_kernel_is_detected_never_loaded_and_rebuilt(tuned, tmp_path):
     d, _ = tuned
     import shutil

@@ -28,7 +28,7 @@ from sandwich.tuner.baselines.vendor import make_peers
 from sandwich.tuner.machine_bench import measure_machine, read_bandwidth_gbs
 from sandwich.tuner.models import load_model_config
 from sandwich.tuner.payload import make_payload
-from sandwich.tuner.quiet import busy_warning, other_cpu_load
+from sandwich.tuner.quiet import other_cpu_load, warn_if_busy
 from sandwich.tuner.tune import unique_shapes
 
 ROTATE_MAX_M = 8
@@ -104,9 +104,7 @@ def run_bench(*, models: list[str], ms: list[int], tp: int, peer_names: list[str
     worker threads keep spinning after their calls and steal the cores a short TVM kernel
     needs, which would understate ours. Peers follow in the same process and run, with
     the same threads, inputs and cache state."""
-    load0 = other_cpu_load()
-    if busy_warning(load0, "the benchmark"):
-        log(busy_warning(load0, "the benchmark"))
+    load0 = warn_if_busy("the benchmark", log)
     limits = measure_machine(threads)
     log(f"machine limits with {threads} threads: peak {limits.peak_gflops:.1f} GFLOPS, "
         f"streaming read {limits.read_gbs:.1f} GB/s")

@@ -95,7 +95,7 @@ def cmd_tune(args) -> int:
     from sandwich.tuner.budget import get_budget
     from sandwich.tuner.models import load_model_config
     from sandwich.tuner.payload import make_payload
-    from sandwich.tuner.quiet import busy_warning, other_cpu_load
+    from sandwich.tuner.quiet import warn_if_busy
     from sandwich.tuner.tune import tune_op, unique_shapes
 
     cfg = load_model_config(args.model)
@@ -112,9 +112,7 @@ def cmd_tune(args) -> int:
         shapes = [(names, op) for names, op in shapes if wanted & set(names)]
     cache = _cache(args)
     samples = budget.m_samples(args.seq_max)
-    warning = busy_warning(other_cpu_load(), "the timings that rank schedules")
-    if warning:
-        print(warning, file=sys.stderr)
+    warn_if_busy("the timings that rank schedules", lambda msg: print(msg, file=sys.stderr))
     print(f"tuning {cfg.name} (tp={args.tp}, seq_max={args.seq_max}, budget={budget.name}) "
           f"with {threads} threads on {cache.cpu.model} [{cache.fingerprint}], cache {cache.dir}")
     t0 = time.perf_counter()

@@ -7,6 +7,7 @@ a search; the tuner and the benchmarks say so rather than store figures that loo
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 BUSY_FRACTION = 0.15  # other processes using more than this share of all CPUs = busy
 
@@ -28,3 +29,13 @@ def busy_warning(load: float, what: str) -> str:
         return ""
     return (f"warning: other processes use {100 * load:.0f}% of the CPUs; {what} will be slower "
             f"and noisier than on a quiet machine")
+
+
+def warn_if_busy(what: str, log: Callable[[str], object]) -> float:
+    """Measure other processes' CPU share, log the warning if the machine is busy, and
+    return the share (the benchmarks record it)."""
+    load = other_cpu_load()
+    warning = busy_warning(load, what)
+    if warning:
+        log(warning)
+    return load

@@ -224,10 +224,10 @@ class SandwichSearch:
         rerun = []
         for g, s in top:
             res = self.measure(s, m)
-            g2 = max(g, res.gflops if res.ok else 0.0)
-            self._seen[(s, m)] = g2
-            self.trials.append(Trial(m, "confirm", s, res.gflops if res.ok else 0.0))
-            rerun.append((g2, s))
+            again = res.gflops if res.ok else 0.0
+            self.trials.append(Trial(m, "confirm", s, again))
+            self._seen[(s, m)] = max(g, again)
+            rerun.append((self._seen[(s, m)], s))
         return max(rerun + [best], key=lambda t: t[0])
 
     def _default_poly(self, m: int, mk: MicroKernel) -> Polymerization:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from sandwich.dsl.ast import Expr, Loc, Param, Tunable, _loc
+from sandwich.dsl.ast import Expr, If, Loc, Param, Tunable, _loc
 
 LOOP_KINDS = ("range", "parallel", "vector", "unroll")
 
@@ -41,3 +42,14 @@ class Kernel:
 class Module:
     kernels: tuple[Kernel, ...]
     loc: Loc | None = _loc()
+
+
+def walk(stmts) -> Iterator:
+    """Every statement of a high-level body, depth first, through `if` branches and loops."""
+    for s in stmts:
+        yield s
+        if isinstance(s, If):
+            yield from walk(s.then)
+            yield from walk(s.orelse)
+        elif isinstance(s, For):
+            yield from walk(s.body)
