@@ -84,7 +84,7 @@ def model_gemms(cfg: ModelConfig, cache: KernelCache, *, threads: int | None = N
     )
 
 
-class _Reader:
+class WeightReader:
     """Fetches tensors as float32, checking names and shapes against the config."""
 
     def __init__(self, ckpt: Checkpoint, cfg: ModelConfig) -> None:
@@ -107,23 +107,43 @@ class _Reader:
 def load_model(model_dir: str | Path, cache: KernelCache, *, threads: int | None = None) -> LlamaModel:
     """Read config + safetensors, fuse and pack every projection once."""
     cfg, rope = read_config(model_dir)
-    read = _Reader(Checkpoint(model_dir), cfg)
-    gemms = model_gemms(cfg, cache, threads=threads)
+    read = WeightReader(Checkpoint(model_dir), cfg)  # checkpoint errors before kernel lookups
+    return pack_model(read, cfg, rope, model_gemms(cfg, cache, threads=threads))
+
+
+def pack_model(read: WeightReader, cfg: ModelConfig, rope: RopeSpec, gemms: ModelGemms, *,
+               local: ModelConfig | None = None, rank: int = 0,
+               vocab_rows: int | None = None) -> LlamaModel:
+    """Read and pack the weights of `cfg`'s checkpoint into `gemms`' layouts.
+
+    With `local` (one tensor-parallel rank's config, runtime/shard.py) only rank `rank`'s
+    heads and intermediate columns are kept, and with `vocab_rows` only its lm_head rows;
+    by default the whole model."""
+    local = local or cfg
+    d = cfg.head_dim
+    q = slice(rank * local.num_attention_heads * d, (rank + 1) * local.num_attention_heads * d)
+    kv = slice(rank * local.num_key_value_heads * d, (rank + 1) * local.num_key_value_heads * d)
+    mlp = slice(rank * local.intermediate_size, (rank + 1) * local.intermediate_size)
     layers = []
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
-        qkv = np.concatenate([read(p + f"self_attn.{x}_proj.weight") for x in "qkv"], axis=0)
-        gate_up = np.concatenate([read(p + "mlp.gate_proj.weight"), read(p + "mlp.up_proj.weight")])
+        qkv = np.concatenate([read(p + "self_attn.q_proj.weight")[q],  # rows: contiguous reads
+                              read(p + "self_attn.k_proj.weight")[kv],
+                              read(p + "self_attn.v_proj.weight")[kv]])
+        gate_up = np.concatenate([read(p + "mlp.gate_proj.weight")[mlp],
+                                  read(p + "mlp.up_proj.weight")[mlp]])
         layers.append(LayerWeights(
             input_norm=aligned_copy(read(p + "input_layernorm.weight")),
             qkv=gemms.qkv.pack(qkv.T),
-            o=gemms.o.pack(read(p + "self_attn.o_proj.weight").T),
+            o=gemms.o.pack(read(p + "self_attn.o_proj.weight")[:, q].T),
             post_norm=aligned_copy(read(p + "post_attention_layernorm.weight")),
             gate_up=gemms.gate_up.pack(gate_up.T),
-            down=gemms.down.pack(read(p + "mlp.down_proj.weight").T),
+            down=gemms.down.pack(read(p + "mlp.down_proj.weight")[:, mlp].T),
         ))
     embed = read("model.embed_tokens.weight")
     head = embed if cfg.tie_word_embeddings else read("lm_head.weight")
-    return LlamaModel(config=cfg, rope=rope, embed=embed, layers=tuple(layers),
+    if vocab_rows is not None:
+        head = head[rank * vocab_rows: (rank + 1) * vocab_rows]
+    return LlamaModel(config=local, rope=rope, embed=embed, layers=tuple(layers),
                       norm=aligned_copy(read("model.norm.weight")), lm_head=gemms.lm_head.pack(head.T),
                       gemms=gemms)

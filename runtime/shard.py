@@ -14,12 +14,15 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import numpy as np
-
 from sandwich.errors import CacheError, ConfigError
-from sandwich.runtime.buffers import aligned_copy
 from sandwich.runtime.kernel_cache import KernelCache
-from sandwich.runtime.loader import LayerWeights, LlamaModel, ModelGemms, _Reader, read_config
+from sandwich.runtime.loader import (
+    LlamaModel,
+    ModelGemms,
+    WeightReader,
+    pack_model,
+    read_config,
+)
 from sandwich.runtime.safetensors_io import Checkpoint
 from sandwich.tuner.models import ModelConfig
 from sandwich.tuner.payload import make_payload
@@ -76,33 +79,7 @@ def load_shard(model_dir: str | Path, cache: KernelCache, *, rank: int, tp: int,
     if not 0 <= rank < tp:
         raise ConfigError(f"rank {rank} is outside tensor-parallel degree {tp}")
     local = shard_config(cfg, tp)
-    read = _Reader(Checkpoint(model_dir), cfg)
+    read = WeightReader(Checkpoint(model_dir), cfg)  # checkpoint errors before kernel lookups
     gemms = shard_gemms(cfg, cache, tp=tp, threads=threads)
-    d = cfg.head_dim
-    q = slice(rank * local.num_attention_heads * d, (rank + 1) * local.num_attention_heads * d)
-    kv = slice(rank * local.num_key_value_heads * d, (rank + 1) * local.num_key_value_heads * d)
-    mlp = slice(rank * local.intermediate_size, (rank + 1) * local.intermediate_size)
-    layers = []
-    for i in range(cfg.num_hidden_layers):
-        p = f"model.layers.{i}."
-        qkv = np.concatenate([read(p + "self_attn.q_proj.weight")[q],  # rows: contiguous reads
-                              read(p + "self_attn.k_proj.weight")[kv],
-                              read(p + "self_attn.v_proj.weight")[kv]])
-        gate_up = np.concatenate([read(p + "mlp.gate_proj.weight")[mlp],
-                                  read(p + "mlp.up_proj.weight")[mlp]])
-        layers.append(LayerWeights(
-            input_norm=aligned_copy(read(p + "input_layernorm.weight")),
-            qkv=gemms.qkv.pack(qkv.T),
-            o=gemms.o.pack(read(p + "self_attn.o_proj.weight")[:, q].T),
-            post_norm=aligned_copy(read(p + "post_attention_layernorm.weight")),
-            gate_up=gemms.gate_up.pack(gate_up.T),
-            down=gemms.down.pack(read(p + "mlp.down_proj.weight")[:, mlp].T),
-        ))
-    embed = read("model.embed_tokens.weight")
-    head = embed if cfg.tie_word_embeddings else read("lm_head.weight")
-    if vocab_sharded(cfg, tp):
-        rows = cfg.vocab_size // tp
-        head = head[rank * rows: (rank + 1) * rows]
-    return LlamaModel(config=local, rope=rope, embed=embed, layers=tuple(layers),
-                      norm=aligned_copy(read("model.norm.weight")), lm_head=gemms.lm_head.pack(head.T),
-                      gemms=gemms)
+    rows = cfg.vocab_size // tp if vocab_sharded(cfg, tp) else None
+    return pack_model(read, cfg, rope, gemms, local=local, rank=rank, vocab_rows=rows)

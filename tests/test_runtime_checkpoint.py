@@ -10,7 +10,7 @@ import pytest
 from sandwich.errors import ConfigError, ShapeError
 from sandwich.runtime import cli as runtime_cli
 from sandwich.runtime.checkpoint import tensor_shapes, write_checkpoint
-from sandwich.runtime.loader import _Reader, read_config
+from sandwich.runtime.loader import WeightReader, read_config
 from sandwich.runtime.rope_tables import RopeSpec, cos_sin, inv_freq, rope_spec
 from sandwich.runtime.safetensors_io import Checkpoint, CheckpointError, SafeTensorsFile, save_file
 from sandwich.tuner.models import load_model_config
@@ -96,15 +96,15 @@ def test_checkpoint_that_does_not_match_its_config(tmp_path):
     cfg, _ = read_config(d)
     ck = Checkpoint(d)
     tensors = {k: np.array(v.array) for k, v in ck.items()}
-    _Reader(ck, cfg)  # intact: fine
+    WeightReader(ck, cfg)  # intact: fine
     del tensors["model.layers.1.mlp.up_proj.weight"]
     save_file(tensors, d / "model.safetensors")
     with pytest.raises(ShapeError, match="lacks model.layers.1.mlp.up_proj.weight"):
-        _Reader(Checkpoint(d), cfg)
+        WeightReader(Checkpoint(d), cfg)
     tensors["model.layers.1.mlp.up_proj.weight"] = np.zeros((128, 63), np.float32)
     save_file(tensors, d / "model.safetensors")
     with pytest.raises(ShapeError, match=r"has shape \[128, 63\], config.json implies \[128, 64\]"):
-        _Reader(Checkpoint(d), cfg)
+        WeightReader(Checkpoint(d), cfg)
     (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:1000])
     with pytest.raises(CheckpointError, match="truncated"):
         Checkpoint(d)
