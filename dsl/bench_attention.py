@@ -153,9 +153,9 @@ def _prefill_case(b: _Bench, shape: PrefillShape, S: int) -> dict:
     timed = []  # a small search over the tunables
     for tun in PREFILL_CANDIDATES:
         f = b.build("flash_prefill", tun, fixed)
-        timed.append((b.seconds(lambda f=f: f(S, H, KVH, D, scale, *args), 3), tun, f))
+        timed.append((b.seconds(lambda f=f: f(S, S, H, KVH, D, scale, *args), 3), tun, f))
     _, tun, f = min(timed, key=lambda x: x[0])
-    ours = b.seconds(lambda: f(S, H, KVH, D, scale, *args))
+    ours = b.seconds(lambda: f(S, S, H, KVH, D, scale, *args))
     tq, tk, tv = (torch.from_numpy(x).permute(1, 0, 2).contiguous()[None] for x in (q, k, v))
     rk, rv = (x.repeat_interleave(H // KVH, 1).contiguous() for x in (tk, tv))
     gqa = b.seconds(lambda: sdpa(tq, tk, tv, is_causal=True, scale=scale, enable_gqa=True))

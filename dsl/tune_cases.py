@@ -65,15 +65,23 @@ def _heads(s) -> None:
 
 def _prefill_data(s, rng):
     _heads(s)
-    return {"Q": rand(rng, s["S"], s["H"], s["D"]), "K": rand(rng, s["S"], s["KVH"], s["D"]),
-            "V": rand(rng, s["S"], s["KVH"], s["D"])}
+    if s["L"] < s["S"]:
+        raise ConfigError(f"--shape L={s['L']}: L (cached + new positions) must be >= S={s['S']}")
+    return {"Q": rand(rng, s["S"], s["H"], s["D"]), "K": rand(rng, s["L"], s["KVH"], s["D"]),
+            "V": rand(rng, s["L"], s["KVH"], s["D"])}
+
+
+def _prefill_flops(s, d):
+    """Each query row i (of S, after L - S cached positions) sees L - S + i + 1 keys."""
+    keys = s["S"] * (s["L"] - s["S"]) + s["S"] * (s["S"] + 1) / 2
+    return 4.0 * keys * s["D"] * s["H"], "GFLOPS"
 
 
 FLASH_PREFILL = Case(
     fixed=("H", "KVH", "D"), data=_prefill_data,
     args=lambda s, d, p: {**d, "O": nan_like((s["S"], s["H"], s["D"]))},
     reference=lambda s, d, a, p: {"O": reference_attention(d["Q"], d["K"], d["V"], s["scale"], True)},
-    work=lambda s, d: (4.0 * s["S"] * (s["S"] + 1) / 2 * s["D"] * s["H"], "GFLOPS"))
+    work=_prefill_flops)
 
 
 def _decode_data(s, rng):

@@ -50,7 +50,8 @@ def _pairs(items: list[str], flag: str) -> dict[str, str]:
 
 
 def parse_shapes(kernel: H.Kernel, items: list[str]) -> dict[str, int | float]:
-    """`--shape name=value` -> every scalar argument; `eps` and `scale` (1/sqrt(D)) default."""
+    """`--shape name=value` -> every scalar argument; `eps`, `scale` (1/sqrt(D)) and a
+    prefill's total length `L` (= S) default."""
     scalars = {p.name: p.dtype for p in kernel.params if not p.shape}
     tunables = {t.name for t in kernel.tunables}
     shapes: dict[str, int | float] = {}
@@ -73,6 +74,8 @@ def parse_shapes(kernel: H.Kernel, items: list[str]) -> dict[str, int | float]:
         shapes["eps"] = 1e-6
     if "scale" in scalars and "scale" not in shapes and "D" in shapes:
         shapes["scale"] = 1.0 / math.sqrt(shapes["D"])
+    if "L" in scalars and "L" not in shapes and "S" in shapes:  # prefill: a whole prompt
+        shapes["L"] = shapes["S"]
     missing = [n for n in scalars if n not in shapes]
     if missing:
         raise ConfigError(f"kernel {kernel.name}: give --shape for {', '.join(missing)} "

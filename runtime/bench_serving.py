@@ -1,5 +1,5 @@
-"""`sandwichc bench serving`: TTFT and TPOT of sandwichc against HF transformers and llama.cpp
-on the same random-weight model, the same prompts and the same threads, in one run.
+"""`sandwichc bench serving`: TTFT and TPOT of sandwichc against HF transformers, llama.cpp and
+OpenVINO on the same random-weight model, the same prompts and the same threads, in one run.
 
 Every peer of a model is loaded, each prompt length warmed up, and the timed greedy
 generations go round robin over the peers (never two at once), so a drift of this VM's
@@ -110,10 +110,14 @@ def _make_peer(name: str, model_dir: Path, *, threads: int, max_seq: int, cache,
         if not gguf.is_file():
             write_gguf(model_dir, gguf)
         return sp.LlamaCppPeer(gguf, threads=threads, max_seq=max_seq)
+    if name == "openvino":
+        from sandwich.runtime.openvino_llama import OpenVinoLlamaPeer
+
+        return OpenVinoLlamaPeer(model_dir, threads=threads, max_seq=max_seq)
     raise AssertionError(name)  # run_serving_bench checked the names
 
 
-PEERS = ("sandwichc", "hf-transformers", "llama.cpp")
+PEERS = ("sandwichc", "hf-transformers", "llama.cpp", "openvino")
 
 
 def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: int, repeats: int,
@@ -163,14 +167,16 @@ def write_report(res: ServingResult, md: Path, js: Path) -> None:
     js.parent.mkdir(parents=True, exist_ok=True)
     js.write_text(json.dumps(res.to_json(), indent=1))
     lines = [
-        "# Serving latency: sandwichc vs HF transformers and llama.cpp",
+        "# Serving latency: sandwichc vs "
+        + ", ".join(dict.fromkeys(r.peer for r in res.rows if r.peer != "sandwichc")),
         "",
         f"Regenerate: `{res.command}`",
         "",
-        f"- machine: {res.machine}; {res.threads} threads for every system; fp32 weights; "
-        f"date {res.date}",
+        f"- machine: {res.machine}; {res.threads} threads for every system; fp32 weights and "
+        f"fp32 KV caches everywhere (llama.cpp's and OpenVINO's default to f16 / u8); date {res.date}",
         "- one request at a time, greedy, the same random-weight checkpoint and prompt ids for "
-        "every system (llama.cpp reads an F32 GGUF written from it); each prompt length warmed up "
+        "every system (llama.cpp reads an F32 GGUF written from it; OpenVINO a graph built from "
+        "it); each prompt length warmed up "
         f"on every system, then the median of {res.repeats} runs taken round robin over the "
         "systems (one at a time, 0.2 s apart)",
         "- TTFT = prompt ids in to first new token out (prefill + argmax); TPOT = mean time of "

@@ -75,23 +75,29 @@ class DecodeAttention:
 
 
 class PrefillAttention:
-    """Causal attention of a prompt chunk that starts at position 0 (flash_prefill.sw)."""
+    """Causal attention of a prompt chunk (flash_prefill.sw): its queries see the positions
+    cached before it and the chunk's own earlier positions."""
 
     def __init__(self, build, *, heads: int, kv_heads: int, head_dim: int, max_tokens: int,
-                 vlen: int) -> None:
+                 max_seq: int, vlen: int) -> None:
         self.dims = (heads, kv_heads, head_dim)
         tunables = {"b_q": vlen, "b_kv": 16, "mu_k": 4, "mu_q": 2, "n_d": vlen}
         self._f = build("flash_prefill", {"H": heads, "KVH": kv_heads, "D": head_dim}, tunables)
         self._q = aligned_zeros((max_tokens, heads, head_dim))
-        self._k = aligned_zeros((max_tokens, kv_heads, head_dim))
-        self._v = aligned_zeros((max_tokens, kv_heads, head_dim))
+        rows = max(max_seq, 8)  # DslOps' self-check attends over 5 positions, whatever max_seq
+        self._k = aligned_zeros((rows, kv_heads, head_dim))
+        self._v = aligned_zeros((rows, kv_heads, head_dim))
 
     def __call__(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
                  out: np.ndarray) -> None:
-        """q (S, H, D), k/v (S, KVH, D): strided rows of the fused QKV buffer or of the slot's
-        cache column, copied compact (glue); out (S, H * D)."""
-        s = q.shape[0]
+        """q (S, H, D): strided rows of the fused QKV buffer; k/v (L, KVH, D), L >= S: the
+        slot's cache column up to the chunk's last position; both copied compact (glue);
+        out (S, H * D)."""
+        s, n_kv = q.shape[0], k.shape[0]
+        if n_kv < s:
+            raise ShapeError(f"prefill attention of {s} queries over {n_kv} keys: the chunk's "
+                             f"own keys must be cached first")
         h, kvh, d = self.dims
-        qc, kc, vc = self._q[:s], self._k[:s], self._v[:s]
+        qc, kc, vc = self._q[:s], self._k[:n_kv], self._v[:n_kv]
         qc[...], kc[...], vc[...] = q, k, v
-        self._f(s, h, kvh, d, scale, *map(kernel_arg, (qc, kc, vc, out.reshape(s, h, d))))
+        self._f(s, n_kv, h, kvh, d, scale, *map(kernel_arg, (qc, kc, vc, out.reshape(s, h, d))))

@@ -1,8 +1,8 @@
 """The forward pass over permanent max-shape buffers: prefill a prompt, then decode steps.
 
 Every projection and lm_head runs on the tuned GEMMs of the kernel cache; the other ops go
-through an `Ops` object: 'dsl' (RMSNorm, RoPE, SiLU-mul and decode attention compiled from
-the DSL; prefill attention still the numpy fallback) or 'numpy' (the marked fallback). All
+through an `Ops` object: 'dsl' (RMSNorm, RoPE, SiLU-mul, decode and prefill attention
+compiled from the DSL) or 'numpy' (the marked fallback). All
 activations live in buffers allocated once at (max_tokens, ...) and are used as row
 prefixes, so a decode step allocates nothing and every address stays fixed (eLLM).
 A forward call takes segments (slot, first position, count): a prefill is one segment of
@@ -29,8 +29,8 @@ from sandwich.runtime.rope_tables import cos_sin
 
 def make_ops(kind: str | object, model: LlamaModel, *, max_tokens: int, max_batch: int,
              max_seq: int, threads: int | None = None):
-    """'numpy' (the marked fallback), 'dsl' (compiled DSL kernels, numpy prefill attention),
-    or an object with the same methods."""
+    """'numpy' (the marked fallback), 'dsl' (compiled DSL kernels), or an object with the
+    methods of NumpyOps (`bind` included)."""
     cfg = model.config
     if kind == "numpy":
         return NumpyOps(max_tokens=max_tokens, heads=cfg.num_attention_heads,
@@ -84,6 +84,7 @@ class Executor:
         self.ops = make_ops(ops, model, max_tokens=t, max_batch=max_batch, max_seq=max_seq,
                             threads=threads)
         self.scale = float(d) ** -0.5
+        self._bound: dict[tuple[int, str, int], Callable[[], object]] = {}  # see _run
 
     # -- public API ----------------------------------------------------------------------
     def addresses(self) -> dict[str, int]:
@@ -151,12 +152,13 @@ class Executor:
         w = self.model.layers[layer]
         eps, d = self.cfg.rms_norm_eps, self.cfg.head_dim
         x, h, qkv = b["x"][:n_tok], b["h"][:n_tok], b["qkv"][:n_tok]
-        ops.rmsnorm(x, w.input_norm, eps, out=h)
-        g.qkv(h, w.qkv, out=qkv)
+        run = self._run
+        run(layer, "norm1", n_tok, lambda: ops.bind("rmsnorm", x, w.input_norm, eps, out=h))
+        run(layer, "qkv", n_tok, lambda: g.qkv.bind(h, w.qkv, qkv))
         q = qkv[:, : self.n_q].reshape(n_tok, -1, d)
         k = qkv[:, self.n_q: self.n_q + self.n_kv].reshape(n_tok, -1, d)
         v = qkv[:, self.n_q + self.n_kv:].reshape(n_tok, -1, d)
-        ops.rope(q, k, pos, self.cos, self.sin)
+        run(layer, "rope", n_tok, lambda: ops.bind("rope", q, k, pos, self.cos, self.sin))
         kc, vc = self.kv.k(layer), self.kv.v(layer)
         t0 = 0
         for slot, start, n in segments:
@@ -165,18 +167,31 @@ class Executor:
             t0 += n
         attn, proj = b["attn"][:n_tok], b["proj"][:n_tok]
         ops.attention(q, kc, vc, segments, self.scale, out=attn)
-        g.o(attn, w.o, out=proj)
+        run(layer, "o", n_tok, lambda: g.o.bind(attn, w.o, proj))
         if self.allreduce is not None:
             self.allreduce(proj)
         np.add(x, proj, out=x)
-        ops.rmsnorm(x, w.post_norm, eps, out=h)
+        run(layer, "norm2", n_tok, lambda: ops.bind("rmsnorm", x, w.post_norm, eps, out=h))
         gu, act = b["gate_up"][:n_tok], b["act"][:n_tok]
-        g.gate_up(h, w.gate_up, out=gu)
-        ops.silu_mul(gu, out=act)
-        g.down(act, w.down, out=proj)
+        run(layer, "gate_up", n_tok, lambda: g.gate_up.bind(h, w.gate_up, gu))
+        run(layer, "silu", n_tok, lambda: ops.bind("silu_mul", gu, out=act))
+        run(layer, "down", n_tok, lambda: g.down.bind(act, w.down, proj))
         if self.allreduce is not None:
             self.allreduce(proj)
         np.add(x, proj, out=x)
+
+    def _run(self, layer: int, site: str, n_tok: int, bind: Callable[[], Callable[[], object]]) -> None:
+        """Run one op on permanent buffers. A decode step repeats the same calls on the same
+        buffer prefixes, so for n_tok <= max_batch each is bound once (arguments checked and
+        wrapped, which costs more than a one-row kernel) and replayed; a prefill chunk's calls
+        are bound and run afresh."""
+        key = (layer, site, n_tok)
+        call = self._bound.get(key)
+        if call is None:
+            call = bind()
+            if n_tok <= self.kv.max_batch:
+                self._bound[key] = call
+        call()
 
     def _head(self, segments: Sequence[Segment]) -> np.ndarray:
         """Final norm and lm_head on the last token of each segment only."""
@@ -187,6 +202,8 @@ class Executor:
         for i, (_, _, n) in enumerate(segments):
             t0 += n
             last[i] = b["x"][t0 - 1]
-        self.ops.rmsnorm(last, self.model.norm, self.cfg.rms_norm_eps, out=normed)
-        self.model.gemms.lm_head(normed, self.model.lm_head, out=logits)
+        self._run(-1, "norm", s, lambda: self.ops.bind("rmsnorm", last, self.model.norm,
+                                                       self.cfg.rms_norm_eps, out=normed))
+        self._run(-1, "lm_head", s, lambda: self.model.gemms.lm_head.bind(normed, self.model.lm_head,
+                                                                          logits))
         return logits if self.gather is None else self.gather(logits)

@@ -1,15 +1,14 @@
 """RMSNorm, SiLU-mul, RoPE, decode and prefill attention from the DSL kernels
 (dsl/kernels/*.sw), compiled for this CPU.
 
-A prefill chunk after the first (it attends to earlier chunks in the cache, which
-flash_prefill cannot) still uses the NUMPY FALLBACK (`NumpyOps.attention`). Each kernel is checked against the
-numpy fallback when it is built (DESIGN: a wrong kernel is never used). The model dimensions
-are fixed at build time; M (tokens) and B (sequences) stay symbolic.
+Each kernel is checked against the numpy fallback when it is built (DESIGN: a wrong kernel
+is never used). The model dimensions are fixed at build time; M (tokens), B (sequences) and
+the attended length stay symbolic.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -43,9 +42,9 @@ def _pow2_at_most(n: int, cap: int) -> int:
 
 
 class DslOps(NumpyOps):
-    """Compiled kernels for norms, RoPE, SiLU-mul and decode attention."""
+    """Compiled kernels for norms, RoPE, SiLU-mul, decode and prefill attention."""
 
-    kind = "dsl (chunks after the first prefill chunk: numpy-fallback attention)"
+    kind = "dsl"
 
     def __init__(self, *, max_tokens: int, max_batch: int, heads: int, kv_heads: int,
                  head_dim: int, hidden: int, intermediate: int, max_seq: int, cpu: CpuInfo,
@@ -60,8 +59,8 @@ class DslOps(NumpyOps):
                                        vlen=cpu.lanes_f32, n_split=_pow2_at_most(threads, 16))
         self._prefill = PrefillAttention(lambda n, f, t: _build(n, cpu, threads, f, t),
                                          heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                                         max_tokens=max_tokens, vlen=cpu.lanes_f32)
-        # RoPE reads q and k as compact arrays; the fused QKV rows interleave them (glue copy)
+                                         max_tokens=max_tokens, max_seq=max_seq,
+                                         vlen=cpu.lanes_f32)
         self._q = aligned_zeros((max_tokens, heads, head_dim))
         self._k = aligned_zeros((max_tokens, kv_heads, head_dim))
         self._pos = aligned_zeros((max_tokens,), np.int32)
@@ -72,22 +71,46 @@ class DslOps(NumpyOps):
                              f"{str(e).strip().splitlines()[0]}; update runtime/ops_dsl.py") from e
 
     def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
-        self._rms(x.shape[0], x.shape[1], eps, kernel_arg(x), kernel_arg(w), kernel_arg(out))
+        self._bind_rmsnorm(x, w, eps, out)()
 
     def silu_mul(self, gate_up: np.ndarray, out: np.ndarray) -> None:
-        self._silu(out.shape[0], out.shape[1], kernel_arg(gate_up), kernel_arg(out))
+        self._bind_silu_mul(gate_up, out)()
 
     def rope(self, q: np.ndarray, k: np.ndarray, positions: np.ndarray,
              cos: np.ndarray, sin: np.ndarray) -> None:
+        self._bind_rope(q, k, positions, cos, sin)()
+
+    def bind(self, name: str, *args, **kwargs) -> Callable[[], None]:
+        """Wrapping a kernel argument costs ~3 us, more than a one-row norm: bound calls wrap
+        theirs once."""
+        binder = getattr(self, f"_bind_{name}", None)
+        return binder(*args, **kwargs) if binder else super().bind(name, *args, **kwargs)
+
+    def _bind_rmsnorm(self, x, w, eps, out):
+        f, args = self._rms, (x.shape[0], x.shape[1], eps, *map(kernel_arg, (x, w, out)))
+        return lambda: f(*args)
+
+    def _bind_silu_mul(self, gate_up, out):
+        f, args = self._silu, (out.shape[0], out.shape[1], kernel_arg(gate_up), kernel_arg(out))
+        return lambda: f(*args)
+
+    def _bind_rope(self, q, k, positions, cos, sin):
+        """RoPE reads q and k as compact arrays; the fused QKV rows interleave them (glue copies
+        in and out around the kernel)."""
         t = q.shape[0]
         h, kvh, d = self.dims
         qc, kc, pos = self._q[:t], self._k[:t], self._pos[:t]
-        qc[...] = q
-        kc[...] = k
-        pos[...] = positions
-        self._rope(t, h, kvh, d, cos.shape[0], *map(kernel_arg, (pos, cos, sin, qc, kc)))
-        q[...] = qc
-        k[...] = kc
+        f, args = self._rope, (t, h, kvh, d, cos.shape[0], *map(kernel_arg, (pos, cos, sin, qc, kc)))
+
+        def call() -> None:
+            qc[...] = q
+            kc[...] = k
+            pos[...] = positions
+            f(*args)
+            q[...] = qc
+            k[...] = kc
+
+        return call
 
     def attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                   segments: Sequence[Segment], scale: float, out: np.ndarray) -> None:
@@ -95,17 +118,16 @@ class DslOps(NumpyOps):
             self._decode(q, k_cache, v_cache, segments, scale, out)
             return
         t0 = 0
-        for slot, start, n in segments:
+        for slot, start, n in segments:  # a prompt chunk, or a decode token beside one
             rows = slice(t0, t0 + n)
-            if start == 0:
-                self._prefill(q[rows], k_cache[:n, slot], v_cache[:n, slot], scale, out[rows])
-            else:  # a later prefill chunk attends to earlier chunks too: NUMPY FALLBACK
-                super().attention(q[rows], k_cache, v_cache, [(slot, start, n)], scale, out[rows])
+            self._prefill(q[rows], k_cache[:start + n, slot], v_cache[:start + n, slot], scale,
+                          out[rows])
             t0 += n
 
     def _self_check(self, hidden: int, intermediate: int) -> None:
         """Run each kernel once against the numpy fallback on random data (3 tokens; a
-        2-slot, 9-position KV cache for decode attention)."""
+        2-slot, 9-position KV cache for decode attention; a 3-token chunk after 2 cached
+        positions for prefill attention)."""
         rng = np.random.default_rng(0)
         ref = NumpyOps(max_tokens=3, heads=self.dims[0], head_dim=self.dims[2], max_seq=9)
 
@@ -138,11 +160,12 @@ class DslOps(NumpyOps):
             ops.attention(qk[: len(segs), :h], kv[0], kv[1], segs, 0.125, out=a)
             checks[ops is self] += (a,)
         qkv3 = rand(3, h + 2 * kvh, d)
-        pre = aligned_zeros((2, 5, 1, kvh, d))
-        pre[:, :3, 0] = qkv3[:, h:].reshape(3, 2, kvh, d).transpose(1, 0, 2, 3)
+        pre = aligned_zeros((2, 6, 1, kvh, d))  # a chunk of 3 after 2 cached positions
+        pre[...] = rng.standard_normal(pre.shape, dtype=np.float32)
+        pre[:, 2:5, 0] = qkv3[:, h:].reshape(3, 2, kvh, d).transpose(1, 0, 2, 3)
         for ops in (self, ref):
             a = aligned_zeros((3, h * d))
-            ops.attention(qkv3[:, :h], pre[0], pre[1], [(0, 0, 3)], 0.125, out=a)
+            ops.attention(qkv3[:, :h], pre[0], pre[1], [(0, 2, 3)], 0.125, out=a)
             checks[ops is self] += (a,)
         for name, got, want in zip(("rmsnorm", "silu_mul", "rope", "decode_attention",
                                     "flash_prefill"),

@@ -1,15 +1,15 @@
 """NUMPY FALLBACK for the non-GEMM ops (RMSNorm, RoPE, SiLU-mul, attention).
 
-The reference the DSL kernels are checked against, and the stand-in where none is wired
-yet: prefill attention (flash_prefill.sw) runs here even with ops='dsl'. The executor calls
-only the methods below, so `ops_dsl.DslOps` overrides them one by one. They
+The reference the DSL kernels are checked against (ops='numpy' runs the whole model on it).
+The executor calls only the methods below, and `ops_dsl.DslOps` overrides every one. They
 write into the executor's preallocated buffers (`out=`); numpy still makes small
 temporaries inside (reductions, strided matmuls), which the compiled kernels will not.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -29,6 +29,12 @@ class NumpyOps:
         self._cs = aligned_zeros((2, max_tokens, 1, half))
         self._rot = aligned_zeros((2, max_tokens * heads * half))
         self._scores = aligned_zeros((heads, max_seq))  # decode (one query) scores
+
+    def bind(self, name: str, *args, **kwargs) -> Callable[[], None]:
+        """Op `name` on these arrays as a call without arguments (it reads whatever the arrays
+        hold when it runs). Compiled ops wrap their arguments once here; numpy has nothing
+        to prepare."""
+        return functools.partial(getattr(self, name), *args, **kwargs)
 
     def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
         """out = x / sqrt(mean(x^2) + eps) * w, row by row."""

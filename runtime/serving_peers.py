@@ -77,6 +77,9 @@ class HfPeer:
         torch.set_num_threads(threads)
         self.torch = torch
         self.model = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        with torch.no_grad():  # own memory rather than pages mapped from the file (see LlamaCppPeer)
+            for p in self.model.parameters():
+                p.data = p.data.clone()
 
     def generate(self, prompt: list[int], max_new_tokens: int) -> GenTiming:
         torch = self.torch
@@ -97,7 +100,7 @@ class HfPeer:
 
 
 class LlamaCppPeer:
-    """llama.cpp (llama-cpp-python) on an F32 GGUF of the same weights."""
+    """llama.cpp (llama-cpp-python) on an F32 GGUF of the same weights, f32 KV cache."""
 
     name = "llama.cpp"
 
@@ -106,8 +109,16 @@ class LlamaCppPeer:
             from llama_cpp import Llama
         except ImportError:
             raise ConfigError("llama.cpp peer needs llama-cpp-python (pip install -e .[serving])") from None
+        from llama_cpp import GGML_TYPE_F32
+
+        # its KV cache defaults to f16, which halves the bytes a decode step reads from
+        # the cache: the other systems keep theirs in f32, and so does this one
+        # use_mmap=False: weights in the process's own memory, as every other system keeps
+        # them; mapped file pages are reclaimed by this VM while other systems take their turn
         self.llm = Llama(model_path=str(gguf_path), n_ctx=max_seq, n_threads=threads,
-                         n_threads_batch=threads, n_batch=max_seq, n_ubatch=max_seq, verbose=False)
+                         n_threads_batch=threads, n_batch=max_seq, n_ubatch=max_seq,
+                         type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32, use_mmap=False,
+                         verbose=False)
 
     def generate(self, prompt: list[int], max_new_tokens: int) -> GenTiming:
         ids, stamps = [], []

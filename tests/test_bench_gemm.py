@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from sandwich.tuner.bench_gemm import BenchResult, summarize
+from sandwich.tuner.bench_gemm import BenchResult, _best_rotated_pass, summarize
 from sandwich.tuner.bench_report import write_markdown, write_png
 from sandwich.tuner.cli import numeric_ms
 
@@ -35,6 +35,17 @@ def test_reports_are_written(tmp_path):
     write_png(res, tmp_path / "r.png")
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads(json.dumps(res.to_json()))["threads"] == 2
+
+
+def test_rotated_rows_keep_each_runners_best_share_of_its_own_read():
+    """The pass with the highest share of the read measured right after it wins, not the
+    pass with the most GB/s (that may just be a moment of faster DRAM)."""
+    rot = {"m": 1, "sandwich_passes": [{"gbs": 30.0, "read_gbs": 40.0, "pct_read": 75.0},
+                                       {"gbs": 25.0, "read_gbs": 26.0, "pct_read": 96.2}],
+           "numpy_passes": [{"gbs": 20.0, "read_gbs": 30.0, "pct_read": 66.7}]}
+    out = _best_rotated_pass(rot, ["sandwich", "numpy"])
+    assert (out["sandwich_gbs"], out["sandwich_pct_read"]) == (25.0, 96.2)
+    assert (out["numpy_gbs"], out["numpy_read_gbs"]) == (20.0, 30.0)
 
 
 def test_numeric_ms_include_one_and_primes():

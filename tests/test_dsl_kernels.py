@@ -86,12 +86,13 @@ def test_rmsnorm_silu_rope_match_numpy():
     close(kk, ref(k0))
 
 
-def test_flash_prefill_matches_causal_attention():
+@pytest.mark.parametrize("prior", [0, 11])
+def test_flash_prefill_matches_causal_attention(prior):
     S, H, KVH, D = 37, 4, 2, 4
-    q, k, v = rand(S, H, D), rand(S, KVH, D), rand(S, KVH, D)
+    q, k, v = rand(S, H, D), rand(prior + S, KVH, D), rand(prior + S, KVH, D)
     o = np.full((S, H, D), np.nan, np.float32)
-    run(load_kernel("flash_prefill"), tunables=dict(b_q=8, b_kv=16, mu_k=4, mu_q=2, n_d=4), vlen=VLEN, S=S, H=H,
-        KVH=KVH, D=D, scale=0.5, Q=q, K=k, V=v, O=o)
+    run(load_kernel("flash_prefill"), tunables=dict(b_q=8, b_kv=16, mu_k=4, mu_q=2, n_d=4), vlen=VLEN, S=S,
+        L=prior + S, H=H, KVH=KVH, D=D, scale=0.5, Q=q, K=k, V=v, O=o)
     close(o, reference_attention(q, k, v, 0.5, causal=True))
 
 

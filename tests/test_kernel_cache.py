@@ -116,3 +116,22 @@ def test_records_are_committed_as_they_are_found(tuned):
     samples = get_budget("tiny").m_samples(SEQ)
     assert [r[0] for r in rows] == samples
     assert rows[-1][1] == SEQ and all(hi + 1 == nxt for (_, hi), (nxt, _) in zip(rows, rows[1:], strict=False))
+
+
+def test_bound_call_reads_new_contents_and_refuses_what_it_cannot_bind(tuned):
+    gemm = KernelCache(tuned[0]).gemm(n=N, k=K, dtype="float32")
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((K, N), dtype=np.float32)
+    wp = gemm.pack(w)
+    a, out = np.empty((5, K), np.float32), np.full((5, N), np.nan, np.float32)
+    call = gemm.bind(a, wp, out)
+    for _ in range(3):  # the bound call reads the buffers as they are when it runs
+        a[...] = rng.standard_normal(a.shape, dtype=np.float32)
+        assert call() is out
+        np.testing.assert_allclose(out, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ShapeError, match="C-contiguous"):  # a copy would never see new writes
+        gemm.bind(np.zeros((K, 5), np.float32).T, wp, out)
+    with pytest.raises(ShapeError, match="out="):
+        gemm.bind(a, wp, None)
+    with pytest.raises(ShapeError, match=r"shape \(5, 128\)"):
+        gemm.bind(a, wp, np.empty((4, N), np.float32))

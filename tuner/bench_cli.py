@@ -17,19 +17,21 @@ def register(sub, *, cache_arg, threads_arg) -> None:
     g.add_argument("--md", default="results/gemm_vs_vendor.md")
     g.add_argument("--png", default="results/gemm_vs_vendor.png")
     g.add_argument("--no-rotate", action="store_true", help="skip the M <= 8 rows with weights beyond the LLC")
+    g.add_argument("--passes", type=int, default=2, help="timings of every runner, minutes apart; "
+                   "each reports its best (this VM slows down for seconds at a time)")
     threads_arg(g)
     cache_arg(g)
     g.set_defaults(func=_run)
 
-    s = bsub.add_parser("serving", help="TTFT/TPOT of sandwichc vs HF transformers and llama.cpp "
-                        "on the same weights, same threads, one run")
+    s = bsub.add_parser("serving", help="TTFT/TPOT of sandwichc vs HF transformers, llama.cpp and "
+                        "OpenVINO on the same weights, same threads, one run")
     s.add_argument("--model", action="append",
                    help="HF model directory, or an embedded name (a random-weight checkpoint is "
                    "written once under --work); repeatable; default llama-160m")
     s.add_argument("--prompt-lens", default="128,512", help="comma-separated prompt lengths")
     s.add_argument("--new-tokens", type=int, default=32)
     s.add_argument("--repeats", type=int, default=3)
-    s.add_argument("--peers", default="sandwichc,hf-transformers,llama.cpp")
+    s.add_argument("--peers", default="sandwichc,hf-transformers,llama.cpp,openvino")
     s.add_argument("--work", default=None, help="where checkpoints and GGUF files are kept "
                    "(default: <cache dir>/models)")
     s.add_argument("--json", dest="json_out", default="results/serving.json")

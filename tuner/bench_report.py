@@ -16,9 +16,11 @@ def write_markdown(res, path: Path) -> None:
         f"- threads: {res.threads} for every library (same process, same run), fp32, date {res.date}",
         f"- measured limits: FMA peak {res.peak_gflops:.1f} GFLOPS, streaming read {res.read_gbs:.1f} GB/s (the best of 1, 2 and 4 concurrent streams per thread; this VM's DRAM bandwidth drifts by tens of percent over minutes)",
         "- timings: warm-up, then 7 repeats, median; each result checked against numpy first;"
-        " every runner sees the same weights repeated (same cache state); ours are timed"
-        " before the peer libraries start (their idle threads keep spinning), peers after,"
-        " in the same process",
+        " every runner sees the same weights repeated (same cache state)",
+        f"- {res.passes} pass(es), minutes apart; each runner's figure is its best pass (the JSON"
+        " keeps every pass); each pass times ours on every row, then each peer on every row"
+        " (ours first in pass 1, before the peer libraries start: their idle threads keep"
+        " spinning), all in the same process",
         f"- peers: {', '.join(res.peers)}" + (f" (skipped: {'; '.join(res.skipped)})" if res.skipped else ""),
         f"- other processes used {100 * res.other_load[0]:.0f}% of the CPUs at the start and "
         f"{100 * res.other_load[1]:.0f}% at the end (above 15% the figures are not trustworthy)",

@@ -1,0 +1,118 @@
+"""The OpenVINO serving peer computes what HF's LlamaForCausalLM computes on the same weights:
+greedy ids and prefill logits, for GQA, MHA, and tied embeddings with llama3 RoPE scaling."""
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("openvino")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from sandwich.errors import ConfigError  # noqa: E402
+from sandwich.runtime.checkpoint import write_checkpoint  # noqa: E402
+from sandwich.runtime.openvino_llama import OpenVinoLlamaPeer, causal_mask  # noqa: E402
+
+TINY = {
+    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+    "vocab_size": 256, "max_position_embeddings": 128, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "tie_word_embeddings": False,
+    "initializer_range": 0.2,  # large enough that greedy argmax has no near-ties
+}
+LLAMA3_ROPE = {"rope_theta": 500000.0, "rope_scaling": {
+    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32}}
+CASES = {
+    "gqa": {},
+    "mha": {"num_key_value_heads": 4},
+    "tied-llama3": {"tie_word_embeddings": True, **LLAMA3_ROPE},
+}
+PROMPT = [5, 17, 99, 3, 250, 42, 7, 128, 64, 11]
+NEW = 8
+
+
+def _checkpoint(tmp_path_factory, over: dict):
+    cfg = tmp_path_factory.mktemp("cfg") / "config.json"
+    cfg.write_text(json.dumps(TINY | over))
+    return write_checkpoint(cfg, tmp_path_factory.mktemp("ckpt"), seed=5, norm_std=0.1)
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def pair(request, tmp_path_factory):
+    """(OpenVINO peer, HF model) on one random checkpoint."""
+    d = _checkpoint(tmp_path_factory, CASES[request.param])
+    peer = OpenVinoLlamaPeer(d, threads=1, max_seq=32)
+    hf = transformers.LlamaForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    yield peer, hf
+    peer.close()
+
+
+def _hf_greedy(hf, prompt, n):
+    """HF's own cached greedy loop, as HfPeer runs it."""
+    ids = []
+    with torch.inference_mode():
+        out = hf(torch.tensor([prompt]), use_cache=True)
+        for i in range(n):
+            if i:
+                out = hf(torch.tensor([[ids[-1]]]), past_key_values=out.past_key_values, use_cache=True)
+            ids.append(int(out.logits[0, -1].argmax()))
+    return ids
+
+
+def test_greedy_ids_match_hf(pair):
+    peer, hf = pair
+    want = _hf_greedy(hf, PROMPT, NEW)
+    got = peer.generate(PROMPT, NEW)
+    assert got.ids == want
+    assert got.ttft_ms > 0 and got.tpot_ms > 0
+    assert peer.generate(PROMPT, NEW).ids == want  # reset_state: a rerun starts from an empty cache
+
+
+def test_prefill_logits_match_hf(pair):
+    peer, hf = pair
+    with torch.inference_mode():
+        ref = hf(torch.tensor([PROMPT])).logits[0, -1].numpy()
+    got = peer.logits(PROMPT)
+    assert got.shape == ref.shape
+    assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-3
+
+
+def test_stateful_fused_attention_and_rope(pair):
+    """The CPU plugin folded the KV concat into its SDPA (beam_idx + the two states are its
+    inputs, no Concatenation left) and fused RoPE; else TPOT would not be OpenVINO's best."""
+    peer, _ = pair
+    types = peer.exec_layer_types()
+    assert types.get("ScaledDotProductAttention") == TINY["num_hidden_layers"]
+    assert "Concatenation" not in types
+    assert types.get("RoPE") == 2 * TINY["num_hidden_layers"]
+
+
+def test_causal_mask():
+    m = causal_mask(2, 3)[0, 0]
+    assert m.shape == (3, 5)
+    assert (m == 0).tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    assert not causal_mask(7, 1).any()
+
+
+def test_config_errors(tmp_path, pair):
+    peer, _ = pair
+    (tmp_path / "config.json").write_text(json.dumps(TINY | {"model_type": "gpt2"}))
+    with pytest.raises(ConfigError, match="not Llama-family"):
+        OpenVinoLlamaPeer(tmp_path, threads=1, max_seq=32)
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    with pytest.raises(ConfigError, match="safetensors"):
+        OpenVinoLlamaPeer(tmp_path, threads=1, max_seq=32)
+    with pytest.raises(ConfigError, match="max_seq"):
+        peer.generate(PROMPT, 30)
+
+
+def test_hf_uses_the_same_rope(pair):
+    """Guards the comparison itself: HF read the same RoPE (llama3 scaling included)."""
+    from sandwich.runtime.loader import read_config
+    from sandwich.runtime.rope_tables import inv_freq
+
+    peer, hf = pair
+    _, spec = read_config(hf.name_or_path)
+    np.testing.assert_allclose(hf.model.rotary_emb.inv_freq.numpy(), inv_freq(spec), rtol=1e-6)
