@@ -77,9 +77,6 @@ class HfPeer:
         torch.set_num_threads(threads)
         self.torch = torch
         self.model = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        with torch.no_grad():  # own memory rather than pages mapped from the file (see LlamaCppPeer)
-            for p in self.model.parameters():
-                p.data = p.data.clone()
 
     def generate(self, prompt: list[int], max_new_tokens: int) -> GenTiming:
         torch = self.torch
@@ -113,12 +110,9 @@ class LlamaCppPeer:
 
         # its KV cache defaults to f16, which halves the bytes a decode step reads from
         # the cache: the other systems keep theirs in f32, and so does this one
-        # use_mmap=False: weights in the process's own memory, as every other system keeps
-        # them; mapped file pages are reclaimed by this VM while other systems take their turn
         self.llm = Llama(model_path=str(gguf_path), n_ctx=max_seq, n_threads=threads,
                          n_threads_batch=threads, n_batch=max_seq, n_ubatch=max_seq,
-                         type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32, use_mmap=False,
-                         verbose=False)
+                         type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32, verbose=False)
 
     def generate(self, prompt: list[int], max_new_tokens: int) -> GenTiming:
         ids, stamps = [], []
