@@ -1,25 +1,30 @@
 """`sandwichc bench serving`: TTFT and TPOT of sandwichc against HF transformers, llama.cpp and
 OpenVINO on the same random-weight model, the same prompts and the same threads, in one run.
 
-Every peer of a model is loaded, each prompt length warmed up, and the timed greedy
-generations go round robin over the peers (never two at once), so a drift of this VM's
-memory bandwidth over minutes hits all of them alike. Writes results/serving.{json,md}.
+The timed greedy generations go round robin over the systems (never two at once), so a
+drift of this VM's memory bandwidth over minutes hits all of them alike. Every system keeps
+its weights in its own memory: this VM reclaims pages mapped from files while another
+system runs, which would make a system that maps its checkpoint re-read it from disk. When
+every system's copy does not fit at once, each is loaded and closed within every round.
+Writes results/serving.{json,md}.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import gc
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from sandwich.errors import ConfigError
-from sandwich.runtime.serving_peers import GenTiming
+from sandwich.runtime.serving_peers import GenTiming, ServingPeer
 
 
 @dataclass
@@ -43,6 +48,7 @@ class ServingResult:
     rows: list[ServingRow] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     other_load: tuple[float, float] = (0.0, 0.0)
+    per_round_load: dict[str, bool] = field(default_factory=dict)  # model -> loaded per round
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -73,27 +79,76 @@ def prompts(lengths: list[int], vocab: int, *, seed: int = 0) -> dict[int, list[
     return {n: [int(x) for x in rng.integers(3, vocab, n)] for n in lengths}
 
 
-def time_peers(peers: list, prompt_ids: dict[int, list[int]], new_tokens: int, repeats: int, *,
-               settle=lambda: time.sleep(0.2)) -> dict[str, dict[int, tuple[GenTiming, float, float]]]:
-    """Median TTFT and TPOT over `repeats` runs per peer and prompt length.
+Timed = dict[str, dict[int, tuple[GenTiming, float, float]]]
 
-    Each length is warmed up on every peer first (kernels for a new M load lazily; llama.cpp
-    sizes its buffers on first use); then the repeats go round robin over the peers, with a
-    pause before each run for the previous library's idle threads to go to sleep, so a drift
-    of the machine's memory bandwidth over minutes hits every peer alike."""
-    out: dict[str, dict[int, tuple[GenTiming, float, float]]] = {p.name: {} for p in peers}
-    for n, ids in prompt_ids.items():
-        for peer in peers:
-            peer.generate(ids, 2)
-        runs: dict[str, list[GenTiming]] = {p.name: [] for p in peers}
+
+def time_peers(makers: dict[str, Callable[[], ServingPeer]], prompt_ids: dict[int, list[int]],
+               new_tokens: int, repeats: int, *, resident: bool = True,
+               settle=lambda: time.sleep(0.2), log=print) -> tuple[Timed, list[str]]:
+    """Median TTFT and TPOT over `repeats` rounds per system and prompt length.
+
+    Each round runs every system in turn (round robin, so a drift of the machine's memory
+    bandwidth over minutes hits them alike), and each system every prompt length, with a
+    pause before each run for the previous library's idle threads to go to sleep. A system
+    is warmed up on a length before its first timed run there (kernels for a new M load
+    lazily; llama.cpp sizes its buffers on first use). `resident` keeps every system loaded
+    across rounds; otherwise each is loaded, warmed up, timed and closed within a round, so
+    only one system's weights are in memory at a time (four private copies of a 5 GB model
+    do not fit this machine). A system whose loader raises ConfigError is skipped; returns
+    the timings and the skip messages."""
+    runs: dict[str, dict[int, list[GenTiming]]] = {}
+    skipped: list[str] = []
+    dropped: set[str] = set()
+    kept: dict[str, ServingPeer] = {}
+    try:
         for _ in range(repeats):
-            for peer in peers:
-                settle()
-                runs[peer.name].append(peer.generate(ids, new_tokens))
-        for name, rs in runs.items():
-            out[name][n] = (rs[0], statistics.median(r.ttft_ms for r in rs),
-                            statistics.median(r.tpot_ms for r in rs))
-    return out
+            for name, make in makers.items():
+                if name in dropped:
+                    continue
+                peer = kept.get(name)
+                fresh = peer is None
+                if fresh:
+                    try:
+                        peer = make()
+                    except ConfigError as e:
+                        dropped.add(name)
+                        skipped.append(f"{name}: {e}")
+                        log(f"skipped {name}: {e}")
+                        continue
+                try:
+                    for n, ids in prompt_ids.items():
+                        if fresh:
+                            peer.generate(ids, 2)
+                        settle()
+                        runs.setdefault(name, {}).setdefault(n, []).append(peer.generate(ids, new_tokens))
+                finally:
+                    if resident:
+                        kept[name] = peer
+                    else:
+                        peer.close()
+                        del peer
+                        gc.collect()
+    finally:
+        for peer in kept.values():
+            peer.close()
+        kept.clear()
+        gc.collect()
+    out: Timed = {name: {n: (rs[0], statistics.median(r.ttft_ms for r in rs),
+                             statistics.median(r.tpot_ms for r in rs)) for n, rs in per_len.items()}
+                  for name, per_len in runs.items()}
+    return out, skipped
+
+
+def weights_fit(model_dir: Path, systems: int, *, meminfo: Path = Path("/proc/meminfo")) -> bool:
+    """Whether every system can keep its own copy of the weights at once, with room for
+    one transient second copy while a system loads (HF clones its tensors, llama.cpp reads
+    the GGUF into memory): systems + 1 copies within 80% of the available memory."""
+    size = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+    avail = 0
+    for line in meminfo.read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            avail = int(line.split()[1]) * 1024
+    return (systems + 1) * size <= 0.8 * avail
 
 
 def _make_peer(name: str, model_dir: Path, *, threads: int, max_seq: int, cache, work: Path):
@@ -138,21 +193,15 @@ def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: 
         model = model_dir.name if Path(model).is_dir() else model
         cfg, _ = read_config(model_dir)
         ids = prompts(prompt_lens, cfg.vocab_size)
-        loaded = []
-        try:
-            for name in peers:
-                try:
-                    loaded.append(_make_peer(name, model_dir, threads=threads, max_seq=max_seq,
-                                             cache=cache, work=work))
-                except ConfigError as e:
-                    res.skipped.append(f"{model}/{name}: {e}")
-                    log(f"skipped {name}: {e}")
-            timed = time_peers(loaded, ids, new_tokens, repeats)
-        finally:
-            for peer in loaded:
-                peer.close()
-            loaded.clear()
-            gc.collect()
+        resident = weights_fit(model_dir, len(peers))
+        if not resident:
+            log(f"{model}: one system in memory at a time (load, warm up, time, close per round)")
+        res.per_round_load[model] = not resident
+        makers = {name: functools.partial(_make_peer, name, model_dir, threads=threads,
+                                          max_seq=max_seq, cache=cache, work=work)
+                  for name in peers}
+        timed, skipped = time_peers(makers, ids, new_tokens, repeats, resident=resident, log=log)
+        res.skipped += [f"{model}/{s}" for s in skipped]
         reference = {n: t[0].ids for n, t in timed.get("sandwichc", {}).items()}
         for name, per_len in timed.items():
             for n, (first, ttft, tpot) in per_len.items():
@@ -176,9 +225,14 @@ def write_report(res: ServingResult, md: Path, js: Path) -> None:
         f"fp32 KV caches everywhere (llama.cpp's and OpenVINO's default to f16 / u8); date {res.date}",
         "- one request at a time, greedy, the same random-weight checkpoint and prompt ids for "
         "every system (llama.cpp reads an F32 GGUF written from it; OpenVINO a graph built from "
-        "it); each prompt length warmed up "
-        f"on every system, then the median of {res.repeats} runs taken round robin over the "
-        "systems (one at a time, 0.2 s apart)",
+        "it); the median of "
+        f"{res.repeats} rounds, each running every system in turn (one at a time, 0.2 s "
+        "apart), after a warm-up of each prompt length",
+        "- weights in each system's own memory (llama.cpp without mmap, HF's tensors copied "
+        "out of the mapped file): this VM reclaims mapped file pages while other systems run"
+        + ("; " + ", ".join(m for m, v in res.per_round_load.items() if v)
+           + ": every system loaded and closed within each round, as all copies do not fit "
+           "in memory at once" if any(res.per_round_load.values()) else ""),
         "- TTFT = prompt ids in to first new token out (prefill + argmax); TPOT = mean time of "
         "each later token",
         f"- other processes used {100 * res.other_load[0]:.0f}% of the CPUs at the start and "

@@ -77,6 +77,9 @@ class HfPeer:
         torch.set_num_threads(threads)
         self.torch = torch
         self.model = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        with torch.no_grad():  # own memory, not pages mapped from the file (see bench_serving)
+            for p in self.model.parameters():
+                p.data = p.data.clone()
 
     def generate(self, prompt: list[int], max_new_tokens: int) -> GenTiming:
         torch = self.torch
@@ -97,7 +100,8 @@ class HfPeer:
 
 
 class LlamaCppPeer:
-    """llama.cpp (llama-cpp-python) on an F32 GGUF of the same weights, f32 KV cache."""
+    """llama.cpp (llama-cpp-python) on an F32 GGUF of the same weights, f32 KV cache, the
+    weights read into its own memory (no mmap; see bench_serving)."""
 
     name = "llama.cpp"
 
@@ -112,7 +116,8 @@ class LlamaCppPeer:
         # the cache: the other systems keep theirs in f32, and so does this one
         self.llm = Llama(model_path=str(gguf_path), n_ctx=max_seq, n_threads=threads,
                          n_threads_batch=threads, n_batch=max_seq, n_ubatch=max_seq,
-                         type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32, verbose=False)
+                         type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32, use_mmap=False,
+                         verbose=False)
 
     def generate(self, prompt: list[int], max_new_tokens: int) -> GenTiming:
         ids, stamps = [], []

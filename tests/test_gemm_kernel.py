@@ -66,6 +66,14 @@ def test_one_family_serves_every_slice():
     assert len(meas.kernels) == 1 and len(meas.verified) == 3
 
 
+def test_skinny_m_is_timed_on_weights_streamed_past_the_llc():
+    meas = TvmMeasure(CPU, 2, 4 * LANES, 64, 4 * LANES, seq_max=32, llc_bytes=1 << 20)
+    assert meas(_sched(1, 4 * LANES, (1, 4 * LANES, 64), (1, 1, 1), pack=4 * LANES), 1).ok
+    copies = meas.streamed_weights()
+    assert len(copies) * meas.wp.nbytes >= 8 << 20  # 8x the (given) LLC
+    assert all(c.ctypes.data % 64 == 0 and np.array_equal(c, meas.wp) for c in copies)
+
+
 def test_wrong_weight_shape():
     with pytest.raises(ShapeError):
         pack_weights(np.zeros((4, 30), np.float32), 16)

@@ -207,6 +207,7 @@ def test_reuse_unfreezes_when_the_frozen_schedule_falls_off():
     assert not res.reused and res.trials > 1  # searched again ...
     refined = [s for s, m in meas.calls[before:] if m == 64]
     assert {s.micro_kernel for s in refined} == {frozen.micro_kernel}  # ... around the frozen one
+    assert res.schedule.slice.b_k == 512 == 2 * frozen.slice.b_k  # its first step doubles
 
 
 def test_time_callable_stops_early_on_long_calls():
@@ -227,3 +228,35 @@ def test_time_cap_per_m_stops_measuring():
                             settings=SearchSettings(max_seconds_per_m=5.0))
     res = search.tune_m(16)
     assert 1 <= res.trials <= 6 and res.gflops > 0  # each clock read is one "second"
+
+
+def test_reuse_tolerates_small_drops_only():
+    drops = {64: 0.95, 128: 0.85}  # the frozen schedule at these Ms, relative to when frozen
+
+    def fn(s, m):
+        return _good(s, 32) * drops.get(m, 1.0)
+
+    search, _ = _search(fn, sigma=2, reuse_patience=2)
+    for m in (8, 16, 32):
+        search.tune_m(m)
+    assert search.state.frozen is not None
+    assert search.tune_m(64).reused  # 5% down: within reuse_drop
+    assert not search.tune_m(128).reused  # 15% down: searched again
+
+
+def test_split_k_only_while_its_partial_sums_are_cheap():
+    from sandwich.tuner.space import useful
+
+    mk, pl = MicroKernel(4, 64), Polymerization(1, 1, 2)
+    assert useful(pl, 8, 2048, 2048, mk)  # 8 * 2 * 8 = 128 <= 2048
+    assert not useful(pl, 2048, 32000, 2048, mk)  # a 2 x 2048 x 32000 workspace
+    assert useful(Polymerization(1, 2, 1), 2048, 32000, 2048, mk)
+
+
+def test_time_cap_still_measures_min_trials_per_m():
+    clock = iter(float(10 * i) for i in range(10**6))  # every clock read: 10 "seconds" later
+    meas = FakeMeasure(_good)
+    search = SandwichSearch(n=1024, k=512, pack_n=64, micro_kernels=[MicroKernel(4, 64)],
+                            threads=2, measure=meas, clock=lambda: next(clock),
+                            settings=SearchSettings(max_seconds_per_m=5.0, min_trials_per_m=7))
+    assert search.tune_m(16).trials == 7  # the cap passed at once, the floor still holds

@@ -69,38 +69,71 @@ def test_model_dir_for_rejects_unknown_names(tmp_path):
 
 
 class _FakePeer:
-    name = "fake"
-
-    def __init__(self):
-        self.calls = []
+    def __init__(self, name, events):
+        self.name, self.events, self.calls = name, events, 0
 
     def generate(self, prompt, n):
-        self.calls.append((len(prompt), n))
-        return GenTiming(list(range(n)), 10.0 * len(self.calls), 1.0)
+        self.calls += 1
+        self.events.append((self.name, len(prompt), n))
+        return GenTiming(list(range(n)), 10.0 * self.calls, 1.0)
 
     def close(self):
-        pass
+        self.events.append((self.name, "close"))
 
 
-def test_time_peers_warms_up_then_goes_round_robin():
-    order = []
-    a, b = _FakePeer(), _FakePeer()
-    b.name = "other"
-    a.generate = _logged(a.generate, order, "a")
-    b.generate = _logged(b.generate, order, "b")
-    out = bench_serving.time_peers([a, b], {4: [1] * 4, 16: [1] * 16}, 3, repeats=3,
-                                   settle=lambda: None)
-    # each length warmed up (2 tokens) on both, then the repeats alternate between peers
-    assert order == ["a", "b"] + ["a", "b"] * 3 + ["a", "b"] + ["a", "b"] * 3
-    assert a.calls == [(4, 2)] + [(4, 3)] * 3 + [(16, 2)] + [(16, 3)] * 3
-    assert out["fake"][4][1] == 30.0 and out["fake"][16][1] == 70.0  # medians of 20,30,40; 60,70,80
+def _makers(events, names=("a", "b")):
+    def make(name):
+        events.append((name, "load"))
+        return _FakePeer(name, events)
+    return {name: (lambda name=name: make(name)) for name in names}
 
 
-def _logged(fn, order, tag):
-    def call(*args):
-        order.append(tag)
-        return fn(*args)
-    return call
+def _time(events, resident, **kw):
+    return bench_serving.time_peers(_makers(events, **kw), {4: [1] * 4, 16: [1] * 16}, 3,
+                                    repeats=3, resident=resident, settle=lambda: None,
+                                    log=lambda *_: None)
+
+
+def test_time_peers_resident_loads_once_and_goes_round_robin():
+    events = []
+    out, skipped = _time(events, resident=True)
+    first_round = [("a", "load"), ("a", 4, 2), ("a", 4, 3), ("a", 16, 2), ("a", 16, 3),
+                   ("b", "load"), ("b", 4, 2), ("b", 4, 3), ("b", 16, 2), ("b", 16, 3)]
+    later = [("a", 4, 3), ("a", 16, 3), ("b", 4, 3), ("b", 16, 3)]
+    assert events == first_round + later * 2 + [("a", "close"), ("b", "close")]
+    assert skipped == []
+    # a's timed runs are its calls 2, 4, 5, 6, 7, 8 (10 ms each): medians of (20, 50, 70), (40, 60, 80)
+    assert out["a"][4][1] == 50.0 and out["a"][16][1] == 60.0
+
+
+def test_time_peers_per_round_holds_one_system_at_a_time():
+    events = []
+    _time(events, resident=False)
+    def one(n):
+        return [(n, "load"), (n, 4, 2), (n, 4, 3), (n, 16, 2), (n, 16, 3), (n, "close")]
+
+    assert events == (one("a") + one("b")) * 3  # loaded, warmed up, timed, closed each round
+
+
+def test_time_peers_skips_a_system_that_cannot_load():
+    events = []
+    makers = _makers(events)
+
+    def broken():
+        raise ConfigError("not installed")
+
+    makers["b"] = broken
+    out, skipped = bench_serving.time_peers(makers, {4: [1] * 4}, 3, repeats=2, resident=False,
+                                            settle=lambda: None, log=lambda *_: None)
+    assert list(out) == ["a"] and skipped == ["b: not installed"]
+
+
+def test_weights_fit_counts_every_copy(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"0" * 1000)
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 100 kB\nMemAvailable:        5 kB\n")  # 5120 bytes
+    assert bench_serving.weights_fit(tmp_path, 3, meminfo=meminfo)  # 4000 <= 4096
+    assert not bench_serving.weights_fit(tmp_path, 4, meminfo=meminfo)  # 5000 > 4096
 
 
 def test_report_lists_every_row(tmp_path):

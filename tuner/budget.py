@@ -38,7 +38,7 @@ BUDGETS = {
                                                  max_seconds_per_m=6.0),
                     mk_widths=1, dense_until=4, per_octave=1),
     "default": Budget("default", SearchSettings(sigma=16, mk_keep=2, finetune_steps=2, reuse_patience=2,
-                                                     max_seconds_per_m=12.0),
+                                                     max_seconds_per_m=12.0, min_trials_per_m=10),
                       mk_widths=2, dense_until=8, per_octave=2),
     "full": Budget("full", SearchSettings(sigma=16, mk_keep=4, finetune_steps=6, reuse_patience=3),
                    mk_widths=3, dense_until=16, per_octave=4),

@@ -82,6 +82,13 @@ def clamp(s: ComputeSlice, caps: ComputeSlice) -> ComputeSlice:
 
 
 def useful(pl: Polymerization, m: int, n: int, k: int, mk: MicroKernel) -> bool:
-    """A polymerization is worth trying only if each of its threads gets some work."""
+    """A polymerization is worth trying only if each of its threads gets some work, and
+    split-K only while its partial sums stay cheap: the t_k partial M x N results are
+    written and read back (2 t_k M N floats) to save streaming time on the K x N weights,
+    which pays only while that traffic is at most a quarter of the weights' (8 t_k M <= K).
+    Past that, M and N have tiles for every thread anyway, and a lucky timing could pick
+    a 0.5 GB workspace (Sheared-LLaMA's lm_head at M = 2048 did)."""
     blocks_m = max(1, m // mk.mu_m)
+    if pl.t_k > 1 and 8 * pl.t_k * m > k:
+        return False
     return pl.t_m <= blocks_m and pl.t_n <= n // mk.mu_n and pl.t_k <= -(-k // K_UNIT)
