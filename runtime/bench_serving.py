@@ -36,6 +36,7 @@ class ServingRow:
     ttft_ms: float
     tpot_ms: float
     same_ids_as_sandwichc: bool | None = None
+    read_gbs: float | None = None  # streaming read measured right after this system's runs
 
 
 @dataclass
@@ -84,7 +85,8 @@ Timed = dict[str, dict[int, tuple[GenTiming, float, float]]]
 
 def time_peers(makers: dict[str, Callable[[], ServingPeer]], prompt_ids: dict[int, list[int]],
                new_tokens: int, repeats: int, *, resident: bool = True,
-               settle=lambda: time.sleep(0.2), log=print) -> tuple[Timed, list[str]]:
+               settle=lambda: time.sleep(0.2), read_probe: Callable[[], float] | None = None,
+               log=print) -> tuple[Timed, dict[str, float], list[str]]:
     """Median TTFT and TPOT over `repeats` rounds per system and prompt length.
 
     Each round runs every system in turn (round robin, so a drift of the machine's memory
@@ -94,9 +96,13 @@ def time_peers(makers: dict[str, Callable[[], ServingPeer]], prompt_ids: dict[in
     lazily; llama.cpp sizes its buffers on first use). `resident` keeps every system loaded
     across rounds; otherwise each is loaded, warmed up, timed and closed within a round, so
     only one system's weights are in memory at a time (four private copies of a 5 GB model
-    do not fit this machine). A system whose loader raises ConfigError is skipped; returns
-    the timings and the skip messages."""
+    do not fit this machine). `read_probe` (streaming-read GB/s) runs after each system's
+    runs in every round: decode is memory-bound, and this VM's DRAM bandwidth drifts by
+    tens of percent over minutes, so each system's TPOT comes with the bandwidth it had. A
+    system whose loader raises ConfigError is skipped. Returns the timings, each system's
+    median probe and the skip messages."""
     runs: dict[str, dict[int, list[GenTiming]]] = {}
+    reads: dict[str, list[float]] = {}
     skipped: list[str] = []
     dropped: set[str] = set()
     kept: dict[str, ServingPeer] = {}
@@ -121,6 +127,8 @@ def time_peers(makers: dict[str, Callable[[], ServingPeer]], prompt_ids: dict[in
                             peer.generate(ids, 2)
                         settle()
                         runs.setdefault(name, {}).setdefault(n, []).append(peer.generate(ids, new_tokens))
+                    if read_probe is not None:
+                        reads.setdefault(name, []).append(read_probe())
                 finally:
                     if resident:
                         kept[name] = peer
@@ -136,7 +144,7 @@ def time_peers(makers: dict[str, Callable[[], ServingPeer]], prompt_ids: dict[in
     out: Timed = {name: {n: (rs[0], statistics.median(r.ttft_ms for r in rs),
                              statistics.median(r.tpot_ms for r in rs)) for n, rs in per_len.items()}
                   for name, per_len in runs.items()}
-    return out, skipped
+    return out, {name: statistics.median(r) for name, r in reads.items()}, skipped
 
 
 def weights_fit(model_dir: Path, systems: int, *, meminfo: Path = Path("/proc/meminfo")) -> bool:
@@ -180,6 +188,7 @@ def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: 
                       log=print) -> ServingResult:
     from sandwich.compiler.target import describe_machine
     from sandwich.runtime.loader import read_config
+    from sandwich.tuner.machine_bench import read_bandwidth_gbs
     from sandwich.tuner.quiet import other_cpu_load, warn_if_busy
 
     unknown = [p for p in peers if p not in PEERS]
@@ -200,14 +209,16 @@ def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: 
         makers = {name: functools.partial(_make_peer, name, model_dir, threads=threads,
                                           max_seq=max_seq, cache=cache, work=work)
                   for name in peers}
-        timed, skipped = time_peers(makers, ids, new_tokens, repeats, resident=resident, log=log)
+        timed, reads, skipped = time_peers(makers, ids, new_tokens, repeats, resident=resident,
+                                           read_probe=lambda: read_bandwidth_gbs(threads), log=log)
         res.skipped += [f"{model}/{s}" for s in skipped]
         reference = {n: t[0].ids for n, t in timed.get("sandwichc", {}).items()}
         for name, per_len in timed.items():
             for n, (first, ttft, tpot) in per_len.items():
                 same = first.ids == reference[n] if n in reference and name != "sandwichc" else None
-                res.rows.append(ServingRow(model, name, n, new_tokens, ttft, tpot, same))
-                log(f"{model} {name:<16} prompt {n:>5}: TTFT {ttft:9.1f} ms  TPOT {tpot:8.2f} ms")
+                res.rows.append(ServingRow(model, name, n, new_tokens, ttft, tpot, same, reads.get(name)))
+                log(f"{model} {name:<16} prompt {n:>5}: TTFT {ttft:9.1f} ms  TPOT {tpot:8.2f} ms  "
+                    f"(read {reads.get(name, 0.0):.1f} GB/s)")
     res.other_load = (load0, other_cpu_load())
     return res
 
@@ -240,11 +251,15 @@ def write_report(res: ServingResult, md: Path, js: Path) -> None:
     ]
     if res.skipped:
         lines.append(f"- skipped: {'; '.join(res.skipped)}")
-    lines += ["", "| model | prompt | new tokens | system | TTFT ms | TPOT ms | same ids as sandwichc |",
-              "|---|---:|---:|---|---:|---:|---|"]
+    lines.append("- read GB/s: the machine's streaming-read bandwidth measured right after the "
+                 "system's runs (median over the rounds); decode is memory-bound, so a TPOT "
+                 "gap within that bandwidth's drift is not a gap between the systems")
+    lines += ["", "| model | prompt | new tokens | system | TTFT ms | TPOT ms | read GB/s | "
+              "same ids as sandwichc |", "|---|---:|---:|---|---:|---:|---:|---|"]
     for r in sorted(res.rows, key=lambda r: (r.model, r.prompt_len, r.peer != "sandwichc", r.peer)):
         same = "" if r.same_ids_as_sandwichc is None else ("yes" if r.same_ids_as_sandwichc else "no")
+        read = "" if r.read_gbs is None else f"{r.read_gbs:.1f}"
         lines.append(f"| {r.model} | {r.prompt_len} | {r.new_tokens} | {r.peer} | {r.ttft_ms:.1f} | "
-                     f"{r.tpot_ms:.2f} | {same} |")
+                     f"{r.tpot_ms:.2f} | {read} | {same} |")
     md.parent.mkdir(parents=True, exist_ok=True)
     md.write_text("\n".join(lines) + "\n")

@@ -89,19 +89,25 @@ def _makers(events, names=("a", "b")):
 
 
 def _time(events, resident, **kw):
+    probes = iter(range(1, 100))
+
+    def probe():
+        events.append("probe")
+        return float(next(probes))
+
     return bench_serving.time_peers(_makers(events, **kw), {4: [1] * 4, 16: [1] * 16}, 3,
                                     repeats=3, resident=resident, settle=lambda: None,
-                                    log=lambda *_: None)
+                                    read_probe=probe, log=lambda *_: None)
 
 
 def test_time_peers_resident_loads_once_and_goes_round_robin():
     events = []
-    out, skipped = _time(events, resident=True)
-    first_round = [("a", "load"), ("a", 4, 2), ("a", 4, 3), ("a", 16, 2), ("a", 16, 3),
-                   ("b", "load"), ("b", 4, 2), ("b", 4, 3), ("b", 16, 2), ("b", 16, 3)]
-    later = [("a", 4, 3), ("a", 16, 3), ("b", 4, 3), ("b", 16, 3)]
+    out, reads, skipped = _time(events, resident=True)
+    first_round = [("a", "load"), ("a", 4, 2), ("a", 4, 3), ("a", 16, 2), ("a", 16, 3), "probe",
+                   ("b", "load"), ("b", 4, 2), ("b", 4, 3), ("b", 16, 2), ("b", 16, 3), "probe"]
+    later = [("a", 4, 3), ("a", 16, 3), "probe", ("b", 4, 3), ("b", 16, 3), "probe"]
     assert events == first_round + later * 2 + [("a", "close"), ("b", "close")]
-    assert skipped == []
+    assert skipped == [] and reads == {"a": 3.0, "b": 4.0}  # medians of (1, 3, 5), (2, 4, 6)
     # a's timed runs are its calls 2, 4, 5, 6, 7, 8 (10 ms each): medians of (20, 50, 70), (40, 60, 80)
     assert out["a"][4][1] == 50.0 and out["a"][16][1] == 60.0
 
@@ -110,7 +116,7 @@ def test_time_peers_per_round_holds_one_system_at_a_time():
     events = []
     _time(events, resident=False)
     def one(n):
-        return [(n, "load"), (n, 4, 2), (n, 4, 3), (n, 16, 2), (n, 16, 3), (n, "close")]
+        return [(n, "load"), (n, 4, 2), (n, 4, 3), (n, 16, 2), (n, 16, 3), "probe", (n, "close")]
 
     assert events == (one("a") + one("b")) * 3  # loaded, warmed up, timed, closed each round
 
@@ -123,9 +129,10 @@ def test_time_peers_skips_a_system_that_cannot_load():
         raise ConfigError("not installed")
 
     makers["b"] = broken
-    out, skipped = bench_serving.time_peers(makers, {4: [1] * 4}, 3, repeats=2, resident=False,
-                                            settle=lambda: None, log=lambda *_: None)
-    assert list(out) == ["a"] and skipped == ["b: not installed"]
+    out, reads, skipped = bench_serving.time_peers(makers, {4: [1] * 4}, 3, repeats=2,
+                                                   resident=False, settle=lambda: None,
+                                                   log=lambda *_: None)
+    assert list(out) == ["a"] and skipped == ["b: not installed"] and reads == {}
 
 
 def test_weights_fit_counts_every_copy(tmp_path):
@@ -139,11 +146,11 @@ def test_weights_fit_counts_every_copy(tmp_path):
 def test_report_lists_every_row(tmp_path):
     res = bench_serving.ServingResult("cmd", "2026-11-22", "cpu", 2, 3)
     res.rows.append(bench_serving.ServingRow("m", "sandwichc", 128, 32, 12.5, 3.25))
-    res.rows.append(bench_serving.ServingRow("m", "llama.cpp", 128, 32, 20.0, 4.0, True))
+    res.rows.append(bench_serving.ServingRow("m", "llama.cpp", 128, 32, 20.0, 4.0, True, 27.25))
     bench_serving.write_report(res, tmp_path / "s.md", tmp_path / "s.json")
     md = (tmp_path / "s.md").read_text()
-    assert "| m | 128 | 32 | sandwichc | 12.5 | 3.25 |  |" in md
-    assert "| m | 128 | 32 | llama.cpp | 20.0 | 4.00 | yes |" in md
+    assert "| m | 128 | 32 | sandwichc | 12.5 | 3.25 |  |  |" in md
+    assert "| m | 128 | 32 | llama.cpp | 20.0 | 4.00 | 27.2 | yes |" in md
     assert json.loads((tmp_path / "s.json").read_text())["rows"][1]["peer"] == "llama.cpp"
 
 
