@@ -1,12 +1,14 @@
 """`sandwichc bench serving`: TTFT and TPOT of sandwichc against HF transformers, llama.cpp and
 OpenVINO on the same random-weight model, the same prompts and the same threads, in one run.
 
-The timed greedy generations go round robin over the systems (never two at once), so a
-drift of this VM's memory bandwidth over minutes hits all of them alike. Every system keeps
-its weights in its own memory: this VM reclaims pages mapped from files while another
-system runs, which would make a system that maps its checkpoint re-read it from disk. When
-every system's copy does not fit at once, each is loaded and closed within every round.
-Writes results/serving.{json,md}.
+The timed greedy generations go round robin over the systems (never two at once), and
+sandwichc runs right beside every peer run, so each peer also gets a paired ratio to
+sandwichc measured seconds apart: decode is memory-bound and this VM's DRAM bandwidth
+drifts by tens of percent within tens of seconds. Every system keeps its weights in its
+own memory: this VM reclaims pages mapped from files while another system runs, which
+would make a system that maps its checkpoint re-read it from disk. When every system's
+copy does not fit at once, sandwichc stays loaded and each peer is loaded and closed
+within every round. Writes results/serving.{json,md}.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class ServingRow:
     tpot_ms: float
     same_ids_as_sandwichc: bool | None = None
     read_gbs: float | None = None  # streaming read measured right after this system's runs
+    ttft_vs_sandwichc: float | None = None  # median of the paired ratios (see time_peers)
+    tpot_vs_sandwichc: float | None = None
 
 
 @dataclass
@@ -83,54 +87,90 @@ def prompts(lengths: list[int], vocab: int, *, seed: int = 0) -> dict[int, list[
 Timed = dict[str, dict[int, tuple[GenTiming, float, float]]]
 
 
-def time_peers(makers: dict[str, Callable[[], ServingPeer]], prompt_ids: dict[int, list[int]],
-               new_tokens: int, repeats: int, *, resident: bool = True,
-               settle=lambda: time.sleep(0.2), read_probe: Callable[[], float] | None = None,
-               log=print) -> tuple[Timed, dict[str, float], list[str]]:
-    """Median TTFT and TPOT over `repeats` rounds per system and prompt length.
+@dataclass
+class PeerTimings:
+    """What `time_peers` measured: per system and prompt length (first run, median TTFT ms,
+    median TPOT ms); per non-anchor system and length, the medians of its paired TTFT and
+    TPOT ratios to the anchor; each system's median read probe; skip messages."""
+    timed: Timed
+    paired: dict[str, dict[int, tuple[float, float]]]
+    reads: dict[str, float]
+    skipped: list[str]
 
-    Each round runs every system in turn (round robin, so a drift of the machine's memory
-    bandwidth over minutes hits them alike), and each system every prompt length, with a
-    pause before each run for the previous library's idle threads to go to sleep. A system
-    is warmed up on a length before its first timed run there (kernels for a new M load
-    lazily; llama.cpp sizes its buffers on first use). `resident` keeps every system loaded
-    across rounds; otherwise each is loaded, warmed up, timed and closed within a round, so
-    only one system's weights are in memory at a time (four private copies of a 5 GB model
-    do not fit this machine). `read_probe` (streaming-read GB/s) runs after each system's
-    runs in every round: decode is memory-bound, and this VM's DRAM bandwidth drifts by
-    tens of percent over minutes, so each system's TPOT comes with the bandwidth it had. A
-    system whose loader raises ConfigError is skipped. Returns the timings, each system's
-    median probe and the skip messages."""
+
+def time_peers(makers: dict[str, Callable[[], ServingPeer]], prompt_ids: dict[int, list[int]],
+               new_tokens: int, repeats: int, *, anchor: str | None = None, resident: bool = True,
+               settle=lambda: time.sleep(0.2), read_probe: Callable[[], float] | None = None,
+               log=print) -> PeerTimings:
+    """Time greedy generations of every system over `repeats` rounds.
+
+    Each round runs every system in turn (never two at once), each on every prompt length,
+    with a pause before each run for the previous library's idle threads to go to sleep. A
+    system is warmed up on a length before its first timed run there (kernels for a new M
+    load lazily; llama.cpp sizes its buffers on first use). `resident` keeps every system
+    loaded across rounds; otherwise each is loaded, warmed up, timed and closed within a
+    round (four private copies of a 5 GB model do not fit this machine).
+
+    `anchor` (sandwichc) stays loaded throughout and runs on each prompt length right beside
+    every other system's run, alternating which goes first: decode is memory-bound and this
+    VM's DRAM bandwidth drifts by tens of percent within tens of seconds, so each system is
+    also compared with the anchor measured seconds apart (the paired ratios). `read_probe`
+    (streaming-read GB/s) runs after each system's runs in every round. A system whose loader
+    raises ConfigError is skipped."""
     runs: dict[str, dict[int, list[GenTiming]]] = {}
+    ratios: dict[str, dict[int, list[tuple[float, float]]]] = {}
     reads: dict[str, list[float]] = {}
     skipped: list[str] = []
-    dropped: set[str] = set()
     kept: dict[str, ServingPeer] = {}
+
+    def load(name: str) -> ServingPeer | None:
+        try:
+            return makers[name]()
+        except ConfigError as e:
+            makers.pop(name)
+            skipped.append(f"{name}: {e}")
+            log(f"skipped {name}: {e}")
+            return None
+
+    def timed(name: str, peer: ServingPeer, n: int) -> GenTiming:
+        settle()
+        t = peer.generate(prompt_ids[n], new_tokens)
+        runs.setdefault(name, {}).setdefault(n, []).append(t)
+        return t
+
+    makers = dict(makers)
+    lead = load(anchor) if anchor in makers else None
+    if lead is not None:
+        kept[anchor] = lead
+        for ids in prompt_ids.values():
+            lead.generate(ids, 2)
     try:
-        for _ in range(repeats):
-            for name, make in makers.items():
-                if name in dropped:
+        for r in range(repeats):
+            others = [name for name in makers if name != anchor] if lead else list(makers)
+            for name in others if others or lead is None else [anchor]:
+                peer = kept.get(name) or load(name)
+                if peer is None:
                     continue
-                peer = kept.get(name)
-                fresh = peer is None
-                if fresh:
-                    try:
-                        peer = make()
-                    except ConfigError as e:
-                        dropped.add(name)
-                        skipped.append(f"{name}: {e}")
-                        log(f"skipped {name}: {e}")
-                        continue
+                fresh = name not in kept
                 try:
+                    if lead is not None and name != anchor:
+                        lead.generate(prompt_ids[min(prompt_ids)], 2)  # touch its pages again
                     for n, ids in prompt_ids.items():
                         if fresh:
                             peer.generate(ids, 2)
-                        settle()
-                        runs.setdefault(name, {}).setdefault(n, []).append(peer.generate(ids, new_tokens))
+                        if lead is None or name == anchor:
+                            timed(name, peer, n)
+                            continue
+                        order = [(anchor, lead), (name, peer)][:: 1 if r % 2 == 0 else -1]
+                        t = {who: timed(who, p, n) for who, p in order}
+                        ratios.setdefault(name, {}).setdefault(n, []).append(
+                            (t[name].ttft_ms / t[anchor].ttft_ms, t[name].tpot_ms / t[anchor].tpot_ms))
                     if read_probe is not None:
-                        reads.setdefault(name, []).append(read_probe())
+                        bw = read_probe()
+                        for who in {name, anchor if lead is not None else name}:
+                            reads.setdefault(who, []).append(bw)
                 finally:
-                    if resident:
+                    if resident or name == anchor:
                         kept[name] = peer
                     else:
                         peer.close()
@@ -141,10 +181,13 @@ def time_peers(makers: dict[str, Callable[[], ServingPeer]], prompt_ids: dict[in
             peer.close()
         kept.clear()
         gc.collect()
-    out: Timed = {name: {n: (rs[0], statistics.median(r.ttft_ms for r in rs),
-                             statistics.median(r.tpot_ms for r in rs)) for n, rs in per_len.items()}
-                  for name, per_len in runs.items()}
-    return out, {name: statistics.median(r) for name, r in reads.items()}, skipped
+    med = statistics.median
+    return PeerTimings(
+        timed={name: {n: (rs[0], med(r.ttft_ms for r in rs), med(r.tpot_ms for r in rs))
+                      for n, rs in per_len.items()} for name, per_len in runs.items()},
+        paired={name: {n: (med(a for a, _ in rs), med(b for _, b in rs)) for n, rs in per_len.items()}
+                for name, per_len in ratios.items()},
+        reads={name: med(r) for name, r in reads.items()}, skipped=skipped)
 
 
 def weights_fit(model_dir: Path, systems: int, *, meminfo: Path = Path("/proc/meminfo")) -> bool:
@@ -204,21 +247,25 @@ def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: 
         ids = prompts(prompt_lens, cfg.vocab_size)
         resident = weights_fit(model_dir, len(peers))
         if not resident:
-            log(f"{model}: one system in memory at a time (load, warm up, time, close per round)")
+            log(f"{model}: sandwichc and one peer in memory at a time (each peer loaded, warmed "
+                "up, timed and closed per round)")
         res.per_round_load[model] = not resident
         makers = {name: functools.partial(_make_peer, name, model_dir, threads=threads,
                                           max_seq=max_seq, cache=cache, work=work)
                   for name in peers}
-        timed, reads, skipped = time_peers(makers, ids, new_tokens, repeats, resident=resident,
-                                           read_probe=lambda: read_bandwidth_gbs(threads), log=log)
-        res.skipped += [f"{model}/{s}" for s in skipped]
-        reference = {n: t[0].ids for n, t in timed.get("sandwichc", {}).items()}
-        for name, per_len in timed.items():
+        t = time_peers(makers, ids, new_tokens, repeats, anchor="sandwichc", resident=resident,
+                       read_probe=lambda: read_bandwidth_gbs(threads), log=log)
+        res.skipped += [f"{model}/{s}" for s in t.skipped]
+        reference = {n: r[0].ids for n, r in t.timed.get("sandwichc", {}).items()}
+        for name, per_len in t.timed.items():
             for n, (first, ttft, tpot) in per_len.items():
                 same = first.ids == reference[n] if n in reference and name != "sandwichc" else None
-                res.rows.append(ServingRow(model, name, n, new_tokens, ttft, tpot, same, reads.get(name)))
+                vs = t.paired.get(name, {}).get(n, (None, None))
+                res.rows.append(ServingRow(model, name, n, new_tokens, ttft, tpot, same,
+                                           t.reads.get(name), *vs))
                 log(f"{model} {name:<16} prompt {n:>5}: TTFT {ttft:9.1f} ms  TPOT {tpot:8.2f} ms  "
-                    f"(read {reads.get(name, 0.0):.1f} GB/s)")
+                    f"(read {t.reads.get(name, 0.0):.1f} GB/s)"
+                    + (f"  paired vs sandwichc: TTFT x{vs[0]:.2f} TPOT x{vs[1]:.2f}" if vs[0] else ""))
     res.other_load = (load0, other_cpu_load())
     return res
 
@@ -252,14 +299,19 @@ def write_report(res: ServingResult, md: Path, js: Path) -> None:
     if res.skipped:
         lines.append(f"- skipped: {'; '.join(res.skipped)}")
     lines.append("- read GB/s: the machine's streaming-read bandwidth measured right after the "
-                 "system's runs (median over the rounds); decode is memory-bound, so a TPOT "
-                 "gap within that bandwidth's drift is not a gap between the systems")
+                 "system's runs (median over the rounds); decode is memory-bound, so TPOTs "
+                 "taken minutes apart differ by that bandwidth's drift")
+    lines.append("- x sandwichc (paired): sandwichc runs the same prompt right before or after "
+                 "each peer run (alternating), so both see the same bandwidth; the median over "
+                 "the rounds of peer / sandwichc (above 1: the peer is slower)")
     lines += ["", "| model | prompt | new tokens | system | TTFT ms | TPOT ms | read GB/s | "
-              "same ids as sandwichc |", "|---|---:|---:|---|---:|---:|---:|---|"]
+              "TTFT x sandwichc (paired) | TPOT x sandwichc (paired) | same ids as sandwichc |",
+              "|---|---:|---:|---|---:|---:|---:|---:|---:|---|"]
     for r in sorted(res.rows, key=lambda r: (r.model, r.prompt_len, r.peer != "sandwichc", r.peer)):
         same = "" if r.same_ids_as_sandwichc is None else ("yes" if r.same_ids_as_sandwichc else "no")
-        read = "" if r.read_gbs is None else f"{r.read_gbs:.1f}"
+        read, ttft_x, tpot_x = (("" if v is None else f"{v:{f}}") for v, f in (
+            (r.read_gbs, ".1f"), (r.ttft_vs_sandwichc, ".2f"), (r.tpot_vs_sandwichc, ".2f")))
         lines.append(f"| {r.model} | {r.prompt_len} | {r.new_tokens} | {r.peer} | {r.ttft_ms:.1f} | "
-                     f"{r.tpot_ms:.2f} | {read} | {same} |")
+                     f"{r.tpot_ms:.2f} | {read} | {ttft_x} | {tpot_x} | {same} |")
     md.parent.mkdir(parents=True, exist_ok=True)
     md.write_text("\n".join(lines) + "\n")

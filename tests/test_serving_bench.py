@@ -88,7 +88,7 @@ def _makers(events, names=("a", "b")):
     return {name: (lambda name=name: make(name)) for name in names}
 
 
-def _time(events, resident, **kw):
+def _time(events, resident, anchor=None, **kw):
     probes = iter(range(1, 100))
 
     def probe():
@@ -96,20 +96,21 @@ def _time(events, resident, **kw):
         return float(next(probes))
 
     return bench_serving.time_peers(_makers(events, **kw), {4: [1] * 4, 16: [1] * 16}, 3,
-                                    repeats=3, resident=resident, settle=lambda: None,
-                                    read_probe=probe, log=lambda *_: None)
+                                    repeats=3, anchor=anchor, resident=resident,
+                                    settle=lambda: None, read_probe=probe, log=lambda *_: None)
 
 
 def test_time_peers_resident_loads_once_and_goes_round_robin():
     events = []
-    out, reads, skipped = _time(events, resident=True)
+    t = _time(events, resident=True)
     first_round = [("a", "load"), ("a", 4, 2), ("a", 4, 3), ("a", 16, 2), ("a", 16, 3), "probe",
                    ("b", "load"), ("b", 4, 2), ("b", 4, 3), ("b", 16, 2), ("b", 16, 3), "probe"]
     later = [("a", 4, 3), ("a", 16, 3), "probe", ("b", 4, 3), ("b", 16, 3), "probe"]
     assert events == first_round + later * 2 + [("a", "close"), ("b", "close")]
-    assert skipped == [] and reads == {"a": 3.0, "b": 4.0}  # medians of (1, 3, 5), (2, 4, 6)
+    assert t.skipped == [] and t.paired == {}
+    assert t.reads == {"a": 3.0, "b": 4.0}  # medians of (1, 3, 5), (2, 4, 6)
     # a's timed runs are its calls 2, 4, 5, 6, 7, 8 (10 ms each): medians of (20, 50, 70), (40, 60, 80)
-    assert out["a"][4][1] == 50.0 and out["a"][16][1] == 60.0
+    assert t.timed["a"][4][1] == 50.0 and t.timed["a"][16][1] == 60.0
 
 
 def test_time_peers_per_round_holds_one_system_at_a_time():
@@ -121,6 +122,25 @@ def test_time_peers_per_round_holds_one_system_at_a_time():
     assert events == (one("a") + one("b")) * 3  # loaded, warmed up, timed, closed each round
 
 
+def test_time_peers_pairs_every_run_with_the_anchor_alternating_order():
+    events = []
+    t = _time(events, resident=False, anchor="a", names=("a", "b", "c"))
+    warm = [("a", "load"), ("a", 4, 2), ("a", 16, 2)]
+    def paired(peer, first_anchor):
+        def pair(n):
+            return [("a", n, 3), (peer, n, 3)][:: 1 if first_anchor else -1]
+
+        return [(peer, "load"), ("a", 4, 2), (peer, 4, 2), *pair(4), (peer, 16, 2), *pair(16),
+                "probe", (peer, "close")]
+
+    rounds = [paired("b", r % 2 == 0) + paired("c", r % 2 == 0) for r in range(3)]
+    assert events == warm + sum(rounds, []) + [("a", "close")]  # a stays loaded throughout
+    assert t.reads["a"] == 3.5 and t.reads["b"] == 3.0  # a: every probe; b: (1, 3, 5)
+    # TTFT is 10 ms x the peer's call count: b is reloaded every round (its timed M=4 run is
+    # its call 2), a is not (calls 4, 10, 16); TPOT is 1 ms everywhere
+    assert set(t.paired) == {"b", "c"} and t.paired["b"][4] == (20 / 100, 1.0)
+
+
 def test_time_peers_skips_a_system_that_cannot_load():
     events = []
     makers = _makers(events)
@@ -129,10 +149,9 @@ def test_time_peers_skips_a_system_that_cannot_load():
         raise ConfigError("not installed")
 
     makers["b"] = broken
-    out, reads, skipped = bench_serving.time_peers(makers, {4: [1] * 4}, 3, repeats=2,
-                                                   resident=False, settle=lambda: None,
-                                                   log=lambda *_: None)
-    assert list(out) == ["a"] and skipped == ["b: not installed"] and reads == {}
+    t = bench_serving.time_peers(makers, {4: [1] * 4}, 3, repeats=2, resident=False,
+                                 settle=lambda: None, log=lambda *_: None)
+    assert list(t.timed) == ["a"] and t.skipped == ["b: not installed"] and t.reads == {}
 
 
 def test_weights_fit_counts_every_copy(tmp_path):
@@ -146,11 +165,12 @@ def test_weights_fit_counts_every_copy(tmp_path):
 def test_report_lists_every_row(tmp_path):
     res = bench_serving.ServingResult("cmd", "2026-11-22", "cpu", 2, 3)
     res.rows.append(bench_serving.ServingRow("m", "sandwichc", 128, 32, 12.5, 3.25))
-    res.rows.append(bench_serving.ServingRow("m", "llama.cpp", 128, 32, 20.0, 4.0, True, 27.25))
+    res.rows.append(bench_serving.ServingRow("m", "llama.cpp", 128, 32, 20.0, 4.0, True, 27.25,
+                                             1.6, 1.23))
     bench_serving.write_report(res, tmp_path / "s.md", tmp_path / "s.json")
     md = (tmp_path / "s.md").read_text()
-    assert "| m | 128 | 32 | sandwichc | 12.5 | 3.25 |  |  |" in md
-    assert "| m | 128 | 32 | llama.cpp | 20.0 | 4.00 | 27.2 | yes |" in md
+    assert "| m | 128 | 32 | sandwichc | 12.5 | 3.25 |  |  |  |  |" in md
+    assert "| m | 128 | 32 | llama.cpp | 20.0 | 4.00 | 27.2 | 1.60 | 1.23 | yes |" in md
     assert json.loads((tmp_path / "s.json").read_text())["rows"][1]["peer"] == "llama.cpp"
 
 
