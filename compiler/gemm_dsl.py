@@ -7,6 +7,7 @@ valid, and the executable has the same calling convention,
 
 from __future__ import annotations
 
+import hashlib
 from functools import lru_cache
 
 from sandwich.compiler.build import compile_source
@@ -24,6 +25,15 @@ def _kernel():
     from sandwich.dsl.load import load_kernel
 
     return load_kernel(KERNEL)
+
+
+@lru_cache(maxsize=1)
+def family_source_sha256() -> str:
+    """Hash of the family's source: the kernel cache keys on it, so kernels built and
+    schedules tuned for an older version of the algorithm are not reused after a change."""
+    from sandwich.dsl.load import builtin_kernels
+
+    return hashlib.sha256(builtin_kernels()[KERNEL].read_bytes()).hexdigest()
 
 
 def family_tunables(schedule: KernelSchedule) -> dict[str, int]:

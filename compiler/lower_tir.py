@@ -204,6 +204,9 @@ class _Emitter(V.VectorLoops, StaticParts):
             if s.op != "=":
                 value = f"({target} {s.op[0]} {value})"
             self.line(depth, f"{target} = {value}")
+        elif isinstance(s, A.Prefetch):  # rw 0 (read), locality 2 (L2), cache type 1 (data)
+            self.line(depth, 'T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", '
+                             f"T.address_of({self.expr(s.target)}), 0, 2, 1))")
         elif isinstance(s, A.Assert):
             text = print_expr(s.cond).replace('"', "'")
             self.line(depth, f'assert {self.expr(s.cond)}, "kernel requirement failed: {text}"')

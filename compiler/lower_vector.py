@@ -89,7 +89,7 @@ def _reads(s) -> list[str]:
 def reductions(loop: H.For) -> list[Reduction] | None:
     """The loop's reductions, or None when the loop cannot be vectorised.
 
-    Vectorisable: no nested loops or local arrays; every store is to an element indexed by
+    Vectorisable: no nested loops, local arrays or prefetches; every store is to an element indexed by
     the loop variable, to a scalar declared in the body, or a reduction of an outer scalar
     that the body reads nowhere else.
     """
@@ -97,7 +97,7 @@ def reductions(loop: H.For) -> list[Reduction] | None:
     found: dict[str, Reduction] = {}
     reads: list[str] = []
     for s in _statements(loop.body):
-        if isinstance(s, H.For) or (isinstance(s, A.Decl) and s.shape):
+        if isinstance(s, (H.For, A.Prefetch)) or (isinstance(s, A.Decl) and s.shape):
             return None
         red = as_reduction(s, local)
         if red is not None:

@@ -160,4 +160,14 @@ class Assert:
     loc: Loc | None = _loc()
 
 
+@dataclass(frozen=True)
+class Prefetch:
+    """A hint to fetch the cache line holding an array element into L2, for data needed
+    soon but not right away (e.g. the next weight tile of a DRAM-streaming GEMM). It has no
+    effect on results, and its element may lie past the array's end (it is never read)."""
+
+    target: Index
+    loc: Loc | None = _loc()
+
+
 ASSIGN_OPS = ("=", "+=", "-=", "*=", "/=")

@@ -192,6 +192,11 @@ class Checker:
         elif isinstance(s, A.Assert):
             if self.expr(s.cond) != "bool":
                 raise self.fail("assert needs a bool condition", s.cond)
+        elif isinstance(s, A.Prefetch):
+            self.index(s.target)
+            if self.lookup(s.target.array) is not self.scopes[1].get(s.target.array):
+                raise self.fail(f"prefetch needs an array parameter; '{s.target.array}' is a "
+                                "local array", s.target)
         elif isinstance(s, A.If):
             if self.expr(s.cond) != "bool":
                 raise self.fail("if needs a bool condition", s.cond)

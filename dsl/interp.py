@@ -115,6 +115,7 @@ class Interpreter:
                 raise self.fail("assertion failed", s)
         elif isinstance(s, A.If):
             self.block(s.then if self.expr(s.cond) else s.orelse)
+        # A.Prefetch: a cache hint, nothing to compute (its element may lie past the end)
         elif isinstance(s, H.For):
             start, stop, step = (self.expr(x) for x in (s.start, s.stop, s.step))
             if step <= 0:

@@ -38,7 +38,7 @@ def _stmt(s, source: str | None):
         return _for(s, source)
     if isinstance(s, A.If):
         return A.If(s.cond, _body(s.then, source), _body(s.orelse, source), loc=s.loc)
-    return s  # Decl, Assign, Assert: the same node at both levels
+    return s  # Decl, Assign, Assert, Prefetch: the same node at both levels
 
 
 def _body(stmts, source: str | None) -> tuple:

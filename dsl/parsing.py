@@ -129,6 +129,11 @@ class ExprTransformer(Transformer):
     def index(self, meta, children):
         return A.Index(str(children[0]), tuple(children[1:]), loc=self.loc(meta))
 
+    def prefetch_stmt(self, meta, children):
+        """The same statement at both levels: `prefetch(X[i, j])`."""
+        target = A.Index(str(children[0]), tuple(children[1:]), loc=self.loc(meta))
+        return A.Prefetch(target, loc=self.loc(meta))
+
     def call(self, meta, children):
         args = tuple(c for c in children[1:] if c is not None)
         return A.Call(str(children[0]), args, loc=self.loc(meta))

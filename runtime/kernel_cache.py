@@ -58,6 +58,15 @@ class PackedWeight:
     k: int
 
 
+def cache_fingerprint(cpu: CpuInfo) -> str:
+    """What records and kernel files are keyed by: the target fingerprint (TVM version,
+    target, CPU flags) and the GEMM family's source, so a new kernel version starts afresh."""
+    from sandwich.compiler.gemm_dsl import family_source_sha256
+
+    both = f"{cpu.fingerprint()}:{family_source_sha256()}"
+    return hashlib.sha256(both.encode()).hexdigest()[:16]
+
+
 class KernelCache:
     """A cache directory (0700) holding `tuning.sqlite` and `kernels/<fingerprint>/*.so`."""
 
@@ -68,7 +77,7 @@ class KernelCache:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.dir, 0o700)
         self.cpu = cpu or detect_cpu()
-        self.fingerprint = self.cpu.fingerprint()
+        self.fingerprint = cache_fingerprint(self.cpu)
         self.db = TuningDB(self.dir / DB_NAME)
 
     # -- kernel files ------------------------------------------------------------------

@@ -22,6 +22,7 @@ GOOD = [
     "bool c = n > 1 && s < 2.0; if (c) { } else { }",
     "f32 y = n > 2 ? s : 0.0; f32 z = max(y, 1) + rsqrt(4);",
     "assert(n % mu == 0);",
+    "prefetch(b[n, n + 100]);",
     "b[0, 1] -= select(true, 1.0, s);",
 ]
 
@@ -61,6 +62,9 @@ BAD = [
     ("f32 range = 1.0;", "'range' is a reserved word", 2),
     ("bool c = true; c += true;", "'\\+=' cannot apply to bool", 2),
     ("assert(n);", "assert needs a bool", 2),
+    ("f32 t[mu]; prefetch(t[0]);", "prefetch needs an array parameter; 't' is a local", 2),
+    ("prefetch(a[0, 1]);", "shape mismatch: 'a' has 1 dimension", 2),
+    ("prefetch(a[s]);", "index of 'a' must be an integer", 2),
     ("f32 x = 99999999999999999999 * 1.0;", "does not fit in i64", 2),
     ("f32 x = -true;", "'-' cannot apply to bool", 2),
 ]

@@ -28,6 +28,7 @@ VALID = [
     "unroll for (i32 i = 0; i < 4; i++) { }",
     "if (n > 0) { a[0] = 1.0; } else if (n < 0) { } else { a[0] = 0.0; }",
     "assert(n % 4 == 0);",
+    "prefetch(a[n + 64]);",
     "f32 w = 1e-6 + .5 + 3.e2; // comment",
     "/* block\n comment */ f32 v = 1.0;",
 ]

@@ -22,7 +22,7 @@ from sandwich.types import ComputeSlice, KernelSchedule, MicroKernel, Polymeriza
 CPU = detect_cpu()
 L = CPU.lanes_f32
 N, K = 8 * L, 96  # K not a multiple of b_k: partial panels too
-MS = (1, 2, 3, 7, 16, 33, 100)
+MS = (1, 2, 3, 7, 8, 16, 33, 100)  # up to 8 with two row blocks, the next tile is prefetched
 
 
 def _sched(mu_m, mu_n, b, pl, pack=4 * L):
@@ -89,6 +89,8 @@ def test_calling_convention_is_the_hand_templates():
              for src in (plain, split)]
     assert names[0] == ["A_h", "W_h", "C_h", "bmb_", "bnt_", "bk_"]
     assert names[1] == ["A_h", "W_h", "C_h", "WS_h", "bmb_", "bnt_", "bk_"]
+    # skinny M prefetches the next weight tile into L2, one 64-byte line at a time
+    assert plain.count("llvm.prefetch.p0") == 4 * L // 16 and "M_ <= 8" in plain
 
 
 def test_accumulators_are_one_stack_row_per_buffer():

@@ -57,6 +57,14 @@ def test_public_gemm_api_any_m(tuned):
         KernelCache(d).gemm(n=N * 2, k=K)
 
 
+def test_a_changed_gemm_family_source_starts_a_new_cache_key(tuned, monkeypatch):
+    d, _ = tuned
+    assert KernelCache(d).gemm(n=N, k=K).schedules
+    monkeypatch.setattr("sandwich.compiler.gemm_dsl.family_source_sha256", lambda: "0" * 64)
+    with pytest.raises(CacheError, match="no tuned kernels .* run `sandwichc tune`"):
+        KernelCache(d).gemm(n=N, k=K)
+
+
 def test_repeated_calls_on_the_same_buffers_are_replayed_and_stay_correct(tuned):
     from sandwich.runtime import kernel_cache as kc
 

@@ -67,6 +67,8 @@ def _stmt(s, depth: int) -> list[str]:
         return [f"{pad}{print_expr(s.target)} {s.op} {print_expr(s.value)};"]
     if isinstance(s, A.Assert):
         return [f"{pad}assert({print_expr(s.cond)});"]
+    if isinstance(s, A.Prefetch):
+        return [f"{pad}prefetch({print_expr(s.target)});"]
     if isinstance(s, L.For):
         hint = f"{s.hint} " if s.hint else ""
         step = (f"{s.step_var}++" if s.step == A.IntLit(1)
