@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from functools import lru_cache
+from pathlib import Path
 
 from sandwich.compiler.build import compile_source
 from sandwich.compiler.gemm_template import GemmProblem, validate
@@ -29,11 +30,22 @@ def _kernel():
 
 @lru_cache(maxsize=1)
 def family_source_sha256() -> str:
-    """Hash of the family's source: the kernel cache keys on it, so kernels built and
-    schedules tuned for an older version of the algorithm are not reused after a change."""
+    """Hash of everything that turns a schedule into a `.so`: the family's source and the
+    DSL and compiler code that parse and lower it. The kernel cache keys on it, so kernels
+    built by an older version of the algorithm or of the lowering are not reused."""
+    import sandwich.compiler
+    import sandwich.dsl
     from sandwich.dsl.load import builtin_kernels
 
-    return hashlib.sha256(builtin_kernels()[KERNEL].read_bytes()).hexdigest()
+    files = [builtin_kernels()[KERNEL]]
+    for package in (sandwich.compiler, sandwich.dsl):
+        root = Path(package.__file__).parent
+        files += sorted(f for f in root.rglob("*") if f.suffix in (".py", ".lark"))
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f"{f.parent.name}/{f.name}\0".encode())
+        digest.update(f.read_bytes())
+    return digest.hexdigest()
 
 
 def family_tunables(schedule: KernelSchedule) -> dict[str, int]:

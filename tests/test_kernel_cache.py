@@ -3,6 +3,7 @@
 import os
 import sqlite3
 import stat
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -63,6 +64,24 @@ def test_a_changed_gemm_family_source_starts_a_new_cache_key(tuned, monkeypatch)
     monkeypatch.setattr("sandwich.compiler.gemm_dsl.family_source_sha256", lambda: "0" * 64)
     with pytest.raises(CacheError, match="no tuned kernels .* run `sandwichc tune`"):
         KernelCache(d).gemm(n=N, k=K)
+
+
+def test_the_cache_key_covers_the_lowering_code(tmp_path, monkeypatch):
+    import shutil
+
+    import sandwich.compiler
+    from sandwich.compiler import gemm_dsl
+
+    copy = tmp_path / "compiler"
+    shutil.copytree(Path(sandwich.compiler.__file__).parent, copy)
+    monkeypatch.setattr(sandwich.compiler, "__file__", str(copy / "__init__.py"))
+    gemm_dsl.family_source_sha256.cache_clear()
+    before = gemm_dsl.family_source_sha256()
+    with open(copy / "lower_tir.py", "a") as f:
+        f.write("# a change in the lowering\n")
+    gemm_dsl.family_source_sha256.cache_clear()
+    assert gemm_dsl.family_source_sha256() != before
+    gemm_dsl.family_source_sha256.cache_clear()
 
 
 def test_repeated_calls_on_the_same_buffers_are_replayed_and_stay_correct(tuned):
