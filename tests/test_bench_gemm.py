@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from sandwich.tuner.bench_gemm import BenchResult, _best_rotated_pass, summarize
+from sandwich.tuner.bench_gemm import BenchResult, _best_rotated_pass, summarize, summarize_rotated
 from sandwich.tuner.bench_report import write_markdown, write_png
 from sandwich.tuner.cli import numeric_ms
 
@@ -46,6 +46,17 @@ def test_rotated_rows_keep_each_runners_best_share_of_its_own_read():
     out = _best_rotated_pass(rot, ["sandwich", "numpy"])
     assert (out["sandwich_gbs"], out["sandwich_pct_read"]) == (25.0, 96.2)
     assert (out["numpy_gbs"], out["numpy_read_gbs"]) == (20.0, 30.0)
+
+
+def test_rotated_summary_counts_rows_at_the_target_per_runner_and_m():
+    rows = [{"m": 1, "sandwich_pct_read": 95.0, "numpy_pct_read": 91.0},
+            {"m": 8, "sandwich_pct_read": 89.9, "numpy_pct_read": 40.0},
+            {"m": 8, "sandwich_pct_read": 90.0, "numpy_pct_read": 50.0}]
+    rs = summarize_rotated(rows, ["sandwich", "numpy"])
+    ours, numpy = rs["runners"]["sandwich"], rs["runners"]["numpy"]
+    assert (ours["at_target"], ours["rows"], ours["min_pct_read"]) == (2, 3, 89.9)
+    assert ours["per_m"] == {"1": [1, 1], "8": [1, 2]}
+    assert (numpy["at_target"], numpy["per_m"]["8"]) == (1, [0, 2])
 
 
 def test_numeric_ms_include_one_and_primes():

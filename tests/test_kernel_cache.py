@@ -76,12 +76,14 @@ def test_the_cache_key_covers_the_lowering_code(tmp_path, monkeypatch):
     shutil.copytree(Path(sandwich.compiler.__file__).parent, copy)
     monkeypatch.setattr(sandwich.compiler, "__file__", str(copy / "__init__.py"))
     gemm_dsl.family_source_sha256.cache_clear()
-    before = gemm_dsl.family_source_sha256()
-    with open(copy / "lower_tir.py", "a") as f:
-        f.write("# a change in the lowering\n")
-    gemm_dsl.family_source_sha256.cache_clear()
-    assert gemm_dsl.family_source_sha256() != before
-    gemm_dsl.family_source_sha256.cache_clear()
+    try:
+        before = gemm_dsl.family_source_sha256()
+        with open(copy / "lower_tir.py", "a") as f:
+            f.write("# a change in the lowering\n")
+        gemm_dsl.family_source_sha256.cache_clear()
+        assert gemm_dsl.family_source_sha256() != before
+    finally:  # later tests must hash the real code, not this copy's
+        gemm_dsl.family_source_sha256.cache_clear()
 
 
 def test_repeated_calls_on_the_same_buffers_are_replayed_and_stay_correct(tuned):

@@ -65,7 +65,8 @@ class BenchResult:
                 "threads": self.threads, "passes": self.passes, "peak_gflops": self.peak_gflops,
                 "read_gbs": self.read_gbs, "peers": self.peers, "skipped": self.skipped,
                 "rows": self.rows, "rotated_rows": self.rotated_rows,
-                "summary": summarize(self.rows, self.peers, self.peak_gflops)}
+                "summary": summarize(self.rows, self.peers, self.peak_gflops),
+                "rotated_summary": summarize_rotated(self.rotated_rows, ["sandwich", *self.peers])}
 
 
 def _geomean(xs: list[float]) -> float:
@@ -86,6 +87,26 @@ def summarize(rows: list[dict], peers: list[str], peak: float) -> dict:
         "min_fraction_of_peak_m_ge_512": min(large) if large else 0.0,
         "geomean_fraction_of_peak_m_ge_512": _geomean(large),
     }
+
+
+ROTATED_TARGET_PCT = 90.0  # of the streaming read, the issue's bar for M <= 8 rows
+
+
+def summarize_rotated(rotated_rows: list[dict], names: list[str],
+                      target_pct: float = ROTATED_TARGET_PCT) -> dict:
+    """Per runner: how many rotated rows reach `target_pct` of their moment's read, in all
+    and per M, and the lowest share."""
+    out = {}
+    for name in names:
+        pcts = [(r["m"], r[f"{name}_pct_read"]) for r in rotated_rows if f"{name}_pct_read" in r]
+        per_m = {}
+        for m, pct in pcts:
+            hit, total = per_m.get(m, (0, 0))
+            per_m[m] = (hit + (pct >= target_pct), total + 1)
+        out[name] = {"rows": len(pcts), "at_target": sum(pct >= target_pct for _, pct in pcts),
+                     "min_pct_read": min((pct for _, pct in pcts), default=0.0),
+                     "per_m": {str(m): list(v) for m, v in sorted(per_m.items())}}
+    return {"target_pct_read": target_pct, "runners": out}
 
 
 def _cases(models: list[str], ms: list[int], tp: int):
@@ -173,10 +194,11 @@ def _time_ours(row: dict, rot: dict | None, cache, threads: int, limits) -> None
         return
     copies = rotation_copies(w.nbytes, limits.llc_bytes)
     handles = [gemm.pack(w) for _ in range(copies)]
+    before = _moment_read(limits)
     t = measure_runner("sandwich", _runner(gemm, out), a, w, handles, **TIMING)
     del handles
     rot["copies"] = copies
-    _add_rotated_pass(rot, "sandwich", t, limits)
+    _add_rotated_pass(rot, "sandwich", t, limits, before)
 
 
 def _time_peers(row: dict, rot: dict | None, peers, limits) -> None:
@@ -190,17 +212,26 @@ def _time_peers(row: dict, rot: dict | None, peers, limits) -> None:
         return
     for peer in peers:
         _settle()
-        _add_rotated_pass(rot, peer.name, measure_peer(peer, a, w, copies=rot["copies"], **TIMING),
-                          limits)
+        before = _moment_read(limits)
+        t = measure_peer(peer, a, w, copies=rot["copies"], **TIMING)
+        _add_rotated_pass(rot, peer.name, t, limits, before)
 
 
-def _add_rotated_pass(rot: dict, name: str, t, limits) -> None:
-    """A rotated timing and the streaming read measured right after it: this VM's DRAM
-    bandwidth drifts by tens of percent over minutes, so each percentage is taken against
-    the bandwidth of its own moment."""
-    local = read_bandwidth_gbs(limits.threads, size_bytes=limits.read_buffer_bytes, repeat=3)
+def _moment_read(limits) -> float:
+    """The streaming-read GB/s of this moment (a few repeats, the benchmark's buffer)."""
+    return read_bandwidth_gbs(limits.threads, size_bytes=limits.read_buffer_bytes, repeat=3)
+
+
+def _add_rotated_pass(rot: dict, name: str, t, limits, before: float) -> None:
+    """A rotated timing against the mean of the streaming reads measured right before and
+    right after it: this VM's DRAM bandwidth drifts by tens of percent within seconds, so
+    each percentage is taken against the bandwidth of its own moment, bracketed on both
+    sides (the same for every runner)."""
+    after = _moment_read(limits)
+    local = (before + after) / 2
     rot.setdefault(f"{name}_passes", []).append(
-        {"gbs": t.weight_gbs, "read_gbs": local, "pct_read": t.pct_of_read(local)})
+        {"gbs": t.weight_gbs, "read_gbs": local, "read_before_after_gbs": [before, after],
+         "pct_read": t.pct_of_read(local)})
 
 
 def _best_rotated_pass(rot: dict, names: list[str]) -> dict:

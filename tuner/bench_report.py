@@ -44,7 +44,9 @@ def write_markdown(res, path: Path) -> None:
                      f"{100 * r['sandwich_gflops'] / res.peak_gflops:.0f}% |")
     if res.rotated_rows:
         lines += ["", "## Skinny M with weights rotated beyond the LLC (DRAM-bound)", "",
-                  "Weight GB/s and % of the streaming-read bandwidth measured right after each timing (DRAM bandwidth drifts here).", "",
+                  "Weight GB/s and % of the streaming-read bandwidth of the same moment: the mean of"
+                  " reads measured right before and right after each timing (DRAM bandwidth drifts here).",
+                  "", _rotated_summary_line(res.to_json()["rotated_summary"]), "",
                   "| model | op | M | N x K | copies | sandwich | " + " | ".join(res.peers) + " |",
                   "|---|---|---:|---|---:|---:|" + "---:|" * len(res.peers)]
         for r in res.rotated_rows:
@@ -78,3 +80,12 @@ def write_png(res, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _rotated_summary_line(rs: dict) -> str:
+    """'sandwich 38/40 rows (M = 1: 10/10, ...), min 85%; numpy ...' at the target share."""
+    parts = []
+    for name, r in rs["runners"].items():
+        per_m = ", ".join(f"M = {m}: {hit}/{total}" for m, (hit, total) in r["per_m"].items())
+        parts.append(f"{name} {r['at_target']}/{r['rows']} ({per_m}; min {r['min_pct_read']:.0f}%)")
+    return f"**Rows at >= {rs['target_pct_read']:.0f}% of the read:** " + "; ".join(parts) + "."
