@@ -83,7 +83,7 @@ def write_png(res, path: Path) -> None:
 
 
 def _rotated_summary_line(rs: dict) -> str:
-    """'sandwich 38/40 rows (M = 1: 10/10, ...), min 85%; numpy ...' at the target share."""
+    """'sandwich 38/40 (M = 1: 10/10, ...; min 80%); numpy ...': rows at the target share."""
     parts = []
     for name, r in rs["runners"].items():
         per_m = ", ".join(f"M = {m}: {hit}/{total}" for m, (hit, total) in r["per_m"].items())
