@@ -194,11 +194,9 @@ def _time_ours(row: dict, rot: dict | None, cache, threads: int, limits) -> None
         return
     copies = rotation_copies(w.nbytes, limits.llc_bytes)
     handles = [gemm.pack(w) for _ in range(copies)]
-    before = _moment_read(limits)
-    t = measure_runner("sandwich", _runner(gemm, out), a, w, handles, **TIMING)
-    del handles
     rot["copies"] = copies
-    _add_rotated_pass(rot, "sandwich", t, limits, before)
+    _add_rotated_pass(rot, "sandwich", limits,
+                      lambda: measure_runner("sandwich", _runner(gemm, out), a, w, handles, **TIMING))
 
 
 def _time_peers(row: dict, rot: dict | None, peers, limits) -> None:
@@ -212,9 +210,8 @@ def _time_peers(row: dict, rot: dict | None, peers, limits) -> None:
         return
     for peer in peers:
         _settle()
-        before = _moment_read(limits)
-        t = measure_peer(peer, a, w, copies=rot["copies"], **TIMING)
-        _add_rotated_pass(rot, peer.name, t, limits, before)
+        _add_rotated_pass(rot, peer.name, limits,
+                          lambda peer=peer: measure_peer(peer, a, w, copies=rot["copies"], **TIMING))
 
 
 def _moment_read(limits) -> float:
@@ -222,11 +219,13 @@ def _moment_read(limits) -> float:
     return read_bandwidth_gbs(limits.threads, size_bytes=limits.read_buffer_bytes, repeat=3)
 
 
-def _add_rotated_pass(rot: dict, name: str, t, limits, before: float) -> None:
-    """A rotated timing against the mean of the streaming reads measured right before and
-    right after it: this VM's DRAM bandwidth drifts by tens of percent within seconds, so
-    each percentage is taken against the bandwidth of its own moment, bracketed on both
-    sides (the same for every runner)."""
+def _add_rotated_pass(rot: dict, name: str, limits, measure) -> None:
+    """Run one rotated timing (`measure()`) between two streaming reads and keep it against
+    their mean: this VM's DRAM bandwidth drifts by tens of percent within seconds, so each
+    percentage is taken against the bandwidth of its own moment, bracketed on both sides
+    (the same for every runner)."""
+    before = _moment_read(limits)
+    t = measure()
     after = _moment_read(limits)
     local = (before + after) / 2
     rot.setdefault(f"{name}_passes", []).append(

@@ -6,7 +6,8 @@ from pathlib import Path
 
 
 def write_markdown(res, path: Path) -> None:
-    s = res.to_json()["summary"]
+    js = res.to_json()
+    s = js["summary"]
     lines = [
         "# Sandwich GEMM kernels vs vendor BLAS",
         "",
@@ -46,7 +47,7 @@ def write_markdown(res, path: Path) -> None:
         lines += ["", "## Skinny M with weights rotated beyond the LLC (DRAM-bound)", "",
                   "Weight GB/s and % of the streaming-read bandwidth of the same moment: the mean of"
                   " reads measured right before and right after each timing (DRAM bandwidth drifts here).",
-                  "", _rotated_summary_line(res.to_json()["rotated_summary"]), "",
+                  "", _rotated_summary_line(js["rotated_summary"]), "",
                   "| model | op | M | N x K | copies | sandwich | " + " | ".join(res.peers) + " |",
                   "|---|---|---:|---|---:|---:|" + "---:|" * len(res.peers)]
         for r in res.rotated_rows:
