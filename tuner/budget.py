@@ -35,12 +35,14 @@ BUDGETS = {
     "tiny": Budget("tiny", SearchSettings(sigma=2, mk_keep=1, finetune_steps=1, reuse_patience=1),
                    mk_widths=1, dense_until=2, per_octave=1),
     "quick": Budget("quick", SearchSettings(sigma=4, mk_keep=1, finetune_steps=1, reuse_patience=2,
-                                                 max_seconds_per_m=6.0),
+                                                 max_seconds_per_m=6.0, skinny_rounds=3),
                     mk_widths=1, dense_until=4, per_octave=1),
     "default": Budget("default", SearchSettings(sigma=16, mk_keep=2, finetune_steps=2, reuse_patience=2,
-                                                     max_seconds_per_m=12.0, min_trials_per_m=10),
+                                                     max_seconds_per_m=12.0, min_trials_per_m=10,
+                                                     skinny_rounds=7),
                       mk_widths=2, dense_until=8, per_octave=2),
-    "full": Budget("full", SearchSettings(sigma=16, mk_keep=4, finetune_steps=6, reuse_patience=3),
+    "full": Budget("full", SearchSettings(sigma=16, mk_keep=4, finetune_steps=6, reuse_patience=3,
+                                               skinny_rounds=9),
                    mk_widths=3, dense_until=16, per_octave=4),
 }
 

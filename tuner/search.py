@@ -6,6 +6,7 @@ injected `measure(schedule, m)`, so tests drive it with fake timings.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import astuple, dataclass, field, replace
@@ -32,6 +33,7 @@ class SearchSettings:
     start_k: int = 256  # fast start's first b_k (see SandwichSearch.fast_start)
     confirm_top: int = 3  # the best this many are measured again before one wins
     skinny_m: int = 8  # up to this M only full-panel micro-kernels (mu_n == pack_n) are tried
+    skinny_rounds: int = 1  # up to skinny_m, finalists are re-timed in this many interleaved rounds
     max_seconds_per_m: float | None = None  # past this, candidates count as no gain ...
     min_trials_per_m: int = 0  # ... once this many were measured at the M (long calls need them)
 
@@ -41,7 +43,7 @@ class Trial:
     """One measured candidate, for the per-step log."""
 
     m: int
-    phase: str  # "probe" | "fast_start" | "finetune" | "reuse" | "confirm"
+    phase: str  # "probe" | "fast_start" | "finetune" | "reuse" | "confirm" | "round"
     schedule: KernelSchedule
     gflops: float
 
@@ -85,12 +87,21 @@ class SandwichSearch:
         self._seen: dict[tuple[KernelSchedule, int], float] = {}
         self._deadline: float | None = None
         self._first_trial = 0  # index into self.trials where the current M's trials start
+        self._pending: list[MResult] = []  # stored winners not replayed yet (see resume)
 
     # -- bookkeeping -------------------------------------------------------------------
     def resume(self, results: list[MResult]) -> None:
-        """Replay stored winners (sorted by M) so the window and reuse state match a fresh run."""
-        for r in sorted(results, key=lambda r: r.m):
-            self._record(r)
+        """Replay stored winners so the window and reuse state match a fresh run.
+
+        Each is replayed when the search passes its M, not at once: a cache can hold winners
+        past an M still to be searched (its first Ms were cleared, or a budget with other M
+        samples stored them), and a fresh run would not have seen those yet there."""
+        self._pending = sorted(self._pending + list(results), key=lambda r: r.m)
+
+    def _catch_up(self, m: int) -> None:
+        """Replay the stored winners below `m`, in order."""
+        while self._pending and self._pending[0].m < m:
+            self._record(self._pending.pop(0))
 
     def _record(self, r: MResult) -> None:
         st = self.state
@@ -234,8 +245,7 @@ class SandwichSearch:
         A run slowed by another process (a timer tick, a page fault storm) can crown a lucky
         candidate or bury a good one; a second run of the few leaders catches most of that
         for a handful of trials. Skipped when this M's time is spent."""
-        top = sorted(((g, s) for (s, mm), g in self._seen.items() if mm == m and g > 0),
-                     key=lambda t: -t[0])[: self.settings.confirm_top]
+        top = self._leaders(m)[: self.settings.confirm_top]
         if len(top) < 2 or self._time_spent():
             return best
         rerun = []
@@ -246,6 +256,51 @@ class SandwichSearch:
             self._seen[(s, m)] = max(g, again)
             rerun.append((self._seen[(s, m)], s))
         return max(rerun + [best], key=lambda t: t[0])
+
+    def _skinny_rounds(self, m: int) -> bool:
+        """Skinny M is ranked in rounds (see `_rounds`), and its tallest tile always runs:
+        it loads each weight vector once for the most rows, which is what streaming needs,
+        yet its probe, one slice timed once, can land in a slow moment and rank it out."""
+        return m <= self.settings.skinny_m and self.settings.skinny_rounds > 1
+
+    def _leaders(self, m: int) -> list[tuple[float, KernelSchedule]]:
+        """Every schedule that ran at this M, best first."""
+        return sorted(((g, s) for (s, mm), g in self._seen.items() if mm == m and g > 0),
+                      key=lambda t: -t[0])
+
+    def _rounds(self, m: int, best: tuple[float, KernelSchedule]) -> tuple[float, KernelSchedule]:
+        """Rank the finalists at a skinny M by interleaved rounds; the best median share wins.
+
+        Skinny M streams its weights from DRAM, and a shared machine's DRAM bandwidth can
+        swing by half within seconds (this VM: about 33 or 57 GB/s), so two candidates
+        timed a few seconds apart are not comparable: one tune crowned a 4-row tile timed at
+        42 GB/s over a 6-row tile timed at 35 GB/s, a gap the moments alone explain. Each round
+        times every finalist once, back to back, and scores it as a share of that round's
+        best; the order flips each round so neither end is favoured. The finalists are the
+        `confirm_top` leaders plus each micro-kernel's best within half of the leader (the
+        slow moments here run at about 0.6x), so a tile whose slices all ran in a slow
+        moment is still in the final, while probe-only slices far behind are not."""
+        leaders = self._leaders(m)
+        finalists = [s for _, s in leaders[: self.settings.confirm_top]]
+        for g, s in leaders:
+            if g >= leaders[0][0] / 2 and s.micro_kernel not in {f.micro_kernel for f in finalists}:
+                finalists.append(s)
+        if len(finalists) < 2:
+            return best
+        shares: dict[KernelSchedule, list[float]] = {s: [] for s in finalists}
+        for r in range(self.settings.skinny_rounds):
+            order = finalists if r % 2 == 0 else finalists[::-1]
+            runs = {}
+            for s in order:
+                res = self.measure(s, m)
+                runs[s] = res.gflops if res.ok else 0.0
+                self.trials.append(Trial(m, "round", s, runs[s]))
+                self._seen[(s, m)] = max(self._seen[(s, m)], runs[s])
+            top = max(runs.values())
+            for s, g in runs.items():
+                shares[s].append(g / top if top > 0 else 0.0)
+        win = max(finalists, key=lambda s: (statistics.median(shares[s]), self._seen[(s, m)]))
+        return self._seen[(win, m)], win
 
     def _default_poly(self, m: int, mk: MicroKernel) -> Polymerization:
         """Fast start runs under the scheme that splits the dimension with the most tiles."""
@@ -261,6 +316,7 @@ class SandwichSearch:
 
     def tune_m(self, m: int) -> MResult:
         """Best schedule at this M: frozen schedule if reuse has kicked in, else the search."""
+        self._catch_up(m)
         t0, n0 = self.clock(), len(self.trials)
         self._first_trial = n0
         cap = self.settings.max_seconds_per_m
@@ -284,6 +340,9 @@ class SandwichSearch:
         if len(mks) > self.settings.mk_keep:
             ranked = sorted(mks, key=lambda mk: -self._probe(mk, m))
             mks = ranked[: self.settings.mk_keep]
+            tallest = max(ranked, key=lambda mk: (mk.mu_m, mk.mu_n))
+            if self._skinny_rounds(m) and tallest not in mks:
+                mks.append(tallest)
         best: tuple[float, KernelSchedule] | None = None
         for mk in mks:
             start, _ = self.fast_start(mk, m, self._default_poly(m, mk),
@@ -297,7 +356,7 @@ class SandwichSearch:
         assert best is not None
         if hist and prev >= best[0]:
             best = (prev, hist[-1].schedule)
-        best = self._confirm(m, best)
+        best = self._rounds(m, best) if self._skinny_rounds(m) else self._confirm(m, best)
         stable = bool(hist) and prev * (1 + self.settings.reuse_gain) >= best[0]
         res = MResult(m, best[1], best[0], len(self.trials) - n0, self.clock() - t0, stable=stable)
         self._record(res)
