@@ -249,13 +249,19 @@ class SandwichSearch:
         if len(top) < 2 or self._time_spent():
             return best
         rerun = []
-        for g, s in top:
-            res = self.measure(s, m)
-            again = res.gflops if res.ok else 0.0
-            self.trials.append(Trial(m, "confirm", s, again))
-            self._seen[(s, m)] = max(g, again)
+        for _, s in top:
+            self._remeasure(s, m, "confirm")
             rerun.append((self._seen[(s, m)], s))
         return max(rerun + [best], key=lambda t: t[0])
+
+    def _remeasure(self, sched: KernelSchedule, m: int, phase: str) -> float:
+        """Time an already measured candidate again; it keeps its better run, and the new
+        run is returned."""
+        res = self.measure(sched, m)
+        again = res.gflops if res.ok else 0.0
+        self.trials.append(Trial(m, phase, sched, again))
+        self._seen[(sched, m)] = max(self._seen[(sched, m)], again)
+        return again
 
     def _skinny_rounds(self, m: int) -> bool:
         """Skinny M is ranked in rounds (see `_rounds`), and its tallest tile always runs:
@@ -290,12 +296,7 @@ class SandwichSearch:
         shares: dict[KernelSchedule, list[float]] = {s: [] for s in finalists}
         for r in range(self.settings.skinny_rounds):
             order = finalists if r % 2 == 0 else finalists[::-1]
-            runs = {}
-            for s in order:
-                res = self.measure(s, m)
-                runs[s] = res.gflops if res.ok else 0.0
-                self.trials.append(Trial(m, "round", s, runs[s]))
-                self._seen[(s, m)] = max(self._seen[(s, m)], runs[s])
+            runs = {s: self._remeasure(s, m, "round") for s in order}
             top = max(runs.values())
             for s, g in runs.items():
                 shares[s].append(g / top if top > 0 else 0.0)
