@@ -2,8 +2,8 @@
 
 from sandwich.tuner.measure import MeasureResult
 from sandwich.tuner.search import MResult, SandwichSearch, SearchSettings
-from sandwich.tuner.space import Isa, micro_kernels, polymerizations, slice_caps
-from sandwich.types import ComputeSlice, MicroKernel, Polymerization
+from sandwich.tuner.space import Isa, micro_kernels, polymerizations, slice_caps, weight_imbalance
+from sandwich.types import ComputeSlice, KernelSchedule, MicroKernel, Polymerization
 
 
 class FakeMeasure:
@@ -142,6 +142,39 @@ def test_skinny_m_always_searches_the_tallest_tile():
     assert search.tune_m(4).schedule.micro_kernel != MicroKernel(4, 64)
     search, _ = _search(fn, mk_keep=1, skinny_rounds=3)
     assert search.tune_m(4).schedule.micro_kernel == MicroKernel(4, 64)
+
+
+def test_skinny_m_ties_go_to_threads_streaming_their_own_panels():
+    def fn(edge):  # split-K runs `edge` times as fast as the N split, whatever the slice
+        def f(s, m):
+            mk, pl = s.micro_kernel, s.polymerization
+            g = 50.0 * mk.mu_m if mk.mu_m <= m else 1.0
+            return g * (edge if pl.t_k > 1 else 1.0) * (0.5 if pl.t_m > 1 else 1.0)
+        return f
+
+    # 2% ahead is a tie (a slow-DRAM moment caps both). Every leader and every micro-kernel's
+    # best is split-K, yet the best N split joins the rounds and wins them.
+    search, _ = _search(fn(1.02), skinny_rounds=3, confirm_top=2)
+    assert search.tune_m(4).schedule.polymerization == Polymerization(1, 2, 1)
+    assert [s.polymerization.t_k for _, s in search._leaders(4)[:2]] == [2, 2]
+    # 10% ahead is not a tie: split-K keeps its win
+    search, _ = _search(fn(1.10), skinny_rounds=3)
+    assert search.tune_m(4).schedule.polymerization == Polymerization(1, 1, 2)
+    # without rounds the best run wins, as before
+    search, _ = _search(fn(1.02))
+    assert search.tune_m(4).schedule.polymerization == Polymerization(1, 1, 2)
+
+
+def test_weight_imbalance_counts_the_busiest_thread():
+    def imb(n, k, b_n, b_k, pl):
+        return weight_imbalance(KernelSchedule(MicroKernel(1, 64), ComputeSlice(1, b_n, b_k),
+                                               Polymerization(*pl), 64), n, k)
+
+    assert imb(11008, 2048, 64, 256, (1, 2, 1)) == 1.0
+    assert imb(11008, 2048, 64, 256, (1, 1, 2)) == 1.0  # 8 K panels, 4 each
+    assert imb(11008, 2048, 64, 384, (1, 1, 2)) == 1.125  # 6 panels of 384 rows: 1152 vs 896
+    assert abs(imb(2304, 768, 320, 256, (1, 2, 1)) - 20 / 18) < 1e-9  # 36 tiles, slices of 5
+    assert imb(2304, 768, 64, 256, (2, 1, 1)) == 1.0  # split M: each thread reads all of W
 
 
 def astuple(s):

@@ -12,7 +12,14 @@ from collections.abc import Callable
 from dataclasses import astuple, dataclass, field, replace
 
 from sandwich.tuner.measure import Measure
-from sandwich.tuner.space import K_UNIT, clamp, polymerizations, slice_caps, useful
+from sandwich.tuner.space import (
+    K_UNIT,
+    clamp,
+    polymerizations,
+    slice_caps,
+    useful,
+    weight_imbalance,
+)
 from sandwich.types import ComputeSlice, KernelSchedule, MicroKernel, Polymerization
 
 
@@ -34,6 +41,7 @@ class SearchSettings:
     confirm_top: int = 3  # the best this many are measured again before one wins
     skinny_m: int = 8  # up to this M only full-panel micro-kernels (mu_n == pack_n) are tried
     skinny_rounds: int = 1  # up to skinny_m, finalists are re-timed in this many interleaved rounds
+    skinny_tie: float = 0.03  # median shares this close are a tie, broken by traffic shape
     max_seconds_per_m: float | None = None  # past this, candidates count as no gain ...
     min_trials_per_m: int = 0  # ... once this many were measured at the M (long calls need them)
 
@@ -275,7 +283,8 @@ class SandwichSearch:
                       key=lambda t: -t[0])
 
     def _rounds(self, m: int, best: tuple[float, KernelSchedule]) -> tuple[float, KernelSchedule]:
-        """Rank the finalists at a skinny M by interleaved rounds; the best median share wins.
+        """Rank the finalists at a skinny M by interleaved rounds; the best median share wins,
+        and medians within `skinny_tie` of it are a tie that `_traffic_shape` breaks.
 
         Skinny M streams its weights from DRAM, and a shared machine's DRAM bandwidth can
         swing by half within seconds (this VM: about 33 or 57 GB/s), so two candidates
@@ -285,12 +294,17 @@ class SandwichSearch:
         best; the order flips each round so neither end is favoured. The finalists are the
         `confirm_top` leaders plus each micro-kernel's best within half of the leader (the
         slow moments here run at about 0.6x), so a tile whose slices all ran in a slow
-        moment is still in the final, while probe-only slices far behind are not."""
+        moment is still in the final, while probe-only slices far behind are not; so is the
+        best schedule whose threads stream panels of their own, for the tie-break."""
         leaders = self._leaders(m)
+        leaders = [(g, s) for g, s in leaders if g >= leaders[0][0] / 2]
         finalists = [s for _, s in leaders[: self.settings.confirm_top]]
-        for g, s in leaders:
-            if g >= leaders[0][0] / 2 and s.micro_kernel not in {f.micro_kernel for f in finalists}:
+        for _, s in leaders:
+            if s.micro_kernel not in {f.micro_kernel for f in finalists}:
                 finalists.append(s)
+        own = [s for _, s in leaders if not self._traffic_shape(s)[0]]
+        if own and own[0] not in finalists and all(self._traffic_shape(f)[0] for f in finalists):
+            finalists.append(own[0])
         if len(finalists) < 2:
             return best
         shares: dict[KernelSchedule, list[float]] = {s: [] for s in finalists}
@@ -300,8 +314,23 @@ class SandwichSearch:
             top = max(runs.values())
             for s, g in runs.items():
                 shares[s].append(g / top if top > 0 else 0.0)
-        win = max(finalists, key=lambda s: (statistics.median(shares[s]), self._seen[(s, m)]))
+        median = {s: statistics.median(v) for s, v in shares.items()}
+        tied = [s for s in finalists if median[s] >= max(median.values()) - self.settings.skinny_tie]
+        win = min(tied, key=lambda s: (*self._traffic_shape(s), -median[s], -self._seen[(s, m)]))
         return self._seen[(win, m)], win
+
+    def _traffic_shape(self, s: KernelSchedule) -> tuple[bool, float]:
+        """What breaks a tie between skinny-M finalists: first, whether threads share weight
+        panels (split-K or split-M), then how uneven the threads' shares are.
+
+        In a slow-DRAM moment every candidate is capped at the same bandwidth, so a tune
+        that runs in one sees ties and crowns noise; in a fast moment one thread alone
+        cannot fill the bus, and the shape shows. Measured on Sheared-LLaMA's gate_up at
+        M = 1, rounds paired with reads at 55-64 GB/s: each thread streaming its own panels
+        reached 104% of the read, split-K with even K halves 89%, split-K with 1152 and 896
+        rows 83%; in slow rounds all three were within 5%."""
+        pl = s.polymerization
+        return pl.t_k > 1 or pl.t_m > 1, round(weight_imbalance(s, self.n, self.k), 2)
 
     def _default_poly(self, m: int, mk: MicroKernel) -> Polymerization:
         """Fast start runs under the scheme that splits the dimension with the most tiles."""

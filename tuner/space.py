@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sandwich.types import ComputeSlice, MicroKernel, Polymerization
+from sandwich.types import ComputeSlice, KernelSchedule, MicroKernel, Polymerization
 
 K_UNIT = 16  # b_k grows in cache lines of fp32 (64 bytes)
 
@@ -64,8 +64,12 @@ def polymerizations(threads: int, *, split_k: bool = True) -> list[Polymerizatio
     return out
 
 
+def _ceil_div(x: int, unit: int) -> int:
+    return -(-x // unit)
+
+
 def _round_up(x: int, unit: int) -> int:
-    return -(-x // unit) * unit
+    return _ceil_div(x, unit) * unit
 
 
 def slice_caps(m: int, n: int, k: int, mk: MicroKernel, pl: Polymerization) -> ComputeSlice:
@@ -92,3 +96,17 @@ def useful(pl: Polymerization, m: int, n: int, k: int, mk: MicroKernel) -> bool:
     if pl.t_k > 1 and 8 * pl.t_k * m > k:
         return False
     return pl.t_m <= blocks_m and pl.t_n <= n // mk.mu_n and pl.t_k <= -(-k // K_UNIT)
+
+
+def weight_imbalance(s: KernelSchedule, n: int, k: int) -> float:
+    """How much more of the weights the busiest thread streams than an even share (1.0 when
+    even). Threads split N into slices of b_n and K into panels of b_k (see the template's
+    thread loop), and the first thread of each dimension gets the most of both."""
+    mk, sl, pl = s.micro_kernel, s.slice, s.polymerization
+    tiles = n // mk.mu_n
+    bnt = sl.b_n // mk.mu_n
+    slices_per_thread = _ceil_div(_ceil_div(tiles, bnt), pl.t_n)
+    panels_per_thread = _ceil_div(_ceil_div(k, sl.b_k), pl.t_k)
+    cols = min(slices_per_thread * bnt, tiles) / tiles
+    rows = min(panels_per_thread * sl.b_k, k) / k
+    return cols * pl.t_n * rows * pl.t_k
