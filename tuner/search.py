@@ -46,6 +46,11 @@ class SearchSettings:
     min_trials_per_m: int = 0  # ... once this many were measured at the M (long calls need them)
 
 
+def _shares_panels(s: KernelSchedule) -> bool:
+    """Whether threads read the same weight panels (split-K or split-M), not panels of their own."""
+    return s.polymerization.t_k > 1 or s.polymerization.t_m > 1
+
+
 @dataclass(frozen=True)
 class Trial:
     """One measured candidate, for the per-step log."""
@@ -302,8 +307,8 @@ class SandwichSearch:
         for _, s in leaders:
             if s.micro_kernel not in {f.micro_kernel for f in finalists}:
                 finalists.append(s)
-        own = [s for _, s in leaders if not self._traffic_shape(s)[0]]
-        if own and own[0] not in finalists and all(self._traffic_shape(f)[0] for f in finalists):
+        own = [s for _, s in leaders if not _shares_panels(s)]
+        if own and all(_shares_panels(f) for f in finalists):
             finalists.append(own[0])
         if len(finalists) < 2:
             return best
@@ -329,8 +334,7 @@ class SandwichSearch:
         M = 1, rounds paired with reads at 55-64 GB/s: each thread streaming its own panels
         reached 104% of the read, split-K with even K halves 89%, split-K with 1152 and 896
         rows 83%; in slow rounds all three were within 5%."""
-        pl = s.polymerization
-        return pl.t_k > 1 or pl.t_m > 1, round(weight_imbalance(s, self.n, self.k), 2)
+        return _shares_panels(s), round(weight_imbalance(s, self.n, self.k), 2)
 
     def _default_poly(self, m: int, mk: MicroKernel) -> Polymerization:
         """Fast start runs under the scheme that splits the dimension with the most tiles."""

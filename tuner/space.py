@@ -75,9 +75,9 @@ def _round_up(x: int, unit: int) -> int:
 def slice_caps(m: int, n: int, k: int, mk: MicroKernel, pl: Polymerization) -> ComputeSlice:
     """Largest slice that still leaves every thread of `pl` some work along each dimension."""
     return ComputeSlice(
-        b_m=max(mk.mu_m, _round_up(-(-m // pl.t_m), mk.mu_m)),
-        b_n=max(mk.mu_n, _round_up(-(-n // pl.t_n), mk.mu_n)),
-        b_k=max(K_UNIT, _round_up(-(-k // pl.t_k), K_UNIT)),
+        b_m=max(mk.mu_m, _round_up(_ceil_div(m, pl.t_m), mk.mu_m)),
+        b_n=max(mk.mu_n, _round_up(_ceil_div(n, pl.t_n), mk.mu_n)),
+        b_k=max(K_UNIT, _round_up(_ceil_div(k, pl.t_k), K_UNIT)),
     )
 
 
@@ -95,7 +95,7 @@ def useful(pl: Polymerization, m: int, n: int, k: int, mk: MicroKernel) -> bool:
     blocks_m = max(1, m // mk.mu_m)
     if pl.t_k > 1 and 8 * pl.t_k * m > k:
         return False
-    return pl.t_m <= blocks_m and pl.t_n <= n // mk.mu_n and pl.t_k <= -(-k // K_UNIT)
+    return pl.t_m <= blocks_m and pl.t_n <= n // mk.mu_n and pl.t_k <= _ceil_div(k, K_UNIT)
 
 
 def weight_imbalance(s: KernelSchedule, n: int, k: int) -> float:
