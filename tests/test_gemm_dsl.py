@@ -22,7 +22,7 @@ from sandwich.types import ComputeSlice, KernelSchedule, MicroKernel, Polymeriza
 CPU = detect_cpu()
 L = CPU.lanes_f32
 N, K = 8 * L, 96  # K not a multiple of b_k: partial panels too
-MS = (1, 2, 3, 7, 8, 16, 33, 100)  # up to 8 with two row blocks, the next tile is prefetched
+MS = (1, 2, 3, 7, 8, 16, 33, 100)  # up to 8 with two row blocks, the stream's next rows are prefetched
 
 
 def _sched(mu_m, mu_n, b, pl, pack=4 * L):

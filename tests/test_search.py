@@ -2,7 +2,14 @@
 
 from sandwich.tuner.measure import MeasureResult
 from sandwich.tuner.search import MResult, SandwichSearch, SearchSettings
-from sandwich.tuner.space import Isa, micro_kernels, polymerizations, slice_caps, weight_imbalance
+from sandwich.tuner.space import (
+    Isa,
+    micro_kernels,
+    polymerizations,
+    slice_caps,
+    stream_pause_share,
+    weight_imbalance,
+)
 from sandwich.types import ComputeSlice, KernelSchedule, MicroKernel, Polymerization
 
 
@@ -163,6 +170,33 @@ def test_skinny_m_ties_go_to_threads_streaming_their_own_panels():
     # without rounds the best run wins, as before
     search, _ = _search(fn(1.02))
     assert search.tune_m(4).schedule.polymerization == Polymerization(1, 1, 2)
+
+
+def test_skinny_m_ties_go_to_tiles_whose_tail_keeps_the_stream_busy():
+    def fn(edge):  # at M = 8 a 6-row tile (and its 2-row tail) runs `edge` times a 4-row one
+        def f(s, m):
+            mk, pl = s.micro_kernel, s.polymerization
+            g = (edge if mk.mu_m == 6 else 1.0) * 100.0 if mk.mu_m <= m else 1.0
+            return g * (0.5 if pl.t_k > 1 or pl.t_m > 1 else 1.0)
+        return f
+
+    mks = [MicroKernel(4, 64), MicroKernel(6, 64)]
+    search, _ = _search(fn(1.02), mks=mks, skinny_rounds=3)
+    assert search.tune_m(8).schedule.micro_kernel == MicroKernel(4, 64)
+    search, _ = _search(fn(1.10), mks=mks, skinny_rounds=3)
+    assert search.tune_m(8).schedule.micro_kernel == MicroKernel(6, 64)
+
+
+def test_stream_pause_share_counts_tail_rows_behind_a_block():
+    def share(mu_m, m, t_m=1):
+        return stream_pause_share(KernelSchedule(MicroKernel(mu_m, 64), ComputeSlice(mu_m, 64, 256),
+                                                 Polymerization(t_m, 2 // t_m, 1), 64), m)
+
+    assert share(6, 8) == 0.25  # one 6-row block, then 2 tail rows from L2
+    assert share(4, 8) == 0.0  # two blocks, the second prefetching: no tail
+    assert share(6, 4) == 0.0  # the tail alone streams the tile itself
+    assert share(3, 8, t_m=2) == 0.4  # the last M-thread: one block, then 2 tail rows
+    assert share(4, 7, t_m=2) == 0.0  # the last M-thread has no full block
 
 
 def test_weight_imbalance_counts_the_busiest_thread():

@@ -110,3 +110,17 @@ def weight_imbalance(s: KernelSchedule, n: int, k: int) -> float:
     cols = min(slices_per_thread * bnt, tiles) / tiles
     rows = min(panels_per_thread * sl.b_k, k) / k
     return cols * pl.t_n * rows * pl.t_k
+
+
+def stream_pause_share(s: KernelSchedule, m: int) -> float:
+    """The share of the tail thread's rows whose pass stalls its weight stream: the M mod
+    mu_m tail rows behind one or more full row blocks. Up to M = 8 the kernel
+    (dsl/kernels/gemm_family.sw) prefetches the stream's next rows while a second or later
+    row block re-reads a tile from L2, but not while the tail does, so DRAM idles for that
+    share of the thread's time; a tail with no block before it streams the tile itself."""
+    mu_m, t_m = s.micro_kernel.mu_m, s.polymerization.t_m
+    blocks = m // mu_m
+    tail = m - blocks * mu_m
+    per_thread = _ceil_div(blocks, t_m)
+    own = blocks - min((t_m - 1) * per_thread, blocks)  # full blocks of the last M-thread
+    return tail / (own * mu_m + tail) if own and tail else 0.0
