@@ -119,8 +119,7 @@ def stream_pause_share(s: KernelSchedule, m: int) -> float:
     row block re-reads a tile from L2, but not while the tail does, so DRAM idles for that
     share of the thread's time; a tail with no block before it streams the tile itself."""
     mu_m, t_m = s.micro_kernel.mu_m, s.polymerization.t_m
-    blocks = m // mu_m
-    tail = m - blocks * mu_m
+    blocks, tail = divmod(m, mu_m)
     per_thread = _ceil_div(blocks, t_m)
     own = blocks - min((t_m - 1) * per_thread, blocks)  # full blocks of the last M-thread
     return tail / (own * mu_m + tail) if own and tail else 0.0
