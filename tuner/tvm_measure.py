@@ -18,6 +18,7 @@ from sandwich.compiler.gemm_runner import (
 )
 from sandwich.compiler.target import CpuInfo
 from sandwich.errors import BuildError, ConfigError
+from sandwich.runtime.buffers import aligned_copy
 from sandwich.tuner.baselines.measure import rotation_copies
 from sandwich.tuner.machine_bench import llc_bytes
 from sandwich.tuner.measure import MeasureResult
@@ -93,10 +94,7 @@ class TvmMeasure:
         model runs them."""
         if not self._streamed:
             copies = min(self.max_copies, rotation_copies(self.wp.nbytes, self.llc_bytes))
-            for _ in range(copies):
-                copy = aligned_empty(self.wp.shape)
-                copy[...] = self.wp
-                self._streamed.append(copy)
+            self._streamed = [aligned_copy(self.wp) for _ in range(copies)]
         return self._streamed
 
     def kernel(self, schedule: KernelSchedule):
