@@ -98,6 +98,12 @@ class TuningDB:
                  int(reused), int(stable), time.time()),
             )
 
+    def delete_records(self, fingerprint: str, n: int, k: int, dtype: str, threads: int) -> None:
+        """Drop the tuning records of one (N, K, dtype, threads); kernel files stay listed."""
+        with self._tx() as c:
+            c.execute("DELETE FROM records WHERE fingerprint = ? AND n = ? AND k = ? AND dtype = ? "
+                      "AND threads = ?", (fingerprint, n, k, dtype, threads))
+
     def records(self, *, fingerprint: str | None = None, n: int | None = None,
                 k: int | None = None, dtype: str | None = None,
                 threads: int | None = None) -> list[StoredRecord]:

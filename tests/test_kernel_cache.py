@@ -1,6 +1,8 @@
 """Tuning into a kernel cache, the public GEMM API, corruption and resume."""
 
+import dataclasses
 import os
+import shutil
 import sqlite3
 import stat
 from pathlib import Path
@@ -145,6 +147,25 @@ def test_records_are_committed_as_they_are_found(tuned):
     samples = get_budget("tiny").m_samples(SEQ)
     assert [r[0] for r in rows] == samples
     assert rows[-1][1] == SEQ and all(hi + 1 == nxt for (_, hi), (nxt, _) in zip(rows, rows[1:], strict=False))
+
+
+def test_records_of_another_weight_layout_are_retuned_not_mixed(tuned, tmp_path):
+    """Every M of an (N, K) shares one packing: records stored for another layout (an older
+    sandwichc chose other panel widths) are dropped and searched again, never resumed."""
+    d = tmp_path / "cache"
+    shutil.copytree(tuned[0], d)
+    cache = KernelCache(d)
+    for r in cache.records(N, K, threads=2)[1:]:  # the first M range keeps the real layout
+        stale = dataclasses.replace(r.record.schedule, pack_n=32)
+        cache.db.put_record(dataclasses.replace(r.record, schedule=stale), threads=2)
+    with pytest.raises(CacheError, match="weight layout"):  # a mix is refused at load ...
+        KernelCache(d).gemm(n=N, k=K)
+    rep = tune_op(names=["t"], op=GemmOp("t", N, K), seq_max=SEQ, threads=2,
+                  budget=get_budget("tiny"), cache=KernelCache(d))
+    assert rep.cached == 0 and rep.searched == len(get_budget("tiny").m_samples(SEQ))
+    packs = {r.record.schedule.pack_n for r in KernelCache(d).records(N, K, threads=2)}
+    assert packs == {64}
+    assert verify_numerics(KernelCache(d), n=N, k=K, ms=[1, 7, 19]) == []  # ... and re-tuned
 
 
 def test_bound_call_reads_new_contents_and_refuses_what_it_cannot_bind(tuned):

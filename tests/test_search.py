@@ -5,6 +5,7 @@ from sandwich.tuner.search import MResult, SandwichSearch, SearchSettings
 from sandwich.tuner.space import (
     Isa,
     micro_kernels,
+    pack_width,
     polymerizations,
     slice_caps,
     stream_pause_share,
@@ -40,6 +41,22 @@ def test_micro_kernels_never_spill():
         assert mk.mu_m * vec + vec + 1 <= 32
     assert MicroKernel(6, 64) in micro_kernels(isa, 64)
     assert MicroKernel(7, 64) not in micro_kernels(isa, 64)
+
+
+def test_pack_width_gives_a_decode_batch_a_whole_register_tile():
+    avx512, avx2 = Isa(lanes=16, registers=32), Isa(lanes=8, registers=16)
+    # 4 vectors hold at most 6 rows, 3 vectors 8: panels of 48 where N allows
+    assert [pack_width(n, avx512) for n in (768, 2304, 6144, 3072)] == [48] * 4
+    # N that 48 does not divide keeps the widest panel; nothing narrower than 3/4 of it
+    assert [pack_width(n, avx512) for n in (2048, 5504, 32000, 64)] == [64] * 4
+    assert pack_width(768, avx512, rows=6) == 64  # the widest already holds the batch
+    assert pack_width(96, avx512) == 48 and pack_width(16, avx512) == 16
+    assert pack_width(8, avx512) == 0
+    assert pack_width(768, avx2) == 32  # 16 registers: no panel of >= 3 vectors holds 8 rows
+    for n in (768, 2048):
+        width = pack_width(n, avx512)
+        assert max(mk.mu_m for mk in micro_kernels(avx512, width) if mk.mu_n == width) >= \
+            (8 if width == 48 else 6)
 
 
 def test_polymerizations_use_every_thread():

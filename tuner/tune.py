@@ -80,7 +80,7 @@ def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget:
     t0 = time.perf_counter()
     cpu = cache.cpu
     isa = Isa(cpu.lanes_f32, cpu.vector_registers)
-    pack_n = pack_width(op.n, isa)
+    pack_n = pack_width(op.n, isa, rows=budget.settings.skinny_m)
     if not pack_n:
         raise ConfigError(f"GEMM {op.name}: N={op.n} is not a multiple of the vector width "
                           f"{isa.lanes}; pad the model dimension")
@@ -91,8 +91,13 @@ def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget:
     search = SandwichSearch(n=op.n, k=op.k, pack_n=pack_n,
                             micro_kernels=micro_kernels(isa, pack_n, widths=budget.mk_widths),
                             threads=threads, measure=measure, settings=budget.settings)
-    stored = {r.record.m_lo: r for r in cache.records(op.n, op.k, op.dtype, threads)
-              if r.record.m_lo in m_hi and r.record.schedule.pack_n == pack_n}
+    records = cache.records(op.n, op.k, op.dtype, threads)
+    if any(r.record.schedule.pack_n != pack_n for r in records):
+        # tuned for another weight layout (an older sandwichc): every M shares one packing,
+        # so they go before the first new record is stored, or the cache would mix layouts
+        cache.db.delete_records(cache.fingerprint, op.n, op.k, op.dtype, threads)
+        records = []
+    stored = {r.record.m_lo: r for r in records if r.record.m_lo in m_hi}
     search.resume([MResult(m, r.record.schedule, r.record.gflops, r.record.trials,
                            r.record.seconds, r.reused, r.stable) for m, r in stored.items()])
     log = cache.dir / "logs" / cache.fingerprint / f"n{op.n}_k{op.k}_{op.dtype}_t{threads}.jsonl"
