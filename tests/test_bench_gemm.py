@@ -49,14 +49,22 @@ def test_rotated_rows_keep_each_runners_best_share_of_its_own_read():
 
 
 def test_rotated_summary_counts_rows_at_the_target_per_runner_and_m():
-    rows = [{"m": 1, "sandwich_pct_read": 95.0, "numpy_pct_read": 91.0},
-            {"m": 8, "sandwich_pct_read": 89.9, "numpy_pct_read": 40.0},
-            {"m": 8, "sandwich_pct_read": 90.0, "numpy_pct_read": 50.0}]
+    def passes(*pcts):
+        return [{"pct_read": p} for p in pcts]
+
+    rows = [{"m": 1, "sandwich_pct_read": 95.0, "numpy_pct_read": 91.0,
+             "sandwich_passes": passes(95.0, 80.0)},
+            {"m": 8, "sandwich_pct_read": 89.9, "numpy_pct_read": 40.0,
+             "sandwich_passes": passes(89.9, 70.0)},
+            {"m": 8, "sandwich_pct_read": 90.0, "numpy_pct_read": 50.0,
+             "sandwich_passes": passes(85.0, 90.0)}]
     rs = summarize_rotated(rows, ["sandwich", "numpy"])
     ours, numpy = rs["runners"]["sandwich"], rs["runners"]["numpy"]
     assert (ours["at_target"], ours["rows"], ours["min_pct_read"]) == (2, 3, 89.9)
     assert ours["per_m"] == {"1": [1, 1], "8": [1, 2]}
+    assert ours["at_target_each_pass"] == [1, 1]  # neither pass alone reaches the best-of 2
     assert (numpy["at_target"], numpy["per_m"]["8"]) == (1, [0, 2])
+    assert numpy["at_target_each_pass"] == []
 
 
 def test_numeric_ms_include_one_and_primes():

@@ -95,7 +95,8 @@ ROTATED_TARGET_PCT = 90.0  # of the streaming read, the issue's bar for M <= 8 r
 def summarize_rotated(rotated_rows: list[dict], names: list[str],
                       target_pct: float = ROTATED_TARGET_PCT) -> dict:
     """Per runner: how many rotated rows reach `target_pct` of their moment's read, in all
-    and per M, and the lowest share."""
+    and per M, and the lowest share; and how many each pass reaches alone (a row's figure is
+    its best pass, so these show how much the passes lean on each other)."""
     out = {}
     for name in names:
         pcts = [(r["m"], r[f"{name}_pct_read"]) for r in rotated_rows if f"{name}_pct_read" in r]
@@ -103,7 +104,11 @@ def summarize_rotated(rotated_rows: list[dict], names: list[str],
         for m, pct in pcts:
             hit, total = per_m.get(m, (0, 0))
             per_m[m] = (hit + (pct >= target_pct), total + 1)
+        passes = [r.get(f"{name}_passes", []) for r in rotated_rows]
+        each_pass = [sum(len(ps) > p and ps[p]["pct_read"] >= target_pct for ps in passes)
+                     for p in range(max(map(len, passes), default=0))]
         out[name] = {"rows": len(pcts), "at_target": sum(pct >= target_pct for _, pct in pcts),
+                     "at_target_each_pass": each_pass,
                      "min_pct_read": min((pct for _, pct in pcts), default=0.0),
                      "per_m": {str(m): list(v) for m, v in sorted(per_m.items())}}
     return {"target_pct_read": target_pct, "runners": out}

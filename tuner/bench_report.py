@@ -84,9 +84,12 @@ def write_png(res, path: Path) -> None:
 
 
 def _rotated_summary_line(rs: dict) -> str:
-    """'sandwich 38/40 (M = 1: 10/10, ...; min 80%); numpy ...': rows at the target share."""
+    """'sandwich 38/40 (M = 1: 10/10, ...; min 80%; each pass alone: 33/40, 35/40); numpy ...':
+    rows at the target share."""
     parts = []
     for name, r in rs["runners"].items():
         per_m = ", ".join(f"M = {m}: {hit}/{total}" for m, (hit, total) in r["per_m"].items())
-        parts.append(f"{name} {r['at_target']}/{r['rows']} ({per_m}; min {r['min_pct_read']:.0f}%)")
+        alone = ", ".join(f"{n}/{r['rows']}" for n in r.get("at_target_each_pass", []))
+        parts.append(f"{name} {r['at_target']}/{r['rows']} ({per_m}; min {r['min_pct_read']:.0f}%"
+                     + (f"; each pass alone: {alone}" if alone else "") + ")")
     return f"**Rows at >= {rs['target_pct_read']:.0f}% of the read:** " + "; ".join(parts) + "."
