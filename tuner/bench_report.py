@@ -89,7 +89,7 @@ def _rotated_summary_line(rs: dict) -> str:
     parts = []
     for name, r in rs["runners"].items():
         per_m = ", ".join(f"M = {m}: {hit}/{total}" for m, (hit, total) in r["per_m"].items())
-        alone = ", ".join(f"{n}/{r['rows']}" for n in r.get("at_target_each_pass", []))
+        alone = ", ".join(f"{n}/{r['rows']}" for n in r["at_target_each_pass"])
         parts.append(f"{name} {r['at_target']}/{r['rows']} ({per_m}; min {r['min_pct_read']:.0f}%"
                      + (f"; each pass alone: {alone}" if alone else "") + ")")
     return f"**Rows at >= {rs['target_pct_read']:.0f}% of the read:** " + "; ".join(parts) + "."

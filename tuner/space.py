@@ -23,6 +23,11 @@ def registers_used(mk: MicroKernel, isa: Isa) -> int:
     return mk.mu_m * vec_n + vec_n + 1
 
 
+def tallest_rows(isa: Isa, vec_n: int) -> int:
+    """Rows of the tallest register tile `vec_n` vectors wide (see registers_used)."""
+    return (isa.registers - 1 - vec_n) // vec_n
+
+
 def micro_kernels(isa: Isa, pack_n: int, *, widths: int = 3, max_rows: int = 8) -> list[MicroKernel]:
     """Register tiles that fit the register file without spilling, widest first.
 
@@ -33,7 +38,7 @@ def micro_kernels(isa: Isa, pack_n: int, *, widths: int = 3, max_rows: int = 8) 
     out = []
     for mu_n in mus_n[:widths]:
         vec_n = mu_n // isa.lanes
-        tallest = (isa.registers - 1 - vec_n) // vec_n
+        tallest = tallest_rows(isa, vec_n)
         rows = sorted({r for r in range(1, min(max_rows, tallest) + 1)} | {tallest})
         out.extend(MicroKernel(r, mu_n) for r in rows if r >= 1)
     return out
@@ -55,13 +60,11 @@ def pack_width(n: int, isa: Isa, *, rows: int = 8) -> int:
     widths = [v for v in (4, 3, 2, 1) if n % (v * isa.lanes) == 0]
     if not widths:
         return 0
-    widest = widths[0]
-
-    def tallest(v: int) -> int:
-        return (isa.registers - 1 - v) // v
-
-    whole = [v for v in widths if tallest(v) >= rows and 4 * v >= 3 * widest]
-    return (whole[0] if whole and tallest(widest) < rows else widest) * isa.lanes
+    width = widths[0]
+    if tallest_rows(isa, width) < rows:
+        width = next((v for v in widths if tallest_rows(isa, v) >= rows and 4 * v >= 3 * widths[0]),
+                     width)
+    return width * isa.lanes
 
 
 def polymerizations(threads: int, *, split_k: bool = True) -> list[Polymerization]:
