@@ -28,21 +28,72 @@ def _kernel():
     return load_kernel(KERNEL)
 
 
-@lru_cache(maxsize=1)
-def family_source_sha256() -> str:
-    """Hash of everything that turns a schedule into a `.so`: the family's source and the
-    DSL and compiler code that parse and lower it. The kernel cache keys on it, so kernels
-    built by an older version of the algorithm or of the lowering are not reused."""
-    import sandwich.compiler
+_LOWERING_PACKAGES = ("sandwich.compiler", "sandwich.dsl")
+
+
+def _module_file(name: str) -> Path | None:
+    """The file of a module of the compiler or the DSL, found from its package's folder."""
+    import importlib
+
+    for package in _LOWERING_PACKAGES:
+        if name == package or name.startswith(package + "."):
+            root = Path(importlib.import_module(package).__file__).parent
+            parts = name.split(".")[2:]
+            for candidate in (root.joinpath(*parts[:-1], f"{parts[-1]}.py") if parts else None,
+                              root.joinpath(*parts, "__init__.py")):
+                if candidate is not None and candidate.is_file():
+                    return candidate
+    return None
+
+
+def _imported_names(module: str, path: Path) -> set[str]:
+    """Absolute names of every module `path` imports (top level or inside functions);
+    `from X import y` names both X and X.y, since y may be a submodule."""
+    import ast
+
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            names.add(base)
+            names.update(f"{base}.{a.name}" for a in node.names)
+    return names
+
+
+def lowering_files() -> list[Path]:
+    """The family's source, the DSL grammars, and every compiler or DSL module that
+    building the family imports (followed through their own imports). A module the build
+    never reaches (a command line, a benchmark) is not part of the kernel's key."""
     import sandwich.dsl
     from sandwich.dsl.load import builtin_kernels
 
-    files = [builtin_kernels()[KERNEL]]
-    for package in (sandwich.compiler, sandwich.dsl):
-        root = Path(package.__file__).parent
-        files += sorted(f for f in root.rglob("*") if f.suffix in (".py", ".lark"))
+    seen: dict[str, Path] = {}
+    todo = [__name__]
+    while todo:
+        name = todo.pop()
+        path = _module_file(name)
+        if path is None or name in seen:
+            continue
+        seen[name] = path
+        todo += [n for n in _imported_names(name, path)
+                 if n not in seen and n.startswith(_LOWERING_PACKAGES)]
+    grammars = sorted(Path(sandwich.dsl.__file__).parent.rglob("*.lark"))
+    return [builtin_kernels()[KERNEL], *grammars, *(seen[n] for n in sorted(seen))]
+
+
+@lru_cache(maxsize=1)
+def family_source_sha256() -> str:
+    """Hash of everything that turns a schedule into a `.so` (`lowering_files`). The kernel
+    cache keys on it, so kernels built by an older version of the algorithm or of the
+    lowering are not reused."""
     digest = hashlib.sha256()
-    for f in files:
+    for f in lowering_files():
         digest.update(f"{f.parent.name}/{f.name}\0".encode())
         digest.update(f.read_bytes())
     return digest.hexdigest()

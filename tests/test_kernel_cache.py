@@ -68,7 +68,7 @@ def test_a_changed_gemm_family_source_starts_a_new_cache_key(tuned, monkeypatch)
         KernelCache(d).gemm(n=N, k=K)
 
 
-def test_the_cache_key_covers_the_lowering_code(tmp_path, monkeypatch):
+def test_the_cache_key_covers_the_lowering_code_and_nothing_else(tmp_path, monkeypatch):
     import shutil
 
     import sandwich.compiler
@@ -80,6 +80,9 @@ def test_the_cache_key_covers_the_lowering_code(tmp_path, monkeypatch):
     gemm_dsl.family_source_sha256.cache_clear()
     try:
         before = gemm_dsl.family_source_sha256()
+        (copy / "bench_of_something.py").write_text("import sandwich.compiler.lower_tir\n")
+        gemm_dsl.family_source_sha256.cache_clear()
+        assert gemm_dsl.family_source_sha256() == before  # the build never imports it
         with open(copy / "lower_tir.py", "a") as f:
             f.write("# a change in the lowering\n")
         gemm_dsl.family_source_sha256.cache_clear()
