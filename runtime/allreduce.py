@@ -153,8 +153,11 @@ class ShmAllReduce:
         self._spin = max(self._spin // 2, SPIN_MIN)
         t0 = last = time.monotonic()
         while True:
-            j = int(ctr.argmin())
-            seen = int(ctr[j])
+            # one read of every counter: with two or more ranks late, reading the latest one
+            # again after argmin could see it arrive while another is still behind
+            snap = ctr.copy()
+            j = int(snap.argmin())
+            seen = int(snap[j])
             if seen >= epoch:
                 return
             if futex.AVAILABLE:
