@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from sandwich.errors import ConfigError
+from sandwich.models import ModelConfig, parse_model_config, read_raw_config
 from sandwich.runtime.safetensors_io import SINGLE_NAME, save_file, save_sharded
-from sandwich.tuner.models import ModelConfig, parse_model_config, read_raw_config
 
 
 def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from sandwich.compiler.buffers import aligned_zeros
 from sandwich.compiler.gemm_runner import wrap
 from sandwich.errors import BuildError, ShapeError
-from sandwich.runtime.buffers import aligned_zeros
 
 Segment = tuple[int, int, int]
 

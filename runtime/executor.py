@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from sandwich.compiler.buffers import aligned_copy, aligned_zeros
 from sandwich.errors import ConfigError, ShapeError
-from sandwich.runtime.buffers import aligned_copy, aligned_zeros
 from sandwich.runtime.kv_cache import CapacityError, KVCache
 from sandwich.runtime.loader import LlamaModel
 from sandwich.runtime.ops_fallback import NumpyOps, Segment

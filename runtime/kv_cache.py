@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from sandwich.compiler.buffers import aligned_zeros
 from sandwich.errors import SandwichError
-from sandwich.runtime.buffers import aligned_zeros
 
 
 class CapacityError(SandwichError):

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 
+from sandwich.compiler.buffers import aligned_copy
 from sandwich.errors import ConfigError, ShapeError
-from sandwich.runtime.buffers import aligned_copy
+from sandwich.models import ModelConfig, parse_model_config, read_raw_config
 from sandwich.runtime.checkpoint import tensor_shapes
-from sandwich.runtime.kernel_cache import GemmKernel, KernelCache, PackedWeight
 from sandwich.runtime.rope_tables import RopeSpec, rope_spec
 from sandwich.runtime.safetensors_io import Checkpoint
-from sandwich.tuner.models import ModelConfig, parse_model_config, read_raw_config
+from sandwich.tuner.kernel_cache import GemmKernel, KernelCache, PackedWeight
 
 
 @dataclass(frozen=True)

@@ -12,23 +12,20 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from sandwich.compiler.target import CpuInfo, tvm_target
+from sandwich.compiler.buffers import aligned_zeros
+from sandwich.compiler.target import CpuInfo
 from sandwich.errors import BuildError
-from sandwich.runtime.buffers import aligned_zeros
 from sandwich.runtime.dsl_attention import DecodeAttention, PrefillAttention, Segment, kernel_arg
 from sandwich.runtime.ops_fallback import NumpyOps
 
 
 def _build(name: str, cpu: CpuInfo, threads: int, fixed: dict, tunables: dict | None = None):
-    import tvm
-
-    from sandwich.compiler.lower_tir import lower_to_tir
+    from sandwich.compiler.lower_build import build_kernel
     from sandwich.dsl.load import load_kernel
 
     try:
-        mod = lower_to_tir(load_kernel(name), tunables=tunables or {}, vlen=cpu.lanes_f32,
-                           fixed=fixed)
-        return tvm.compile(mod, target=tvm_target(cpu, threads))["main"]
+        return build_kernel(load_kernel(name), tunables=tunables or {}, fixed=fixed, cpu=cpu,
+                            threads=threads)["main"]
     except Exception as e:  # DSL or TVM: the user sees one line naming the kernel
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise BuildError(f"DSL kernel {name} failed to build: {first}") from e

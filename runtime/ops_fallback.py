@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from sandwich.runtime.buffers import aligned_zeros
+from sandwich.compiler.buffers import aligned_zeros
 
 Segment = tuple[int, int, int]  # (batch slot, first position, token count)
 

@@ -18,11 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandwich.compiler.threadpool import tvm_pool
 from sandwich.errors import ConfigError
 from sandwich.types import ServiceConfig
 
 PHASES = ("prefill", "decode")
-_SHARE_ALL_CORES = -3  # tvm ThreadGroup::kSpecifyThreadShareAllCore
 
 
 @dataclass(frozen=True)
@@ -74,20 +74,6 @@ def _pin_all_threads(cpus: tuple[int, ...]) -> None:
             os.sched_setaffinity(int(tid), cpus)
         except (ProcessLookupError, PermissionError):  # a thread that just exited
             pass
-
-
-def tvm_pool() -> tuple[Callable[[int, list[str]], None], int] | None:
-    """(configure(nthreads, cpus), pool size) of TVM's thread pool, or None without TVM."""
-    try:
-        import tvm
-    except ImportError:
-        return None
-    config = tvm.get_global_func("runtime.config_threadpool", allow_missing=True)
-    num = tvm.get_global_func("runtime.NumThreads", allow_missing=True)
-    if config is None or num is None:
-        return None
-    size = int(os.environ.get("TVM_NUM_THREADS") or num())
-    return (lambda n, cpus: config(_SHARE_ALL_CORES, n, cpus)), size
 
 
 class PhaseSwitcher:

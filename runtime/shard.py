@@ -15,7 +15,8 @@ import dataclasses
 from pathlib import Path
 
 from sandwich.errors import CacheError, ConfigError
-from sandwich.runtime.kernel_cache import KernelCache
+from sandwich.models import ModelConfig
+from sandwich.payload import make_payload
 from sandwich.runtime.loader import (
     LlamaModel,
     ModelGemms,
@@ -24,8 +25,7 @@ from sandwich.runtime.loader import (
     read_config,
 )
 from sandwich.runtime.safetensors_io import Checkpoint
-from sandwich.tuner.models import ModelConfig
-from sandwich.tuner.payload import make_payload
+from sandwich.tuner.kernel_cache import KernelCache
 
 
 def check_tp(cfg: ModelConfig, tp: int) -> None:

@@ -18,13 +18,14 @@ from pathlib import Path
 
 import numpy as np
 
+from sandwich.compiler.buffers import aligned_zeros
+from sandwich.compiler.threadpool import pin_pool
 from sandwich.errors import ConfigError, SandwichError, ShapeError
 from sandwich.runtime.allreduce import AllReduceError, SegmentSpec, ShmAllReduce
-from sandwich.runtime.buffers import aligned_zeros
 from sandwich.runtime.executor import Executor
-from sandwich.runtime.kernel_cache import KernelCache
 from sandwich.runtime.loader import read_config
 from sandwich.runtime.shard import check_tp, load_shard, vocab_sharded
+from sandwich.tuner.kernel_cache import KernelCache
 from sandwich.types import ServiceConfig
 
 START_TIMEOUT_S = 600.0  # loading, packing and compiling the DSL kernels in a worker
@@ -128,17 +129,8 @@ def _pin_caller(cpus: tuple[int, ...]) -> set[int]:
     """Pin rank 0 (the calling thread and TVM's pool) to its CPU set; returns the old mask."""
     old = os.sched_getaffinity(0)
     os.sched_setaffinity(0, cpus)
-    _config_tvm_pool(cpus)
+    pin_pool(cpus)
     return old
-
-
-def _config_tvm_pool(cpus: Sequence[int]) -> None:
-    """Resize TVM's thread pool to len(cpus) threads sharing those cores (mode -3)."""
-    import tvm
-
-    f = tvm.get_global_func("runtime.config_threadpool", allow_missing=True)
-    if f is not None:
-        f(-3, len(cpus), [str(c) for c in cpus])
 
 
 class TPExecutor:
@@ -311,7 +303,7 @@ class TPExecutor:
         self.comm.close()
         if self._old_mask is not None:
             os.sched_setaffinity(0, self._old_mask)
-            _config_tvm_pool(sorted(self._old_mask))
+            pin_pool(sorted(self._old_mask))
 
     def __enter__(self) -> TPExecutor:
         return self

@@ -21,10 +21,10 @@ def tuned_checkpoint(tmp_path_factory, cache, name: str, *, tp_threads=((1, 2),)
     """A 2-layer random checkpoint of embedded model `name` (config fields overridden), with
     its GEMMs tuned at the `tiny` budget for each (tp, threads); seq_max=2 suffices, since
     larger M reuse the M=2 schedule."""
+    from sandwich.models import load_model_config, read_raw_config
+    from sandwich.payload import make_payload
     from sandwich.runtime.checkpoint import write_checkpoint
     from sandwich.tuner.budget import get_budget
-    from sandwich.tuner.models import load_model_config, read_raw_config
-    from sandwich.tuner.payload import make_payload
     from sandwich.tuner.tune import tune_op, unique_shapes
 
     raw, _ = read_raw_config(name)

@@ -2,11 +2,11 @@
 
 import pytest
 
+from sandwich.bench.baselines.dietcode import DietCode
+from sandwich.bench.baselines.dynamic import Problem, features, fit
+from sandwich.bench.baselines.mikpoly import MikPoly
+from sandwich.bench.baselines.roller import Roller, scale_up
 from sandwich.errors import ConfigError
-from sandwich.tuner.baselines.dietcode import DietCode
-from sandwich.tuner.baselines.dynamic import Problem, features, fit
-from sandwich.tuner.baselines.mikpoly import MikPoly
-from sandwich.tuner.baselines.roller import Roller, scale_up
 from sandwich.tuner.measure import MeasureResult
 from sandwich.types import ComputeSlice, KernelSchedule, MicroKernel, Polymerization
 

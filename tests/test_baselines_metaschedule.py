@@ -7,8 +7,8 @@ from sandwich.errors import ConfigError
 
 @pytest.mark.tvm
 def test_metaschedule_tunes_checks_times_and_resumes(tmp_path):
+    from sandwich.bench.baselines import metaschedule as msb
     from sandwich.compiler.target import detect_cpu
-    from sandwich.tuner.baselines import metaschedule as msb
 
     cpu = detect_cpu()
     threads = msb.tvm_threads()  # conftest sets TVM_NUM_THREADS before TVM starts
@@ -29,8 +29,8 @@ def test_metaschedule_tunes_checks_times_and_resumes(tmp_path):
 
 
 def test_metaschedule_rejects_a_bad_budget(tmp_path):
+    from sandwich.bench.baselines import metaschedule as msb
     from sandwich.compiler.target import detect_cpu
-    from sandwich.tuner.baselines import metaschedule as msb
 
     with pytest.raises(ConfigError):
         msb.tune(m=16, n=64, k=64, cpu=detect_cpu(), threads=2, work_dir=tmp_path,

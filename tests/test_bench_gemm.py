@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from sandwich.tuner.bench_gemm import BenchResult, _best_rotated_pass, summarize, summarize_rotated
-from sandwich.tuner.bench_report import write_markdown, write_png
-from sandwich.tuner.cli import numeric_ms
+from sandwich.bench.gemm import BenchResult, _best_rotated_pass, summarize, summarize_rotated
+from sandwich.bench.gemm_report import write_markdown, write_png
+from sandwich.cli.tune import numeric_ms
 
 
 def _row(m, ours, best):

@@ -6,9 +6,10 @@ import sys
 import numpy as np
 import pytest
 
+from sandwich.bench.baselines import Peer, measure
+from sandwich.bench.baselines.vendor import make_peers
 from sandwich.errors import BuildError, ConfigError, ShapeError
-from sandwich.tuner.baselines import Peer, measure
-from sandwich.tuner.baselines.vendor import make_peers
+from sandwich.tuner.streaming import rotation_copies
 
 SHAPES = [(1, 64, 96), (7, 48, 128), (33, 200, 72)]
 
@@ -98,9 +99,9 @@ def test_time_rotated_visits_every_handle_in_turn():
 
 
 def test_rotation_copies_exceed_the_llc():
-    assert measure.rotation_copies(16 << 20, 32 << 20) == 16
-    assert measure.rotation_copies(1 << 30, 32 << 20) == 2
-    assert measure.rotation_copies(16 << 20, 32 << 20) * (16 << 20) >= 8 * (32 << 20)
+    assert rotation_copies(16 << 20, 32 << 20) == 16
+    assert rotation_copies(1 << 30, 32 << 20) == 2
+    assert rotation_copies(16 << 20, 32 << 20) * (16 << 20) >= 8 * (32 << 20)
 
 
 def test_rotated_peer_reports_weight_bandwidth():

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from sandwich.bench import compare as cmp
 from sandwich.errors import ConfigError
-from sandwich.tuner import compare as cmp
 from sandwich.types import GemmOp
 
 OP = GemmOp("gate_up", n=256, k=64)

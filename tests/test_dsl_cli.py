@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from sandwich.dsl.cli import register
+from sandwich.cli.dsl import register
 from sandwich.dsl.errors import DSLSyntaxError
 from sandwich.dsl.highlevel.transform import parse as parse_high
 from sandwich.dsl.lowlevel.transform import parse as parse_low

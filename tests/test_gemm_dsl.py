@@ -165,7 +165,7 @@ def test_signature_binds_dims_and_leaves_out_arrays():
 
 
 def test_parity_script_parses_schedules_and_times_pairs():
-    from sandwich.tuner.dsl_parity import parse_schedule, time_pair
+    from sandwich.bench.dsl_parity import parse_schedule, time_pair
 
     s = parse_schedule("mk4x64 p1x2x1 s8x64x768", 64)
     assert (s.micro_kernel.mu_m, s.polymerization.t_n, s.slice.b_k, s.pack_n) == (4, 2, 768, 64)

@@ -92,7 +92,7 @@ def test_the_cache_key_covers_the_lowering_code_and_nothing_else(tmp_path, monke
 
 
 def test_repeated_calls_on_the_same_buffers_are_replayed_and_stay_correct(tuned):
-    from sandwich.runtime import kernel_cache as kc
+    from sandwich.tuner import kernel_cache as kc
 
     gemm = KernelCache(tuned[0]).gemm(n=N, k=K, dtype="float32")
     rng = np.random.default_rng(2)

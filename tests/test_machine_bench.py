@@ -2,12 +2,13 @@
 
 import pytest
 
+from sandwich.bench import machine as mb
 from sandwich.errors import ConfigError
-from sandwich.tuner import machine_bench as mb
+from sandwich.tuner.streaming import llc_bytes
 
 
 def test_llc_is_detected_and_plausible():
-    assert 256 * 1024 <= mb.llc_bytes() <= 4 << 30
+    assert 256 * 1024 <= llc_bytes() <= 4 << 30
 
 
 def test_isa_is_a_supported_one():

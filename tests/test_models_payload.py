@@ -3,8 +3,8 @@ import json
 import pytest
 
 from sandwich.errors import ConfigError
-from sandwich.tuner.models import embedded_models, load_model_config
-from sandwich.tuner.payload import make_payload
+from sandwich.models import embedded_models, load_model_config
+from sandwich.payload import make_payload
 
 
 def test_embedded_models_present():
@@ -32,7 +32,7 @@ def test_gqa_and_tp_sharding():
 def test_config_path_and_directory(tmp_path):
     from importlib import resources
 
-    raw = json.loads((resources.files("sandwich.tuner") / "configs" / "llama-160m.json").read_text())
+    raw = json.loads((resources.files("sandwich") / "configs" / "llama-160m.json").read_text())
     raw["hidden_size"] = 512
     raw["num_attention_heads"] = raw["num_key_value_heads"] = 8
     (tmp_path / "config.json").write_text(json.dumps(raw))

@@ -10,9 +10,9 @@ pytest.importorskip("openvino")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from sandwich.bench.openvino_llama import OpenVinoLlamaPeer, causal_mask  # noqa: E402
 from sandwich.errors import ConfigError  # noqa: E402
 from sandwich.runtime.checkpoint import write_checkpoint  # noqa: E402
-from sandwich.runtime.openvino_llama import OpenVinoLlamaPeer, causal_mask  # noqa: E402
 
 TINY = {
     "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,

@@ -7,13 +7,13 @@ import json
 import numpy as np
 import pytest
 
+from sandwich.cli import serve as runtime_cli
 from sandwich.errors import ConfigError, ShapeError
-from sandwich.runtime import cli as runtime_cli
+from sandwich.models import load_model_config
 from sandwich.runtime.checkpoint import tensor_shapes, write_checkpoint
 from sandwich.runtime.loader import WeightReader, read_config
 from sandwich.runtime.rope_tables import RopeSpec, cos_sin, inv_freq, rope_spec
 from sandwich.runtime.safetensors_io import Checkpoint, CheckpointError, SafeTensorsFile, save_file
-from sandwich.tuner.models import load_model_config
 
 SMALL = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
          "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,

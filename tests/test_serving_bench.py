@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
+from sandwich.bench import serving as bench_serving
+from sandwich.bench.gguf_export import rope_permute
+from sandwich.bench.serving_peers import GenTiming, _timing
 from sandwich.errors import ConfigError
-from sandwich.runtime import bench_serving
-from sandwich.runtime.gguf_export import rope_permute
-from sandwich.runtime.serving_peers import GenTiming, _timing
 
 HAS_GGUF = importlib.util.find_spec("gguf") is not None
 
@@ -178,8 +178,8 @@ def test_report_lists_every_row(tmp_path):
 def test_gguf_export_names_shapes_and_vocab(tmp_path):
     import gguf
 
+    from sandwich.bench.gguf_export import write_gguf
     from sandwich.runtime.checkpoint import write_checkpoint
-    from sandwich.runtime.gguf_export import write_gguf
 
     cfg = json.loads((write_checkpoint("llama-3.2-1b", tmp_path / "ck", seed=1, layers=1)
                       / "config.json").read_text())

@@ -7,16 +7,16 @@ import json
 
 import pytest
 
+from sandwich.cli.topo import register
+from sandwich.models import load_model_config
 from sandwich.topology import fixtures as F
 from sandwich.topology.calibrate import calibrate
-from sandwich.topology.cli import register
 from sandwich.topology.pipeline import search_service_configs
 from sandwich.topology.sandwich_config import SPANS_NUMA, EarlyStopper, cross_sections, tp_allowed
 from sandwich.topology.simulator import HardwareMap, SimParams, simulate
 from sandwich.topology.trace import Trace, load_trace, synthetic_trace
 from sandwich.topology.transforms import remove
 from sandwich.topology.tree import build_tree
-from sandwich.tuner.models import load_model_config
 from sandwich.types import ProcessPlan, ServiceConfig
 
 MODEL = load_model_config("llama-3-8b")  # 32 heads, 8 KV heads: TP in {1, 2, 4, 8}

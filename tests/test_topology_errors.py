@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 
+from sandwich.cli.topo import register
 from sandwich.errors import ConfigError, TopologyError
 from sandwich.topology import fixtures as F
-from sandwich.topology.cli import register
 from sandwich.topology.parse_hwloc import parse_hwloc_xml
 from sandwich.topology.parse_lscpu import parse_lscpu
 from sandwich.topology.parse_sysfs import parse_sysfs

@@ -19,12 +19,12 @@ import pytest
 from conftest import tuned_checkpoint
 
 from sandwich.errors import ConfigError
+from sandwich.models import load_model_config, read_raw_config
 from sandwich.runtime.allreduce import AllReduceError, ShmAllReduce
 from sandwich.runtime.executor import Executor
 from sandwich.runtime.loader import load_model
 from sandwich.runtime.shard import shard_config
 from sandwich.runtime.tp import TPError, TPExecutor, resolve_cpu_sets
-from sandwich.tuner.models import load_model_config, read_raw_config
 
 SIZES = [1, 15, 16, 17, 768, 1001, 4099, 5 * 1024 + 3]  # tails, cache-line edges, odd sizes
 CAPACITY = 5 * 1024 + 3

@@ -104,7 +104,7 @@ def test_cli_errors_are_one_line(argv, message, capsys):
 
 def test_interpreter_reference_needs_small_shapes(tmp_path):
     from sandwich.dsl.load import load_file
-    from sandwich.dsl.tune_cases import interpreter_case
+    from sandwich.tuner.tune_cases import interpreter_case
 
     src = tmp_path / "k.sw"
     src.write_text("kernel k(tunable i32 mu in {1, 2}, i32 n, f32 a[n], f32 b[n]) {\n"
@@ -121,8 +121,8 @@ def test_interpreter_reference_needs_small_shapes(tmp_path):
 def test_a_point_with_wrong_output_is_reported_not_timed():
     pytest.importorskip("tvm")
     from sandwich.dsl.load import load_kernel
-    from sandwich.dsl.tune_cases import GEMM
-    from sandwich.dsl.tune_kernel import BUDGETS, DslMeasure
+    from sandwich.tuner.tune_cases import GEMM
+    from sandwich.tuner.tune_kernel import BUDGETS, DslMeasure
 
     shapes = {"M": 3, "N": 32, "K": 8}
     m = DslMeasure(load_kernel("gemm"), GEMM, shapes, BUDGETS["tiny"],

@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
+from sandwich.models import ModelConfig
 from sandwich.topology.sandwich_config import EarlyStopper, cross_sections, group_key, tp_allowed
 from sandwich.topology.search import Explored, group_variants, remove_search
 from sandwich.topology.simulator import HardwareMap, SimParams, SimResult, simulate
 from sandwich.topology.trace import Trace
 from sandwich.topology.tree import check_symmetric
-from sandwich.tuner.models import ModelConfig
 from sandwich.types import ServiceConfig
 
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from sandwich.errors import ConfigError
+from sandwich.models import ModelConfig
+from sandwich.payload import make_payload
 from sandwich.topology.tree import depth_levels
-from sandwich.tuner.models import ModelConfig
-from sandwich.tuner.payload import make_payload
 from sandwich.types import ProcessPlan, ServiceConfig
 
 SPANS_NUMA = -1  # ProcessPlan.numa_node of a process whose cpus lie in several NUMA nodes

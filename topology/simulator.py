@@ -11,9 +11,9 @@ from functools import lru_cache
 import networkx as nx
 import numpy as np
 
+from sandwich.models import ModelConfig
+from sandwich.payload import make_payload
 from sandwich.topology.trace import Trace
-from sandwich.tuner.models import ModelConfig
-from sandwich.tuner.payload import make_payload
 from sandwich.types import ServiceConfig
 
 _BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}

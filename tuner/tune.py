@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sandwich.errors import BuildError, ConfigError
-from sandwich.runtime.kernel_cache import KernelCache
+from sandwich.payload import Payload
 from sandwich.tuner.budget import Budget
-from sandwich.tuner.payload import Payload
+from sandwich.tuner.kernel_cache import KernelCache
 from sandwich.tuner.search import MResult, SandwichSearch
 from sandwich.tuner.space import Isa, micro_kernels, pack_width
 from sandwich.tuner.tvm_measure import TvmMeasure

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sandwich.compiler.buffers import aligned_copy
 from sandwich.compiler.gemm_dsl import build_gemm_dsl
 from sandwich.compiler.gemm_runner import (
     aligned_empty,
@@ -18,11 +19,9 @@ from sandwich.compiler.gemm_runner import (
 )
 from sandwich.compiler.target import CpuInfo
 from sandwich.errors import BuildError, ConfigError
-from sandwich.runtime.buffers import aligned_copy
-from sandwich.tuner.baselines.measure import rotation_copies
-from sandwich.tuner.machine_bench import llc_bytes
 from sandwich.tuner.measure import MeasureResult
 from sandwich.tuner.reference import reference_matmul
+from sandwich.tuner.streaming import llc_bytes, rotation_copies
 from sandwich.tuner.timing import gflops, time_callable
 from sandwich.types import KernelSchedule
 

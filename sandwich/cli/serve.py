@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from sandwich.errors import ConfigError
-from sandwich.tuner.models import DEFAULT_MODEL
+from sandwich.models import DEFAULT_MODEL
 
 
 def register(sub) -> None:
@@ -100,12 +100,12 @@ def _engine(args, *, max_batch: int, max_seq: int, clock=None):
     import os
     import time
 
-    from sandwich.cli import cache_dir_arg
+    from sandwich.cli.common import cache_dir_arg
     from sandwich.runtime.engine import Engine
     from sandwich.runtime.executor import Executor
-    from sandwich.runtime.kernel_cache import KernelCache
     from sandwich.runtime.loader import load_model
     from sandwich.runtime.phases import PhaseSwitcher, load_service_config
+    from sandwich.tuner.kernel_cache import KernelCache
 
     if max_batch < 1 or max_seq < 1:
         raise ConfigError(f"--max-batch and --max-seq must be >= 1, got {max_batch} and {max_seq}")

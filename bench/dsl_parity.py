@@ -1,7 +1,7 @@
 """Speed parity of the DSL GEMM (compiler/gemm_dsl.py) with the hand-built template
 (compiler/gemm_template.py): both timed interleaved in one process, same threads.
 
-Run: `python -m sandwich.tuner.dsl_parity [--ms 1,16] [--rounds 15] [-o FILE]`.
+Run: `python -m sandwich.bench.dsl_parity [--ms 1,16] [--rounds 15] [-o FILE]`.
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     todo = cases(ms=args.ms, shapes=shapes, schedules=tuple(args.schedules.split(";")))
     results = run(todo, rounds=args.rounds)
     given = sys.argv[1:] if argv is None else argv
-    command = " ".join(["python -m sandwich.tuner.dsl_parity", shlex.join(given)]).strip()
+    command = " ".join(["python -m sandwich.bench.dsl_parity", shlex.join(given)]).strip()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(report(results, command, args.rounds), encoding="utf-8")
     print(f"geomean ratio DSL/hand: {geomean(results):.3f} (paired "

@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 
 from sandwich.errors import BuildError, ConfigError
+from sandwich.tuner.streaming import llc_bytes
 from sandwich.tuner.timing import time_callable
 
 _SOURCE = Path(__file__).with_name("csrc") / "machine_bench.c"
 _MIB = 1 << 20
-_FALLBACK_LLC = 32 * _MIB  # used only when neither sysfs nor lscpu reports an LLC
 _MAX_THREADS = 1024  # MAX_THREADS in csrc/machine_bench.c
 
 
@@ -61,36 +61,6 @@ def isa_flags() -> tuple[str, list[str]]:
     if {"avx2", "fma"} <= flags:
         return "avx2", ["-mavx2", "-mfma"]
     raise BuildError("machine benchmark needs an x86 CPU with AVX2+FMA or AVX-512F")
-
-
-def _parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", text)
-    if not m:
-        raise ValueError(text)
-    return int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2)]
-
-
-def llc_bytes() -> int:
-    """Size of the last-level cache (one instance), from sysfs, else lscpu, else 32 MiB."""
-    best = (0, 0)
-    for d in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
-        try:
-            if (d / "type").read_text().strip() == "Instruction":
-                continue
-            best = max(best, (int((d / "level").read_text()), _parse_size((d / "size").read_text())))
-        except (OSError, ValueError):
-            continue
-    if best[1]:
-        return best[1]
-    try:
-        out = subprocess.run(["lscpu", "-B"], capture_output=True, text=True, check=True).stdout
-        sizes = [int(m.group(2)) // int(m.group(3) or 1)
-                 for m in re.finditer(r"^L(\d) cache:\s*(\d+)(?:\s*\((\d+) instances?\))?", out, re.M)]
-        if sizes:
-            return max(sizes)
-    except (OSError, subprocess.CalledProcessError, ValueError):
-        pass
-    return _FALLBACK_LLC
 
 
 def _cache_dir() -> Path:

@@ -170,10 +170,10 @@ def run_sandwich(ctx: Context) -> None:
 
 def run_dynamic(ctx: Context, name: str) -> None:
     """A DietCode-, Roller- or MikPoly-style tuner over the same micro-kernels as sandwich."""
-    from sandwich.tuner.baselines.dietcode import DietCode
-    from sandwich.tuner.baselines.dynamic import Problem
-    from sandwich.tuner.baselines.mikpoly import MikPoly
-    from sandwich.tuner.baselines.roller import Roller
+    from sandwich.bench.baselines.dietcode import DietCode
+    from sandwich.bench.baselines.dynamic import Problem
+    from sandwich.bench.baselines.mikpoly import MikPoly
+    from sandwich.bench.baselines.roller import Roller
     from sandwich.tuner.budget import get_budget
     from sandwich.tuner.space import Isa, micro_kernels
 
@@ -205,7 +205,7 @@ def run_dynamic(ctx: Context, name: str) -> None:
 
 
 def run_metaschedule(ctx: Context) -> None:
-    from sandwich.tuner.baselines import metaschedule as msb
+    from sandwich.bench.baselines import metaschedule as msb
 
     settings = msb.MsSettings(trials=ctx.cfg.trials)
     root = ctx.cfg.cache_dir / "metaschedule"
@@ -222,7 +222,7 @@ def run_metaschedule(ctx: Context) -> None:
 
 
 def run_vendor(ctx: Context, peers) -> None:
-    from sandwich.tuner.baselines.measure import measure_peer, random_gemm
+    from sandwich.bench.baselines.measure import measure_peer, random_gemm
 
     for m in ctx.ms:
         ctx.step(f"vendor M={m}")
@@ -246,9 +246,9 @@ def steps_per_op(cfg: CompareConfig, n_ms: int) -> int:
 def run_compare(cfg: CompareConfig, *, cache, step: Callable[[str], None] = lambda _: None,
                 log: Callable[[str], None] = print) -> dict:
     """Run every method on every op and sampled M (skipping stored results); returns the JSON."""
-    from sandwich.tuner.baselines.vendor import make_peers
-    from sandwich.tuner.models import load_model_config
-    from sandwich.tuner.payload import make_payload
+    from sandwich.bench.baselines.vendor import make_peers
+    from sandwich.models import load_model_config
+    from sandwich.payload import make_payload
     from sandwich.tuner.tune import unique_shapes
 
     mcfg = load_model_config(cfg.model)

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
+from sandwich.bench.baselines.measure import check_gemm, random_gemm
 from sandwich.compiler.target import CpuInfo, tvm_target
 from sandwich.errors import BuildError, ConfigError
-from sandwich.tuner.baselines.measure import check_gemm, random_gemm
 from sandwich.tuner.timing import Timing, gflops, time_callable
 
 PROGRESS = "sandwich_progress.json"

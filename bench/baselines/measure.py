@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from sandwich.bench.baselines import Peer
 from sandwich.errors import BuildError, ConfigError
-from sandwich.tuner.baselines import Peer
 from sandwich.tuner.timing import Timing, gflops, time_callable
 
 Runner = Callable[[np.ndarray, object], np.ndarray]  # (a, handle) -> out
@@ -76,11 +75,6 @@ def time_rotated(run: Runner, a: np.ndarray, handles: Sequence[object], **timing
     cycle = itertools.cycle(handles)
     timing_kw.setdefault("warmup", len(handles))
     return time_callable(lambda: run(a, next(cycle)), **timing_kw)
-
-
-def rotation_copies(weight_bytes: int, llc_bytes: int, *, factor: int = 8) -> int:
-    """How many weight copies make the rotation `factor` times the LLC (at least 2)."""
-    return max(2, math.ceil(factor * llc_bytes / max(1, weight_bytes)))
 
 
 def measure_runner(name: str, run: Runner, a: np.ndarray, w: np.ndarray,

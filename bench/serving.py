@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from sandwich.bench.serving_peers import GenTiming, ServingPeer
 from sandwich.errors import ConfigError
-from sandwich.runtime.serving_peers import GenTiming, ServingPeer
 
 
 @dataclass
@@ -67,8 +67,8 @@ def model_dir_for(name_or_dir: str, root: Path, *, seed: int = 0) -> Path:
     p = Path(name_or_dir)
     if p.is_dir():
         return p
+    from sandwich.models import embedded_models
     from sandwich.runtime.checkpoint import write_checkpoint
-    from sandwich.tuner.models import embedded_models
 
     if name_or_dir not in embedded_models():
         raise ConfigError(f"{name_or_dir}: not a model directory nor an embedded model "
@@ -203,21 +203,21 @@ def weights_fit(model_dir: Path, systems: int, *, meminfo: Path = Path("/proc/me
 
 
 def _make_peer(name: str, model_dir: Path, *, threads: int, max_seq: int, cache, work: Path):
-    from sandwich.runtime import serving_peers as sp
+    from sandwich.bench import serving_peers as sp
 
     if name == "sandwichc":
         return sp.SandwichPeer(model_dir, cache, threads=threads, max_seq=max_seq)
     if name == "hf-transformers":
         return sp.HfPeer(model_dir, threads=threads)
     if name == "llama.cpp":
-        from sandwich.runtime.gguf_export import write_gguf
+        from sandwich.bench.gguf_export import write_gguf
 
         gguf = work / f"{model_dir.name}.f32.gguf"
         if not gguf.is_file():
             write_gguf(model_dir, gguf)
         return sp.LlamaCppPeer(gguf, threads=threads, max_seq=max_seq)
     if name == "openvino":
-        from sandwich.runtime.openvino_llama import OpenVinoLlamaPeer
+        from sandwich.bench.openvino_llama import OpenVinoLlamaPeer
 
         return OpenVinoLlamaPeer(model_dir, threads=threads, max_seq=max_seq)
     raise AssertionError(name)  # run_serving_bench checked the names
@@ -229,9 +229,9 @@ PEERS = ("sandwichc", "hf-transformers", "llama.cpp", "openvino")
 def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: int, repeats: int,
                       threads: int, cache, work: Path, command: str, peers=PEERS,
                       log=print) -> ServingResult:
+    from sandwich.bench.machine import read_bandwidth_gbs
     from sandwich.compiler.target import describe_machine
     from sandwich.runtime.loader import read_config
-    from sandwich.tuner.machine_bench import read_bandwidth_gbs
     from sandwich.tuner.quiet import other_cpu_load, warn_if_busy
 
     unknown = [p for p in peers if p not in PEERS]

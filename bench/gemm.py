@@ -4,31 +4,26 @@ one run, the same threads and the same cache state, plus the machine's measured 
 from __future__ import annotations
 
 import datetime
-import json
 import math
-import platform
-import shlex
-import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from sandwich.compiler.gemm_runner import aligned_empty
-from sandwich.compiler.target import describe_machine
-from sandwich.errors import ConfigError
-from sandwich.tuner.baselines.measure import (
+from sandwich.bench.baselines.measure import (
     measure_peer,
     measure_runner,
     random_gemm,
-    rotation_copies,
 )
-from sandwich.tuner.baselines.vendor import make_peers
-from sandwich.tuner.machine_bench import measure_machine, read_bandwidth_gbs
-from sandwich.tuner.models import load_model_config
-from sandwich.tuner.payload import make_payload
+from sandwich.bench.baselines.vendor import make_peers
+from sandwich.bench.machine import measure_machine, read_bandwidth_gbs
+from sandwich.compiler.gemm_runner import aligned_empty
+from sandwich.compiler.target import describe_machine
+from sandwich.errors import ConfigError
+from sandwich.models import load_model_config
+from sandwich.payload import make_payload
 from sandwich.tuner.quiet import other_cpu_load, warn_if_busy
+from sandwich.tuner.streaming import rotation_copies
 from sandwich.tuner.tune import unique_shapes
 
 ROTATE_MAX_M = 8
@@ -123,8 +118,24 @@ def _cases(models: list[str], ms: list[int], tp: int):
                 yield model, names, op, m
 
 
+class _NoProgress:
+    """Stands in for a tqdm bar when the caller shows no progress."""
+
+    total = 0
+
+    def set_description(self, desc: str, refresh: bool = True) -> None:
+        pass
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def refresh(self) -> None:
+        pass
+
+
 def run_bench(*, models: list[str], ms: list[int], tp: int, peer_names: list[str], threads: int,
-              cache, rotate: bool, command: str, passes: int = 2, log=print) -> BenchResult:
+              cache, rotate: bool, command: str, passes: int = 2, log=print,
+              progress=None) -> BenchResult:
     """Time every unique GEMM shape of the models at every M, ours and the peers'.
 
     Each pass times ours on every row, then each peer on every row; a runner's figure is
@@ -133,31 +144,43 @@ def run_bench(*, models: list[str], ms: list[int], tp: int, peer_names: list[str
     keeps one such moment from deciding a row. Ours come first in the first pass, before
     any peer library starts: OpenVINO's and OpenMP's idle worker threads keep spinning
     after their calls and steal the cores a short TVM kernel needs; in later passes a
-    pause before each of ours lets them sleep. Same process, threads, inputs, cache state."""
+    pause before each of ours lets them sleep. Same process, threads, inputs, cache state.
+
+    `progress` (a tqdm bar, say) counts one step per timing of one runner on one row, and
+    says which; its total is set here."""
     if passes < 1:
         raise ConfigError(f"--passes must be >= 1, got {passes}")
+    bar = progress or _NoProgress()
     load0 = warn_if_busy("the benchmark", log)
-    limits = measure_machine(threads)
-    log(f"machine limits with {threads} threads: peak {limits.peak_gflops:.1f} GFLOPS, "
-        f"streaming read {limits.read_gbs:.1f} GB/s")
     rows = [{"model": model, "op": "+".join(names), "m": m, "n": op.n, "k": op.k,
              "_op": op} for model, names, op, m in _cases(models, ms, tp)]
     rotated = {i: {k: r[k] for k in ("model", "op", "m", "n", "k")} for i, r in enumerate(rows)
                if rotate and r["m"] <= ROTATE_MAX_M}
+    for op in {row["_op"] for row in rows}:  # a shape never tuned fails now, not minutes in
+        cache.gemm(n=op.n, k=op.k, dtype=op.dtype, threads=threads)
+    per_runner = len(rows) + len(rotated)
+    bar.total = 1 + passes * per_runner * (1 + len(peer_names))
+    bar.set_description("machine peak and read bandwidth")
+    limits = measure_machine(threads)
+    bar.update(1)
+    log(f"machine limits with {threads} threads: peak {limits.peak_gflops:.1f} GFLOPS, "
+        f"streaming read {limits.read_gbs:.1f} GB/s")
     peers = None
     for p in range(passes):
-        log(f"pass {p + 1} of {passes}: sandwich")
+        step = _stepper(bar, f"pass {p + 1}/{passes}")
         for i, row in enumerate(rows):
             if peers is not None:
                 _settle()
-            _time_ours(row, rotated.get(i), cache, threads, limits)
+            _time_ours(row, rotated.get(i), cache, threads, limits, step)
         if peers is None:
+            bar.set_description(f"loading {', '.join(peer_names)}")
             peers = make_peers(peer_names, threads=threads)
             for msg in peers.messages:
                 log(msg)
-        log(f"pass {p + 1} of {passes}: " + ", ".join(peers.names))
+            bar.total = 1 + passes * per_runner * (1 + len(peers.peers))
+            bar.refresh()
         for i, row in enumerate(rows):
-            _time_peers(row, rotated.get(i), peers.peers, limits)
+            _time_peers(row, rotated.get(i), peers.peers, limits, step)
     assert peers is not None
     res = BenchResult(command, datetime.date.today().isoformat(), describe_machine(), threads,
                       limits.peak_gflops, limits.read_gbs, list(peers.names), list(peers.messages),
@@ -173,6 +196,7 @@ def run_bench(*, models: list[str], ms: list[int], tp: int, peer_names: list[str
         log(_row_line(row, peers.names))
         if i in rotated:
             res.rotated_rows.append(_best_rotated_pass(rotated[i], ["sandwich", *peers.names]))
+            log(_rotated_line(res.rotated_rows[-1], peers.names))
     res.other_load = (load0, other_cpu_load())
     return res
 
@@ -186,37 +210,55 @@ def _inputs(row: dict) -> tuple[np.ndarray, np.ndarray]:
     return aligned, w
 
 
-def _time_ours(row: dict, rot: dict | None, cache, threads: int, limits) -> None:
+def _stepper(bar, stage: str):
+    """step(runner, row, rotated)(): names the timing about to run on the bar; the returned
+    done() counts it."""
+    def step(name: str, row: dict, rotated: bool = False):
+        what = "rotated" if rotated else "hot"
+        bar.set_description(f"{stage} {name} {row['op']} M={row['m']} {what}", refresh=False)
+        return lambda: bar.update(1)
+    return step
+
+
+def _time_ours(row: dict, rot: dict | None, cache, threads: int, limits, step) -> None:
     """One pass of ours on one row (and its rotated-weights variant)."""
     op = row["_op"]
+    done = step("sandwich", row)
     gemm = cache.gemm(n=op.n, k=op.k, dtype=op.dtype, threads=threads)
     a, w = _inputs(row)
     out = aligned_empty((row["m"], op.n))  # as the executor's buffers are
     ours = measure_runner("sandwich", _runner(gemm, out), a, w, [gemm.pack(w)], **TIMING)
     row.setdefault("sandwich_gflops_passes", []).append(ours.gflops)
     row["sandwich_schedule"] = gemm.schedule_for(row["m"]).key()
+    done()
     if rot is None:
         return
+    done = step("sandwich", row, rotated=True)
     copies = rotation_copies(w.nbytes, limits.llc_bytes)
     handles = [gemm.pack(w) for _ in range(copies)]
     rot["copies"] = copies
     _add_rotated_pass(rot, "sandwich", limits,
                       lambda: measure_runner("sandwich", _runner(gemm, out), a, w, handles, **TIMING))
+    done()
 
 
-def _time_peers(row: dict, rot: dict | None, peers, limits) -> None:
+def _time_peers(row: dict, rot: dict | None, peers, limits, step) -> None:
     """One pass of every peer on one row (and its rotated-weights variant)."""
     a, w = _inputs(row)
     for peer in peers:
+        done = step(peer.name, row)
         _settle()
         row.setdefault(f"{peer.name}_gflops_passes", []).append(
             measure_peer(peer, a, w, **TIMING).gflops)
+        done()
     if rot is None:
         return
     for peer in peers:
+        done = step(peer.name, row, rotated=True)
         _settle()
         _add_rotated_pass(rot, peer.name, limits,
                           lambda peer=peer: measure_peer(peer, a, w, copies=rot["copies"], **TIMING))
+        done()
 
 
 def _moment_read(limits) -> float:
@@ -261,40 +303,14 @@ def _runner(gemm, out: np.ndarray):
     return run
 
 
+def _rotated_line(rot: dict, peers) -> str:
+    cols = " ".join(f"{p} {rot[f'{p}_pct_read']:5.0f}%" for p in peers)
+    return (f"{rot['op']:<16} M={rot['m']:<5} {rot['n']}x{rot['k']}: rotated, % of the read: "
+            f"sandwich {rot['sandwich_pct_read']:5.0f}% | {cols}")
+
+
 def _row_line(row: dict, peers) -> str:
     cols = " ".join(f"{p} {row[f'{p}_gflops']:7.1f}" for p in peers)
     sp = row["speedup_vs_best_peer"]
     return (f"{row['op']:<16} M={row['m']:<5} {row['n']}x{row['k']}: sandwich "
             f"{row['sandwich_gflops']:7.1f} | {cols} | x{sp:.2f}" if sp else "")
-
-
-def cmd_bench_gemm(args) -> int:
-    from sandwich.cli import cache_dir_arg
-    from sandwich.runtime.kernel_cache import KernelCache
-    from sandwich.tuner.bench_report import write_markdown, write_png
-
-    try:
-        ms = sorted({int(x) for x in args.m.split(",") if x.strip()})
-    except ValueError:
-        raise ConfigError(f"--m must be comma-separated integers, got {args.m!r}") from None
-    if not ms or ms[0] < 1:
-        raise ConfigError("--m values must be >= 1")
-    threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
-    command = "sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    res = run_bench(models=args.model or ["llama-160m"], ms=ms, tp=args.tp,
-                    peer_names=[p for p in args.peers.split(",") if p], threads=threads,
-                    cache=KernelCache(cache_dir_arg(args)), rotate=not args.no_rotate,
-                    command=command, passes=args.passes)
-    res.machine += f", {platform.python_implementation()} {platform.python_version()}"
-    for path in (args.json_out, args.md, args.png):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json_out).write_text(json.dumps(res.to_json(), indent=1))
-    write_markdown(res, Path(args.md))
-    write_png(res, Path(args.png))
-    s = res.to_json()["summary"]
-    print(f"geomean speedup over the best peer: all {s['geomean_speedup_all']:.2f}, "
-          f"M<=64 {s['geomean_speedup_m_le_64']:.2f}; M>=512 at "
-          f"{100 * s['geomean_fraction_of_peak_m_ge_512']:.0f}% of peak (min "
-          f"{100 * s['min_fraction_of_peak_m_ge_512']:.0f}%)")
-    print(f"wrote {args.json_out}, {args.md}, {args.png}")
-    return 0

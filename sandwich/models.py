@@ -35,7 +35,7 @@ class ModelConfig:
 
 def embedded_models() -> list[str]:
     """Names accepted by `--model` without a path."""
-    files = resources.files("sandwich.tuner").joinpath("configs").iterdir()
+    files = resources.files("sandwich").joinpath("configs").iterdir()
     return sorted(p.name[: -len(".json")] for p in files if p.name.endswith(".json"))
 
 
@@ -64,7 +64,7 @@ def _read(name_or_path: str) -> tuple[str, str]:
     if path.is_file():
         return path.read_text(), str(path)
     if name_or_path in embedded_models():
-        f = resources.files("sandwich.tuner").joinpath("configs", f"{name_or_path}.json")
+        f = resources.files("sandwich").joinpath("configs", f"{name_or_path}.json")
         return f.read_text(), f"embedded model '{name_or_path}'"
     known = ", ".join(embedded_models())
     raise ConfigError(f"unknown model '{name_or_path}': not a file, and not one of: {known}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sandwich.errors import ConfigError
-from sandwich.tuner.models import ModelConfig
+from sandwich.models import ModelConfig
 from sandwich.types import GemmOp
 
 

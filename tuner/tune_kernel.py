@@ -10,14 +10,15 @@ from pathlib import Path
 
 import numpy as np
 
+from sandwich.compiler.tensors import tensor_copy
 from sandwich.dsl import ast as A
 from sandwich.dsl.check import _names
 from sandwich.dsl.highlevel import ast as H
 from sandwich.dsl.interp import Interpreter
 from sandwich.dsl.space import domains
-from sandwich.dsl.tune_cases import Case, case_for
 from sandwich.errors import BuildError, ConfigError
 from sandwich.tuner.template_search import KernelTemplate, Outcome, SearchResult, search
+from sandwich.tuner.tune_cases import Case, case_for
 
 
 @dataclass(frozen=True)
@@ -134,20 +135,16 @@ class DslMeasure:
 
     def __init__(self, kernel: H.Kernel, case: Case, shapes: dict, settings: TuneSettings,
                  build) -> None:
-        import tvm
-
         from sandwich.tuner.timing import time_callable
 
-        self.tvm, self.time = tvm, time_callable
+        self.time = time_callable
         self.kernel, self.case, self.shapes, self.settings, self.build = (
             kernel, case, shapes, settings, build)
         self.data = case.data(shapes, np.random.default_rng(settings.seed))
         self.expected: dict | None = None
 
     def _call(self, fn, arrays: dict):
-        dev = self.tvm.cpu()
-        tensors = {n: self.tvm.runtime.tensor(np.ascontiguousarray(a), dev)
-                   for n, a in arrays.items()}
+        tensors = {n: tensor_copy(a) for n, a in arrays.items()}
         args = [tensors[p.name] if p.shape else self.shapes[p.name] for p in self.kernel.params]
         return (lambda: fn(*args)), tensors
 

@@ -79,7 +79,7 @@ def run_compile(args: argparse.Namespace) -> int:
 
 
 def run_bench_attention(args: argparse.Namespace) -> int:
-    from sandwich.dsl.bench_attention import run
+    from sandwich.bench.attention import run
 
     run(args.threads, args.output)
     return 0
@@ -90,7 +90,7 @@ def run_tune_kernel(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from sandwich.dsl import tune_kernel as tk
+    from sandwich.tuner import tune_kernel as tk
 
     if args.threads < 1:
         raise DSLError(f"--threads must be at least 1, got {args.threads}")

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
+from sandwich.bench.serving_peers import GenTiming, _timing
 from sandwich.errors import ConfigError
+from sandwich.models import ModelConfig
 from sandwich.runtime.loader import WeightReader, read_config
 from sandwich.runtime.rope_tables import RopeSpec, cos_sin
 from sandwich.runtime.safetensors_io import INDEX_NAME, Checkpoint
-from sandwich.runtime.serving_peers import GenTiming, _timing
-from sandwich.tuner.models import ModelConfig
 
 _NEG = float(np.finfo(np.float32).min)  # masked score: exp() underflows to 0, no inf - inf NaN
 

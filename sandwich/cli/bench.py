@@ -1,9 +1,18 @@
-"""`sandwichc bench gemm`: registered by tuner/cli.py; the work is in tuner/bench_gemm.py."""
+"""`sandwichc bench gemm|serving`: the work is in bench/gemm.py and bench/serving.py."""
 
 from __future__ import annotations
 
+import json
+import platform
+import shlex
+import sys
+from pathlib import Path
 
-def register(sub, *, cache_arg, threads_arg) -> None:
+from sandwich.cli.common import add_cache_arg, add_threads_arg, cache_dir_arg
+from sandwich.errors import ConfigError
+
+
+def register(sub) -> None:
     bench = sub.add_parser("bench", help="benchmarks that write to results/")
     bsub = bench.add_subparsers(dest="bench_cmd", required=True)
     g = bsub.add_parser("gemm", help="cached sandwich GEMMs vs vendor peers, same process and threads")
@@ -19,8 +28,9 @@ def register(sub, *, cache_arg, threads_arg) -> None:
     g.add_argument("--no-rotate", action="store_true", help="skip the M <= 8 rows with weights beyond the LLC")
     g.add_argument("--passes", type=int, default=2, help="timings of every runner, minutes apart; "
                    "each reports its best (this VM slows down for seconds at a time)")
-    threads_arg(g)
-    cache_arg(g)
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_threads_arg(g)
+    add_cache_arg(g)
     g.set_defaults(func=_run)
 
     s = bsub.add_parser("serving", help="TTFT/TPOT of sandwichc vs HF transformers, llama.cpp and "
@@ -36,26 +46,51 @@ def register(sub, *, cache_arg, threads_arg) -> None:
                    "(default: <cache dir>/models)")
     s.add_argument("--json", dest="json_out", default="results/serving.json")
     s.add_argument("--md", default="results/serving.md")
-    threads_arg(s)
-    cache_arg(s)
+    add_threads_arg(s)
+    add_cache_arg(s)
     s.set_defaults(func=_run_serving)
 
 
 def _run(args) -> int:
-    from sandwich.tuner.bench_gemm import cmd_bench_gemm
+    from tqdm import tqdm
 
-    return cmd_bench_gemm(args)
+    from sandwich.bench.gemm import run_bench
+    from sandwich.bench.gemm_report import write_markdown, write_png
+    from sandwich.tuner.kernel_cache import KernelCache
+
+    try:
+        ms = sorted({int(x) for x in args.m.split(",") if x.strip()})
+    except ValueError:
+        raise ConfigError(f"--m must be comma-separated integers, got {args.m!r}") from None
+    if not ms or ms[0] < 1:
+        raise ConfigError("--m values must be >= 1")
+    threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
+    command = "sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    # delay: an input error (a shape never tuned, say) prints its one line and no bar
+    with tqdm(total=0, unit="timing", dynamic_ncols=True, disable=args.no_progress,
+              delay=1) as bar:
+        res = run_bench(models=args.model or ["llama-160m"], ms=ms, tp=args.tp,
+                        peer_names=[p for p in args.peers.split(",") if p], threads=threads,
+                        cache=KernelCache(cache_dir_arg(args)), rotate=not args.no_rotate,
+                        command=command, passes=args.passes, log=tqdm.write, progress=bar)
+    res.machine += f", {platform.python_implementation()} {platform.python_version()}"
+    for path in (args.json_out, args.md, args.png):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json_out).write_text(json.dumps(res.to_json(), indent=1))
+    write_markdown(res, Path(args.md))
+    write_png(res, Path(args.png))
+    s = res.to_json()["summary"]
+    print(f"geomean speedup over the best peer: all {s['geomean_speedup_all']:.2f}, "
+          f"M<=64 {s['geomean_speedup_m_le_64']:.2f}; M>=512 at "
+          f"{100 * s['geomean_fraction_of_peak_m_ge_512']:.0f}% of peak (min "
+          f"{100 * s['min_fraction_of_peak_m_ge_512']:.0f}%)")
+    print(f"wrote {args.json_out}, {args.md}, {args.png}")
+    return 0
 
 
 def _run_serving(args) -> int:
-    import shlex
-    import sys
-    from pathlib import Path
-
-    from sandwich.cli import cache_dir_arg
-    from sandwich.errors import ConfigError
-    from sandwich.runtime.bench_serving import run_serving_bench, write_report
-    from sandwich.runtime.kernel_cache import KernelCache
+    from sandwich.bench.serving import run_serving_bench, write_report
+    from sandwich.tuner.kernel_cache import KernelCache
 
     try:
         lens = sorted({int(x) for x in args.prompt_lens.split(",") if x.strip()})

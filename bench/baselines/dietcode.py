@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sandwich.tuner.baselines.dynamic import (
+from sandwich.bench.baselines.dynamic import (
     CostModel,
     DynamicTuner,
     features,

@@ -1,4 +1,4 @@
-"""`sandwichc compare`: registered by sandwich/cli.py; the work is in tuner/compare.py."""
+"""`sandwichc compare`: the work is in bench/compare.py."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from sandwich.errors import ConfigError
+from sandwich.models import DEFAULT_MODEL
 from sandwich.tuner.budget import BUDGETS
-from sandwich.tuner.models import DEFAULT_MODEL
 
 
 def register(sub) -> None:
@@ -37,9 +37,9 @@ def register(sub) -> None:
 def cmd_compare(args) -> int:
     from tqdm import tqdm
 
-    from sandwich.cli import cache_dir_arg
-    from sandwich.runtime.kernel_cache import KernelCache
-    from sandwich.tuner import compare as cmp
+    from sandwich.bench import compare as cmp
+    from sandwich.cli.common import cache_dir_arg
+    from sandwich.tuner.kernel_cache import KernelCache
 
     threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "0"))
     if threads < 1:

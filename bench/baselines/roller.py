@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import astuple
 
-from sandwich.tuner.baselines.dynamic import DynamicTuner
+from sandwich.bench.baselines.dynamic import DynamicTuner
 from sandwich.tuner.space import K_UNIT, slice_caps
 from sandwich.types import ComputeSlice, KernelSchedule, MicroKernel, Polymerization
 

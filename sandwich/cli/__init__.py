@@ -1,11 +1,11 @@
-"""The `sandwichc` command line: parses arguments, sets thread counts, calls into the folders."""
+"""The `sandwichc` command line: parses arguments, sets thread counts, calls into the folders.
+One module per command group; each has `register(subparsers)`."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from pathlib import Path
 
 
 def _threads_from_argv(argv: list[str]) -> int | None:
@@ -26,11 +26,7 @@ def _set_thread_env(argv: list[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from sandwich import __version__
-    from sandwich.dsl import cli as dsl_cli
-    from sandwich.runtime import cli as runtime_cli
-    from sandwich.topology import cli as topo_cli
-    from sandwich.tuner import cli as tuner_cli
-    from sandwich.tuner import compare_cli
+    from sandwich.cli import bench, compare, dsl, serve, topo, tune
 
     parser = argparse.ArgumentParser(
         prog="sandwichc",
@@ -38,11 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"sandwichc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    tuner_cli.register(sub)
-    topo_cli.register(sub)
-    dsl_cli.register(sub)
-    runtime_cli.register(sub)
-    compare_cli.register(sub)
+    for group in (tune, bench, topo, dsl, serve, compare):
+        group.register(sub)
     return parser
 
 
@@ -65,17 +58,6 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
-
-
-def cache_dir_arg(args) -> Path:
-    """--cache-dir, else $SANDWICHC_CACHE_DIR, else the user's cache directory."""
-    from sandwich.runtime.kernel_cache import default_cache_dir
-
-    if getattr(args, "cache_dir", None):
-        return Path(args.cache_dir)
-    if args.env_cache_dir:
-        return Path(args.env_cache_dir)
-    return default_cache_dir(args.env)
 
 
 if __name__ == "__main__":

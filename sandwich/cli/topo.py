@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from sandwich.errors import ConfigError, TopologyError
+from sandwich.models import DEFAULT_MODEL, load_model_config
 from sandwich.topology.calibrate import Calibration, calibrate
 from sandwich.topology.fixtures import (
     KUNPENG_NO_CLUSTER,
@@ -25,7 +26,6 @@ from sandwich.topology.report import write_report
 from sandwich.topology.simulator import SimParams
 from sandwich.topology.trace import load_trace
 from sandwich.topology.tree import asymmetry, summary
-from sandwich.tuner.models import DEFAULT_MODEL, load_model_config
 
 
 def register(subparsers) -> None:

@@ -1,27 +1,17 @@
-"""`sandwichc info | tune | cache ls|verify|clear | bench gemm`."""
+"""`sandwichc info | tune | cache ls|verify|clear`."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
 import sys
 import time
 
+from sandwich.cli.common import add_cache_arg, add_threads_arg, cache_dir_arg
 from sandwich.errors import CacheError, ConfigError
+from sandwich.models import DEFAULT_MODEL
 from sandwich.tuner.budget import BUDGETS
-from sandwich.tuner.models import DEFAULT_MODEL
-
-
-def _cache_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cache-dir", help="kernel cache directory (default: $SANDWICHC_CACHE_DIR or "
-                   "~/.cache/sandwichc)")
-
-
-def _threads_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--threads", type=int, default=None,
-                   help="threads the kernels run with (default: all cores of this process)")
 
 
 def register(sub) -> None:
@@ -33,11 +23,11 @@ def register(sub) -> None:
     tune.add_argument("--model", default=DEFAULT_MODEL, help="embedded name or path to an HF config.json")
     tune.add_argument("--seq-max", type=int, default=2048)
     tune.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (shards N or K)")
-    _threads_arg(tune)
+    add_threads_arg(tune)
     tune.add_argument("--budget", choices=list(BUDGETS), default="default")
     tune.add_argument("--ops", help="comma-separated subset of qkv,o,gate_up,down,lm_head")
     tune.add_argument("--no-progress", action="store_true")
-    _cache_arg(tune)
+    add_cache_arg(tune)
     tune.set_defaults(func=cmd_tune)
 
     cache = sub.add_parser("cache", help="list, verify or clear the kernel cache")
@@ -47,16 +37,12 @@ def register(sub) -> None:
                            "and, with --numerics, every GEMM against numpy"),
                           ("clear", cmd_cache_clear, "delete all records and kernels")):
         p = csub.add_parser(name, help=hlp)
-        _cache_arg(p)
+        add_cache_arg(p)
         p.set_defaults(func=fn)
         if name == "verify":
             p.add_argument("--numerics", type=int, default=0, metavar="COUNT",
                            help="also run each GEMM at COUNT random M (M=1 and primes included)")
             p.add_argument("--seq-max", type=int, default=2048)
-
-    from sandwich.tuner import bench_cli
-
-    bench_cli.register(sub, cache_arg=_cache_arg, threads_arg=_threads_arg)
 
 
 def _threads(args) -> int:
@@ -64,8 +50,7 @@ def _threads(args) -> int:
 
 
 def _cache(args):
-    from sandwich.cli import cache_dir_arg
-    from sandwich.runtime.kernel_cache import KernelCache
+    from sandwich.tuner.kernel_cache import KernelCache
 
     return KernelCache(cache_dir_arg(args))
 
@@ -92,9 +77,9 @@ def cmd_info(args) -> int:
 def cmd_tune(args) -> int:
     from tqdm import tqdm
 
+    from sandwich.models import load_model_config
+    from sandwich.payload import make_payload
     from sandwich.tuner.budget import get_budget
-    from sandwich.tuner.models import load_model_config
-    from sandwich.tuner.payload import make_payload
     from sandwich.tuner.quiet import warn_if_busy
     from sandwich.tuner.tune import tune_op, unique_shapes
 

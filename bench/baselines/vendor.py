@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sandwich.bench.baselines import Peer, PeerSet, SkippedPeer
 from sandwich.errors import ConfigError, ShapeError
-from sandwich.tuner.baselines import Peer, PeerSet, SkippedPeer
 
 DEFAULT_PEERS = ("numpy", "torch", "openvino")
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sandwich.compiler.tensors import tensor_over
 from sandwich.errors import ConfigError
 
 COMMAND = "sandwichc bench-attention --threads {threads} -o {out}"
@@ -67,13 +68,11 @@ def _aligned(shape, rng, dtype=np.float32) -> np.ndarray:
 
 class _Bench:
     def __init__(self, threads: int) -> None:
-        import tvm
-
         from sandwich.compiler.target import detect_cpu
         from sandwich.dsl.load import load_kernel
         from sandwich.tuner.timing import time_callable
 
-        self.tvm, self.threads, self.time = tvm, threads, time_callable
+        self.threads, self.time = threads, time_callable
         self.cpu = detect_cpu()
         self.kernels = {n: load_kernel(n) for n in ("decode_attention", "flash_prefill")}
         self.rng = np.random.default_rng(0)
@@ -87,9 +86,7 @@ class _Bench:
 
     def t(self, a: np.ndarray):
         """Zero-copy for the big aligned arrays (numpy's huge pages stay), a copy otherwise."""
-        if a.ctypes.data % 64 == 0:
-            return self.tvm.runtime.from_dlpack(a)
-        return self.tvm.runtime.tensor(a, self.tvm.cpu())
+        return tensor_over(a)
 
     def seconds(self, fn, repeat=5) -> float:
         return self.time(fn, warmup=1, repeat=repeat, min_repeat_s=0.05).median_s
@@ -105,7 +102,7 @@ def _decode_call(b: _Bench, f, case: DecodeCase, tun: dict, arrays):
 
 
 def _decode_case(b: _Bench, case: DecodeCase, kc, vc, best: dict | None) -> dict:
-    from sandwich.tuner.machine_bench import read_bandwidth_gbs
+    from sandwich.bench.machine import read_bandwidth_gbs
 
     fixed = dict(H=case.heads, KVH=case.kv_heads, D=case.head_dim)
     B = len(case.lens)
@@ -179,22 +176,23 @@ def bench_prefill(b: _Bench) -> list[dict]:
 
 def _report(threads: int, out: str, cpu, decode: list[dict], prefill: list[dict], load) -> str:
     import torch
-    import tvm
+
+    from sandwich.compiler.tensors import tvm_version
 
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Attention kernels of the DSL (issue 3)", "",
         f"Regenerate: `{COMMAND.format(threads=threads, out=out)}` (the same as "
-        "`python -m sandwich.dsl.bench_attention`, about a minute)", "",
+        "`python -m sandwich.bench.attention`, about a minute)", "",
         f"- machine: {cpu.model} ({cpu.mcpu}, {cpu.isa}, {cpu.cores} cores, "
         f"L3 {cpu.l3_bytes >> 20} MiB), {platform.system()} {platform.machine()}",
         f"- threads: {threads} (TVM_NUM_THREADS and torch.set_num_threads)",
-        f"- date: {now}; TVM {tvm.__version__}, torch {torch.__version__}",
+        f"- date: {now}; TVM {tvm_version()}, torch {torch.__version__}",
         f"- load average at start / end: {load[0]:.2f} / {load[1]:.2f} (other jobs share "
         "this 2-core machine, so figures are noisy)", "",
         "## Decode attention (fp32), KV cache [max_seq, max_batch, KVH, D] far larger than the LLC",
         "", "GB/s counts the K and V rows read (sum of lengths x KVH x D x 4 B x 2). Streaming "
-        "bandwidth is `sandwich.tuner.machine_bench.read_bandwidth_gbs(threads)`, measured "
+        "bandwidth is `sandwich.bench.machine.read_bandwidth_gbs(threads)`, measured "
         f"alternately with the kernel ({ROUNDS} rounds, medians; % is the median of the "
         f"per-round ratios); tunables: the fastest of {len(DECODE_CANDIDATES)} candidates on "
         "the full batch.", "",

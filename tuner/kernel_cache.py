@@ -28,7 +28,7 @@ from sandwich.compiler.gemm_runner import (
 )
 from sandwich.compiler.target import CpuInfo, detect_cpu
 from sandwich.errors import CacheError, ShapeError
-from sandwich.runtime.tuning_db import KernelFile, StoredRecord, TuningDB
+from sandwich.tuner.tuning_db import KernelFile, StoredRecord, TuningDB
 from sandwich.types import KernelSchedule
 
 DB_NAME = "tuning.sqlite"

@@ -1,0 +1,1 @@
+"""sandwich.bench: benchmarks of sandwichc against its peers and baseline compilers."""

@@ -1,0 +1,46 @@
+"""Weights streamed past the last-level cache: how the tuner and the benchmarks time decode,
+which reads every weight from DRAM once per token."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+from pathlib import Path
+
+_FALLBACK_LLC = 32 << 20  # used only when neither sysfs nor lscpu reports an LLC
+
+
+def _parse_size(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", text)
+    if not m:
+        raise ValueError(text)
+    return int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2)]
+
+
+def llc_bytes() -> int:
+    """Size of the last-level cache (one instance), from sysfs, else lscpu, else 32 MiB."""
+    best = (0, 0)
+    for d in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            if (d / "type").read_text().strip() == "Instruction":
+                continue
+            best = max(best, (int((d / "level").read_text()), _parse_size((d / "size").read_text())))
+        except (OSError, ValueError):
+            continue
+    if best[1]:
+        return best[1]
+    try:
+        out = subprocess.run(["lscpu", "-B"], capture_output=True, text=True, check=True).stdout
+        sizes = [int(m.group(2)) // int(m.group(3) or 1)
+                 for m in re.finditer(r"^L(\d) cache:\s*(\d+)(?:\s*\((\d+) instances?\))?", out, re.M)]
+        if sizes:
+            return max(sizes)
+    except (OSError, subprocess.CalledProcessError, ValueError):
+        pass
+    return _FALLBACK_LLC
+
+
+def rotation_copies(weight_bytes: int, llc_bytes: int, *, factor: int = 8) -> int:
+    """How many weight copies make the rotation `factor` times the LLC (at least 2)."""
+    return max(2, math.ceil(factor * llc_bytes / max(1, weight_bytes)))
