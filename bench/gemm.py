@@ -150,7 +150,7 @@ def run_bench(*, models: list[str], ms: list[int], tp: int, peer_names: list[str
     says which; its total is set here."""
     if passes < 1:
         raise ConfigError(f"--passes must be >= 1, got {passes}")
-    bar = progress or _NoProgress()
+    bar = _NoProgress() if progress is None else progress  # a tqdm bar of total 0 is falsy
     load0 = warn_if_busy("the benchmark", log)
     rows = [{"model": model, "op": "+".join(names), "m": m, "n": op.n, "k": op.k,
              "_op": op} for model, names, op, m in _cases(models, ms, tp)]
