@@ -9,11 +9,17 @@ QUICK := results/quick/gemm_vs_vendor
 
 .PHONY: setup tune bench test lint clean
 
+# pip shows downloads as they go but nothing while it unpacks (torch: about 40 s), so a
+# line every 15 s says the install is still running
 $(STAMP): pyproject.toml
-	@echo "== setting up $(VENV) (about a minute)"
+	@echo "== setting up $(VENV): about a minute on a 2-core machine"
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install --progress-bar on -e ".[dev]"
+	@$(BIN)/pip install -e ".[dev]" & pid=$$!; start=$$(date +%s); \
+	while sleep 1 && kill -0 $$pid 2>/dev/null; do \
+	  t=$$(($$(date +%s) - start)); [ $$((t % 15)) -ne 0 ] || \
+	  echo "   pip is still installing: $$t s so far, about 60 s in all"; \
+	done; wait $$pid
 	touch $(STAMP)
 
 setup: $(STAMP)
