@@ -32,7 +32,7 @@ tune: $(STAMP)
 		--json $(QUICK).json --md $(QUICK).md --png $(QUICK).png
 
 # the published comparison: both models tuned on the default budget, every M, three passes
-# minutes apart (about 1.5 h on a 2-core machine; tuning is skipped where the cache has it)
+# minutes apart (about 75 min on a 2-core machine; tuning is skipped where the cache has it)
 bench: $(STAMP)
 	$(BIN)/sandwichc tune --model llama-160m
 	$(BIN)/sandwichc tune --model sheared-llama-1.3b
