@@ -125,6 +125,9 @@ def test_bench_gemm_end_to_end(tmp_path, tiny_config):
             "--png", str(out) + ".png", cache=cache)
     assert b.returncode == 0, b.stderr
     d = json.loads((tmp_path / "g.json").read_text())
+    # the bar: the machine probe, then every row x 2 runners x 2 passes, each named as it runs
+    steps = 1 + len(d["rows"]) * 2 * 2
+    assert f"{steps}/{steps}" in b.stderr and "pass 2/2 numpy" in b.stderr, b.stderr
     assert d["threads"] == 2 and d["peak_gflops"] > 0 and d["read_gbs"] > 0 and d["passes"] == 2
     assert {r["m"] for r in d["rows"]} == {1, 3, 8}
     assert all(r["sandwich_gflops"] > 0 and r["numpy_gflops"] > 0 for r in d["rows"])
