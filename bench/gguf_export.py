@@ -17,27 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from sandwich.errors import ConfigError
+from sandwich.runtime.gguf_file import LAYER_NAMES, rope_permute
 from sandwich.runtime.loader import read_config
 from sandwich.runtime.rope_tables import RopeSpec, inv_freq
 from sandwich.runtime.safetensors_io import Checkpoint
-
-_LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-
-
-def rope_permute(w: np.ndarray, heads: int) -> np.ndarray:
-    """Rows of a q/k projection from HF's half-split RoPE order to GGML's interleaved one."""
-    out, inp = w.shape
-    return w.reshape(heads, 2, out // heads // 2, inp).swapaxes(1, 2).reshape(out, inp)
 
 
 def rope_freq_divisors(rope: RopeSpec) -> np.ndarray:
@@ -104,7 +87,7 @@ def write_gguf(model_dir: str | Path, out_path: str | Path) -> Path:
     if rope.kind != "default":
         w.add_tensor("rope_freqs.weight", rope_freq_divisors(rope))
     for i in range(cfg.num_hidden_layers):
-        for hf, gg in _LAYER_NAMES.items():
+        for hf, gg in LAYER_NAMES.items():
             t = f32(f"model.layers.{i}.{hf}")
             if hf.endswith("q_proj.weight"):
                 t = rope_permute(t, cfg.num_attention_heads)

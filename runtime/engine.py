@@ -90,8 +90,10 @@ class Engine:
 
     def __init__(self, executor, *, phases: PhaseSwitcher | None = None,
                  vocab_size: int | None = None, max_queue: int | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter,
+                 on_token: Callable[[int, int], None] | None = None) -> None:
         self.ex, self.clock = executor, clock
+        self.on_token = on_token  # (ticket, token id) as each token is sampled: streaming
         self.max_batch, self.max_seq = executor.kv.max_batch, executor.kv.max_seq
         self.vocab_size = vocab_size or _vocab_of(executor)
         self.phases = phases or PhaseSwitcher.default()
@@ -187,7 +189,7 @@ class Engine:
                 continue
             self.stats.prefills += 1
             self._running.append(seq)
-            seq.ids.append(seq.sampler(row))  # type: ignore[misc]
+            self._append(seq, seq.sampler(row))  # type: ignore[misc]
             seq.first = self.clock()
             self._retire()
         self.stats.max_running = max(self.stats.max_running, len(self._running))
@@ -207,8 +209,13 @@ class Engine:
         self.stats.steps += 1
         self.stats.decode_tokens += len(run)
         for i, s in enumerate(run):
-            s.ids.append(s.sampler(logits[i]))  # type: ignore[misc]
+            self._append(s, s.sampler(logits[i]))  # type: ignore[misc]
         self._retire()
+
+    def _append(self, seq: _Seq, token: int) -> None:
+        seq.ids.append(token)
+        if self.on_token is not None:
+            self.on_token(seq.ticket, token)
 
     def _retire(self) -> None:
         """Finish every running sequence that hit a stop token or its length; free its slot."""

@@ -1,4 +1,4 @@
-"""Load an HF Llama-family directory and pack its weights once into the cached GEMMs' layouts.
+"""Load an HF Llama-family directory or a GGUF file and pack its weights once into the cached GEMMs' layouts.
 
 QKV and gate/up are fused along N (column blocks [q | k | v] and [gate | up]), matching the
 payload the tuner tuned, so each layer runs four GEMMs.
@@ -6,15 +6,17 @@ payload the tuner tuned, so each layer runs four GEMMs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from sandwich.compiler.buffers import aligned_copy
 from sandwich.errors import ConfigError, ShapeError
+from sandwich.gguf_config import gguf_path, is_gguf
 from sandwich.models import ModelConfig, parse_model_config, read_raw_config
 from sandwich.runtime.checkpoint import tensor_shapes
+from sandwich.runtime.gguf_file import GGUFCheckpoint, GGUFTensor
 from sandwich.runtime.rope_tables import RopeSpec, rope_spec
 from sandwich.runtime.safetensors_io import Checkpoint
 from sandwich.tuner.kernel_cache import GemmKernel, KernelCache, PackedWeight
@@ -54,8 +56,28 @@ class LlamaModel:
     gemms: ModelGemms
 
 
+def open_checkpoint(model: str | Path) -> tuple[ModelConfig, RopeSpec, Checkpoint | GGUFCheckpoint]:
+    """An HF directory (config.json + safetensors) or a GGUF file (a path, or an installed
+    model's name such as `smollm2`): its config, RoPE and tensors under HF names."""
+    if not is_gguf(model):
+        cfg, rope = read_config(model)
+        return cfg, rope, Checkpoint(model)
+    ckpt = GGUFCheckpoint(gguf_path(model))
+    source = str(ckpt.path)
+    cfg = parse_model_config(ckpt.config, source=source, name=ckpt.path.stem)
+    rope = rope_spec(ckpt.config, head_dim=cfg.head_dim, source=source)
+    if ckpt.rope_freqs is not None:  # llama3-style scaling, as llama.cpp stores it
+        divisors = GGUFTensor(ckpt.rope_freqs, ckpt.path).to_f32().reshape(-1)
+        rope = replace(rope, kind="freqs", divisors=tuple(float(x) for x in divisors))
+    return cfg, rope, ckpt
+
+
 def read_config(model_dir: str | Path) -> tuple[ModelConfig, RopeSpec]:
-    """Validate config.json: Llama family, SiLU, no biases, a supported RoPE."""
+    """Validate config.json: Llama family, SiLU, no biases, a supported RoPE (a GGUF file's
+    config comes from its metadata)."""
+    if is_gguf(model_dir):
+        cfg, rope, _ = open_checkpoint(model_dir)
+        return cfg, rope
     d = Path(model_dir)
     if not d.is_dir():
         raise ConfigError(f"{d}: no such model directory")
@@ -87,7 +109,7 @@ def model_gemms(cfg: ModelConfig, cache: KernelCache, *, threads: int | None = N
 class WeightReader:
     """Fetches tensors as float32, checking names and shapes against the config."""
 
-    def __init__(self, ckpt: Checkpoint, cfg: ModelConfig) -> None:
+    def __init__(self, ckpt: Checkpoint | GGUFCheckpoint, cfg: ModelConfig) -> None:
         self.ckpt, self.shapes = ckpt, tensor_shapes(cfg)
         missing = [n for n in self.shapes if n not in ckpt]
         if missing:
@@ -104,10 +126,11 @@ class WeightReader:
         return self.ckpt.get(name).to_f32()
 
 
-def load_model(model_dir: str | Path, cache: KernelCache, *, threads: int | None = None) -> LlamaModel:
-    """Read config + safetensors, fuse and pack every projection once."""
-    cfg, rope = read_config(model_dir)
-    read = WeightReader(Checkpoint(model_dir), cfg)  # checkpoint errors before kernel lookups
+def load_model(model: str | Path, cache: KernelCache, *, threads: int | None = None) -> LlamaModel:
+    """Read the config and the weights (HF directory or GGUF file), fuse and pack every
+    projection once."""
+    cfg, rope, ckpt = open_checkpoint(model)
+    read = WeightReader(ckpt, cfg)  # checkpoint errors before kernel lookups
     return pack_model(read, cfg, rope, model_gemms(cfg, cache, threads=threads))
 
 

@@ -1,4 +1,5 @@
-"""RoPE frequency tables (default, linear and llama3 scaling), built once per model at load time."""
+"""RoPE frequency tables (default, linear and llama3 scaling, or GGUF's explicit divisors),
+built once per model at load time."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ class RopeSpec:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
+    divisors: tuple[float, ...] = ()  # kind "freqs": GGUF's rope_freqs, one per frequency
 
 
 def rope_spec(raw: dict[str, Any], *, head_dim: int, source: str) -> RopeSpec:
@@ -54,6 +56,10 @@ def inv_freq(spec: RopeSpec) -> np.ndarray:
     inv = inv.astype(np.float32)
     if spec.kind == "linear":
         return (inv / np.float32(spec.factor)).astype(np.float32)
+    if spec.kind == "freqs":
+        if len(spec.divisors) != inv.size:
+            raise ConfigError(f"rope_freqs has {len(spec.divisors)} values, the head needs {inv.size}")
+        return (inv / np.asarray(spec.divisors, np.float32)).astype(np.float32)
     if spec.kind == "llama3":
         old = spec.original_max_position
         low_wavelen = old / spec.low_freq_factor

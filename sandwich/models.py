@@ -1,4 +1,5 @@
-"""Llama-family model configs: the embedded ones by name, or any HF `config.json` by path."""
+"""Llama-family model configs: the embedded ones by name, any HF `config.json` by path, and
+GGUF files (a path, or an installed model such as `smollm2`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sandwich.errors import ConfigError
+from sandwich.gguf_config import INSTALLED_MODELS, is_gguf, read_gguf_config
 
 DEFAULT_MODEL = "llama-160m"
 LLAMA_FAMILY = {"llama", "mistral", "qwen2"}
@@ -46,7 +48,10 @@ def load_model_config(name_or_path: str | Path) -> ModelConfig:
 
 
 def read_raw_config(name_or_path: str | Path) -> tuple[dict[str, Any], str]:
-    """The HF config dict (unvalidated) and a name for it in error messages."""
+    """The HF config dict (unvalidated) and a name for it in error messages; a GGUF file
+    or an installed model's name gives the dict its metadata implies."""
+    if is_gguf(name_or_path):
+        return read_gguf_config(name_or_path)
     text, source = _read(str(name_or_path))
     try:
         raw = json.loads(text)
@@ -66,7 +71,7 @@ def _read(name_or_path: str) -> tuple[str, str]:
     if name_or_path in embedded_models():
         f = resources.files("sandwich").joinpath("configs", f"{name_or_path}.json")
         return f.read_text(), f"embedded model '{name_or_path}'"
-    known = ", ".join(embedded_models())
+    known = ", ".join(embedded_models() + sorted(INSTALLED_MODELS))
     raise ConfigError(f"unknown model '{name_or_path}': not a file, and not one of: {known}")
 
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from sandwich.bench import serving as bench_serving
-from sandwich.bench.gguf_export import rope_permute
 from sandwich.bench.serving_peers import GenTiming, _timing
 from sandwich.errors import ConfigError
+from sandwich.runtime.gguf_file import rope_permute
 
 HAS_GGUF = importlib.util.find_spec("gguf") is not None
 

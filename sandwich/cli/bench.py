@@ -50,6 +50,17 @@ def register(sub) -> None:
     add_cache_arg(s)
     s.set_defaults(func=_run_serving)
 
+    r = bsub.add_parser("reference", help="a GGUF model against llama.cpp's and HF's tokenizers "
+                        "and HF transformers' greedy tokens and logits on the same file")
+    r.add_argument("--model", default="smollm2", help="a .gguf file or an installed model")
+    r.add_argument("--new-tokens", type=int, default=64)
+    r.add_argument("--json", dest="json_out", default=None,
+                   help="default results/reference_<model>.json")
+    r.add_argument("--md", default=None, help="default results/reference_<model>.md")
+    add_threads_arg(r)
+    add_cache_arg(r)
+    r.set_defaults(func=_run_reference)
+
 
 def _run(args) -> int:
     from tqdm import tqdm
@@ -107,4 +118,28 @@ def _run_serving(args) -> int:
                             command="sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     write_report(res, Path(args.md), Path(args.json_out))
     print(f"wrote {args.json_out}, {args.md}")
+    return 0
+
+
+def _run_reference(args) -> int:
+    from sandwich.bench.reference_check import run_reference_check, write_report
+    from sandwich.tuner.kernel_cache import KernelCache
+
+    if args.new_tokens < 1:
+        raise ConfigError(f"--new-tokens must be >= 1, got {args.new_tokens}")
+    name = Path(args.model).stem.split(".")[0].lower()
+    md = Path(args.md or f"results/reference_{name}.md")
+    js = Path(args.json_out or f"results/reference_{name}.json")
+    threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
+    res = run_reference_check(model=args.model, cache=KernelCache(cache_dir_arg(args)),
+                              threads=threads, new_tokens=args.new_tokens,
+                              command="sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+    write_report(res, md, js)
+    for name, t in res.tokenizer.items():
+        print(f"tokenizer vs {name}: {t['equal']}/{t['strings']} strings equal")
+    same = sum(g["identical"] for g in res.greedy)
+    worst = max((g["prefill_logits_max_rel_error"] for g in res.greedy), default=0.0)
+    print(f"greedy vs HF transformers: {same}/{len(res.greedy)} prompts identical; prefill "
+          f"logits max rel. error {worst:.1e}")
+    print(f"wrote {md}, {js}")
     return 0

@@ -49,7 +49,8 @@ def _id_list(text: str) -> tuple[int, ...]:
 
 
 def _serving_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="HF-format model directory (see init-model)")
+    p.add_argument("--model", required=True, help="HF model directory (config.json + safetensors), "
+                   "a .gguf file, or an installed model (smollm2)")
     p.add_argument("--cache-dir", help="kernel cache (default: $SANDWICHC_CACHE_DIR or the user cache)")
     p.add_argument("--threads", type=int, help="TVM thread-pool size (default: all CPUs of the process)")
     p.add_argument("--ops", choices=("dsl", "numpy"), default="dsl",
@@ -67,15 +68,27 @@ def _serving_args(p: argparse.ArgumentParser) -> None:
 
 
 def register_serving(sub) -> None:
-    g = sub.add_parser("generate", help="generate tokens for one prompt of token ids")
+    g = sub.add_parser("generate", help="generate text (or token ids) for one prompt, streamed")
     _serving_args(g)
-    g.add_argument("--prompt-ids", type=_id_list, required=True, help="comma-separated token ids")
-    g.add_argument("--max-new-tokens", type=int, required=True)
+    prompt = g.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="prompt text (the model's tokenizer encodes it)")
+    prompt.add_argument("--prompt-ids", type=_id_list, help="comma-separated token ids")
+    g.add_argument("--chat", action="store_true",
+                   help="send --prompt as a user message through the model's chat template")
+    g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--stop-ids", type=_id_list, default=(), help="comma-separated stop token ids")
-    g.add_argument("--json", action="store_true", help='print {"ids": [...], "ttft_ms": ..., "tpot_ms": ...}')
+    g.add_argument("--json", action="store_true",
+                   help='print {"ids": [...], "text": ..., "ttft_ms": ..., "tpot_ms": ...}')
     g.set_defaults(func=cmd_generate)
+
+    t = sub.add_parser("tokenize", help="print the token ids of a text (as llama-tokenize does)")
+    t.add_argument("--model", required=True, help="HF model directory, a .gguf file, or an "
+                   "installed model (smollm2)")
+    t.add_argument("--text", required=True)
+    t.add_argument("--json", action="store_true", help='print {"ids": [...], "count": n}')
+    t.set_defaults(func=cmd_tokenize)
 
     b = sub.add_parser("serve-bench", help="replay a request trace in real time: TTFT/TPOT "
                        "percentiles, SLO attainment, throughput")
@@ -136,6 +149,23 @@ def _engine(args, *, max_batch: int, max_seq: int, clock=None):
     return engine
 
 
+def _prompt(args):
+    """(prompt ids, tokenizer or None, stop ids): text goes through the model's tokenizer
+    (and chat template), whose end-of-sequence and end-of-turn tokens stop generation."""
+    if args.prompt is None:
+        if args.chat:
+            raise ConfigError("--chat needs --prompt (text), not --prompt-ids")
+        return tuple(args.prompt_ids), None, tuple(args.stop_ids)
+    from sandwich.runtime.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(args.model)
+    text = tok.render_chat([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
+    ids = tuple(tok.encode(text))
+    if not ids:
+        raise ConfigError("--prompt encodes to no tokens; give some text")
+    return ids, tok, tuple(args.stop_ids) + tuple(sorted(tok.stop_ids))
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     import json
 
@@ -143,20 +173,42 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    need = len(args.prompt_ids) + args.max_new_tokens - 1
+    ids, tok, stop = _prompt(args)
+    need = len(ids) + args.max_new_tokens - 1
     engine = _engine(args, max_batch=1, max_seq=args.max_seq or max(need, 1))
-    req = Request(prompt=args.prompt_ids, max_new_tokens=args.max_new_tokens,
+    if tok is not None and not args.json:  # stream the text as it is sampled
+        step = tok.stream()
+        engine.on_token = lambda _, token: print(step(token), end="", flush=True)
+    req = Request(prompt=ids, max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                  seed=args.seed, stop=args.stop_ids)
+                  seed=args.seed, stop=stop)
     (res,) = engine.run([req])
     if res.error:
         raise RequestError(res.error)
     if args.json:
-        print(json.dumps({"ids": list(res.ids), "ttft_ms": res.ttft_ms, "tpot_ms": res.tpot_ms}))
+        out = {"ids": list(res.ids), "ttft_ms": res.ttft_ms, "tpot_ms": res.tpot_ms}
+        if tok is not None:
+            out["text"] = tok.decode(res.ids)
+        print(json.dumps(out))
     else:
-        print(" ".join(map(str, res.ids)))
+        print(" ".join(map(str, res.ids)) if tok is None else "")
         print(f"{len(res.ids)} tokens ({res.finish}); TTFT {res.ttft_ms:.2f} ms, "
               f"TPOT {res.tpot_ms:.2f} ms", file=sys.stderr)
+    return 0
+
+
+def cmd_tokenize(args: argparse.Namespace) -> int:
+    import json
+
+    from sandwich.runtime.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(args.model)
+    ids = tok.encode(args.text)
+    if args.json:
+        print(json.dumps({"ids": ids, "count": len(ids)}))
+        return 0
+    for i in ids:
+        print(f"{i:>8} -> {tok.decode([i], skip_special=False)!r}")
     return 0
 
 

