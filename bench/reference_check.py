@@ -58,6 +58,7 @@ class ReferenceReport:
     date: str
     tokenizer: dict = field(default_factory=dict)
     greedy: list = field(default_factory=list)
+    perplexity: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
 
 
@@ -116,13 +117,47 @@ def _greedy_check(model, tokenizer, hf, prompts: list[str], new_tokens: int, thr
                               "text": tokenizer.decode(ours)})
 
 
+def _perplexity_check(model, hf, tokenizer, texts: list[Path], ctx: int, threads: int,
+                      report: ReferenceReport, log) -> None:
+    """Our perplexity and HF's on the same token ids and the same windows."""
+    import torch
+
+    from sandwich.runtime.executor import Executor
+    from sandwich.runtime.perplexity import perplexity
+
+    try:
+        text = "".join(t.read_text(encoding="utf-8") for t in texts)
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read the --text files as UTF-8 ({e})") from None
+    ids = tokenizer.encode(text)
+    ex = Executor(model, max_batch=1, max_seq=ctx, max_tokens=ctx, ops="dsl", threads=threads)
+
+    def hf_score(window) -> np.ndarray:
+        with torch.no_grad():
+            logits = hf(torch.tensor([list(window)])).logits[0].double()
+        logp = torch.log_softmax(logits, dim=-1)[:-1]
+        return logp[torch.arange(len(window) - 1), torch.tensor(list(window[1:]))].numpy()
+
+    log(f"perplexity over {len(ids)} tokens, windows of {ctx}: ours, then HF")
+    t0 = time.perf_counter()
+    ours = perplexity(ids, ctx, ex.score)
+    t1 = time.perf_counter()
+    ref = perplexity(ids, ctx, hf_score)
+    t2 = time.perf_counter()
+    report.perplexity = {"text": " + ".join(map(str, texts)), "ctx": ctx, "tokens": ours.tokens,
+                         "windows": ours.windows, "ours": ours.perplexity, "hf": ref.perplexity,
+                         "rel_diff": abs(ours.perplexity - ref.perplexity) / ref.perplexity,
+                         "ours_s": t1 - t0, "hf_s": t2 - t1}
+
+
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time,",
            "List three colors:"]
 CHAT = "What is the boiling point of water?"
 
 
 def run_reference_check(*, model: str, cache, threads: int, command: str,
-                        new_tokens: int = 64, log=print) -> ReferenceReport:
+                        new_tokens: int = 64, texts: list[Path] | None = None, ctx: int = 512,
+                        log=print) -> ReferenceReport:
     from sandwich.gguf_config import gguf_path, is_gguf
     from sandwich.runtime.loader import load_model
     from sandwich.runtime.tokenizer import load_tokenizer
@@ -151,6 +186,10 @@ def run_reference_check(*, model: str, cache, threads: int, command: str,
     prompts = PROMPTS + ([tok.render_chat([{"role": "user", "content": CHAT}])]
                          if tok.chat_template else [])
     _greedy_check(ours, tok, hf, prompts, new_tokens, threads, report)
+    if not texts:
+        report.notes.append("no --text given: no perplexity check")
+    else:
+        _perplexity_check(ours, hf, tok, texts, ctx, threads, report, log)
     return report
 
 
@@ -171,5 +210,11 @@ def write_report(r: ReferenceReport, md: Path, js: Path) -> None:
         lines.append(f"| `{prompt[:60]}` | {g['prompt_tokens']} | "
                      f"{'yes' if g['identical'] else 'no, from ' + str(g['first_difference'])} | "
                      f"{g['prefill_logits_max_rel_error']:.1e} |")
+    if r.perplexity:
+        p = r.perplexity
+        lines += ["", f"## Perplexity ({p['tokens']} tokens scored in {p['windows']} "
+                  f"non-overlapping windows of {p['ctx']}, `{p['text']}`)", "",
+                  "| ours | HF transformers | relative difference |", "|---|---|---|",
+                  f"| {p['ours']:.4f} | {p['hf']:.4f} | {100 * p['rel_diff']:.4f}% |"]
     lines += [""] + [f"- {n}" for n in r.notes]
     md.write_text("\n".join(lines) + "\n")

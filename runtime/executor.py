@@ -122,6 +122,32 @@ class Executor:
             self.kv.check_room(s, 1)
         return self.forward([(s, int(self.kv.lens[s]), 1) for s in slots], tokens)
 
+    def score(self, tokens: Sequence[int]) -> np.ndarray:
+        """Log-probability of each of tokens[1:] given the tokens before it, in a fresh slot
+        (perplexity). The head runs on every row of each chunk, into a fresh array: this is
+        an evaluation path, not the serving one."""
+        if self.gather is not None:
+            raise ConfigError("scoring a text needs one process (--tp 1)")
+        if len(tokens) < 2:
+            raise ShapeError("scoring needs at least two tokens")
+        self.kv.check_prompt(len(tokens))
+        slot, out = self.kv.alloc(), []
+        try:
+            for c0 in range(0, len(tokens), self.max_tokens):
+                chunk = tokens[c0: c0 + self.max_tokens]
+                self.forward([(slot, int(self.kv.lens[slot]), len(chunk))], chunk)
+                n = len(chunk)
+                x, h = self.buffers["x"][:n], self.buffers["h"][:n]
+                self.ops.bind("rmsnorm", x, self.model.norm, self.cfg.rms_norm_eps, out=h)()
+                logits = self.model.gemms.lm_head(h, self.model.lm_head).astype(np.float64)
+                logits -= logits.max(axis=1, keepdims=True)
+                logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+                nxt = np.asarray(tokens[c0 + 1: c0 + n + 1])
+                out.append(logp[np.arange(len(nxt)), nxt])
+        finally:
+            self.kv.free(slot)
+        return np.concatenate(out)
+
     # -- the forward pass ----------------------------------------------------------------
     def forward(self, segments: Sequence[Segment], tokens: Sequence[int]) -> np.ndarray:
         """Run every layer on the segments' tokens, write K/V, return each segment's last logits."""

@@ -54,13 +54,13 @@ class DslOps(NumpyOps):
         self._decode = DecodeAttention(lambda n, f, t: _build(n, cpu, threads, f, t), heads=heads,
                                        kv_heads=kv_heads, head_dim=head_dim, max_batch=max_batch,
                                        vlen=cpu.lanes_f32, n_split=_pow2_at_most(threads, 16))
+        rows = max(max_tokens, 3)  # the self-check below runs 3 tokens, whatever max_tokens
         self._prefill = PrefillAttention(lambda n, f, t: _build(n, cpu, threads, f, t),
                                          heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                                         max_tokens=max_tokens, max_seq=max_seq,
-                                         vlen=cpu.lanes_f32)
-        self._q = aligned_zeros((max_tokens, heads, head_dim))
-        self._k = aligned_zeros((max_tokens, kv_heads, head_dim))
-        self._pos = aligned_zeros((max_tokens,), np.int32)
+                                         max_tokens=rows, max_seq=max_seq, vlen=cpu.lanes_f32)
+        self._q = aligned_zeros((rows, heads, head_dim))
+        self._k = aligned_zeros((rows, kv_heads, head_dim))
+        self._pos = aligned_zeros((rows,), np.int32)
         try:
             self._self_check(hidden, intermediate)
         except (ValueError, TypeError, RuntimeError) as e:  # a kernel signature changed under us

@@ -86,15 +86,11 @@ def test_gguf_weights_give_transformers_logits(tiny, cache, tmp_path_factory):
     pytest.importorskip("accelerate")
     import torch
 
-    from sandwich.payload import make_payload
     from sandwich.runtime.executor import Executor
     from sandwich.runtime.loader import load_model
-    from sandwich.tuner.budget import get_budget
-    from sandwich.tuner.tune import tune_op, unique_shapes
 
     path = tiny[0]
-    for names, op in unique_shapes(make_payload(load_model_config(path), tp=1, seq_max=2)):
-        tune_op(names=names, op=op, seq_max=2, threads=2, budget=get_budget("tiny"), cache=cache)
+    _tune(path, cache)
     ex = Executor(load_model(path, cache), max_batch=1, max_seq=64, max_tokens=16, ops="dsl",
                   threads=2)
     hf = transformers.LlamaForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
@@ -155,13 +151,8 @@ def test_cli_tokenize_and_broken_file(tiny, tmp_path):
 
 @pytest.mark.tvm
 def test_cli_generate_streams_text_and_stops_at_end_of_turn(tiny, cache):
-    from sandwich.payload import make_payload
-    from sandwich.tuner.budget import get_budget
-    from sandwich.tuner.tune import tune_op, unique_shapes
-
     path, trained = tiny
-    for names, op in unique_shapes(make_payload(load_model_config(path), tp=1, seq_max=2)):
-        tune_op(names=names, op=op, seq_max=2, threads=2, budget=get_budget("tiny"), cache=cache)
+    _tune(path, cache)
     cmd = [sys.executable, "-m", "sandwich.cli", "generate", "--model", str(path), "--prompt",
            "hello world", "--max-new-tokens", "12", "--cache-dir", str(cache.dir)]
     js = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=300)
@@ -178,3 +169,92 @@ def test_cli_generate_streams_text_and_stops_at_end_of_turn(tiny, cache):
     assert streamed.stdout.rstrip("\n") == out["text"].rstrip("\n")
     chat = subprocess.run(cmd + ["--chat", "--json"], capture_output=True, text=True, timeout=300)
     assert chat.returncode == 0, chat.stderr
+
+
+def test_perplexity_windows_and_value():
+    from sandwich.runtime.perplexity import perplexity, windows
+
+    assert windows(10, 4) == [(0, 4), (4, 8), (8, 10)]
+    assert windows(9, 4) == [(0, 4), (4, 8)]  # a one-token window has nothing to score
+    with pytest.raises(ConfigError):
+        windows(10, 1)
+    seen = []
+
+    def uniform(w):
+        seen.append(list(w))
+        return np.full(len(w) - 1, -np.log(50.0))
+
+    res = perplexity(list(range(10)), 4, uniform)
+    assert res.perplexity == pytest.approx(50.0) and (res.tokens, res.windows) == (7, 3)
+    assert seen == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+@pytest.mark.tvm
+def test_scores_equal_transformers_and_cli_perplexity(tiny, cache, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    import json
+
+    import torch
+
+    from sandwich.runtime.executor import Executor
+    from sandwich.runtime.loader import load_model
+
+    path = tiny[0]
+    _tune(path, cache)
+    ex = Executor(load_model(path, cache), max_batch=1, max_seq=32, max_tokens=16, threads=2)
+    ids = load_tokenizer(path).encode(" ".join(CORPUS))[:30]
+    ours = ex.score(ids)  # two chunks of max_tokens: the second continues the first
+    hf = transformers.LlamaForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                       dtype=torch.float32).eval()
+    with torch.no_grad():
+        logp = torch.log_softmax(hf(torch.tensor([ids])).logits[0].double(), -1)
+    ref = logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].numpy()
+    assert ours.shape == ref.shape and np.abs(ours - ref).max() < 1e-4
+    assert ex.kv.in_use() == []  # the scoring slot is given back
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(CORPUS * 3))
+    cmd = [sys.executable, "-m", "sandwich.cli", "perplexity", "--model", str(path), "--text",
+           str(text), "--ctx", "16", "--cache-dir", str(cache.dir), "--json", "--no-tune"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out) == {"perplexity", "tokens", "windows"} and out["perplexity"] > 1
+    bad = subprocess.run(cmd[:-4] + ["--text", str(tmp_path / "missing.txt")], capture_output=True,
+                         text=True, timeout=300)
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1, bad.stderr
+
+
+def _tune(path, cache, budget="tiny"):
+    from sandwich.payload import make_payload
+    from sandwich.tuner.budget import get_budget
+    from sandwich.tuner.tune import tune_op, unique_shapes
+
+    for names, op in unique_shapes(make_payload(load_model_config(path), tp=1, seq_max=2)):
+        tune_op(names=names, op=op, seq_max=2, threads=2, budget=get_budget(budget), cache=cache)
+
+
+@pytest.mark.tvm
+def test_first_use_tunes_missing_kernels_unless_told_not_to(tiny, tmp_path):
+    cmd = [sys.executable, "-m", "sandwich.cli", "generate", "--model", str(tiny[0]), "--prompt",
+           "hello", "--max-new-tokens", "2", "--cache-dir", str(tmp_path / "empty"), "--json"]
+    refused = subprocess.run(cmd + ["--no-tune"], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 1 and "run `sandwichc tune`" in refused.stderr, refused.stderr
+    assert refused.stderr.count("\n") == 1
+    tuned = subprocess.run(cmd + ["--tune-budget", "tiny"], capture_output=True, text=True,
+                           timeout=600)
+    assert tuned.returncode == 0, tuned.stderr
+    assert "on first use" in tuned.stderr and '"text"' in tuned.stdout
+
+
+@pytest.mark.tvm
+def test_dsl_ops_build_for_a_two_position_cache(tiny, cache):
+    """A one-token prompt with two new tokens needs max_seq = 2; the DSL ops' self-check runs
+    3 tokens and used to overflow their glue buffers (found through generate)."""
+    from sandwich.runtime.executor import Executor
+    from sandwich.runtime.loader import load_model
+
+    _tune(tiny[0], cache)
+    ex = Executor(load_model(tiny[0], cache), max_batch=1, max_seq=2, ops="dsl", threads=2)
+    slot, logits = ex.start([5])
+    assert np.isfinite(ex.decode([slot], [int(logits.argmax())])).all()

@@ -54,6 +54,9 @@ def register(sub) -> None:
                         "and HF transformers' greedy tokens and logits on the same file")
     r.add_argument("--model", default="smollm2", help="a .gguf file or an installed model")
     r.add_argument("--new-tokens", type=int, default=64)
+    r.add_argument("--text", action="append", help="a UTF-8 text file for the perplexity check, "
+                   "repeatable (the files are joined; none: skipped)")
+    r.add_argument("--ctx", type=int, default=512, help="perplexity window (tokens)")
     r.add_argument("--json", dest="json_out", default=None,
                    help="default results/reference_<model>.json")
     r.add_argument("--md", default=None, help="default results/reference_<model>.md")
@@ -133,6 +136,7 @@ def _run_reference(args) -> int:
     threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
     res = run_reference_check(model=args.model, cache=KernelCache(cache_dir_arg(args)),
                               threads=threads, new_tokens=args.new_tokens,
+                              texts=[Path(t) for t in args.text or ()], ctx=args.ctx,
                               command="sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     write_report(res, md, js)
     for name, t in res.tokenizer.items():
@@ -141,5 +145,9 @@ def _run_reference(args) -> int:
     worst = max((g["prefill_logits_max_rel_error"] for g in res.greedy), default=0.0)
     print(f"greedy vs HF transformers: {same}/{len(res.greedy)} prompts identical; prefill "
           f"logits max rel. error {worst:.1e}")
+    if res.perplexity:
+        p = res.perplexity
+        print(f"perplexity over {p['tokens']} tokens: ours {p['ours']:.4f}, HF {p['hf']:.4f} "
+              f"({100 * p['rel_diff']:.4f}% apart)")
     print(f"wrote {md}, {js}")
     return 0

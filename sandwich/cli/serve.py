@@ -65,6 +65,38 @@ def _serving_args(p: argparse.ArgumentParser) -> None:
                    "ranks are pinned to the --decode-config's CPU sets, else an even split")
     p.add_argument("--no-warmup", action="store_true",
                    help="skip the untimed warm-up request (first kernel calls load lazily)")
+    _tune_args(p)
+
+
+def _tune_args(p: argparse.ArgumentParser) -> None:
+    from sandwich.tuner.budget import BUDGETS
+
+    p.add_argument("--no-tune", action="store_true",
+                   help="fail on GEMMs missing from the kernel cache instead of tuning them first")
+    p.add_argument("--tune-budget", choices=list(BUDGETS), default="quick",
+                   help="budget of the tuning on first use (default quick: a few minutes)")
+
+
+def _ensure_tuned(args, cache, threads: int) -> None:
+    """Tune, on first use, the model's GEMMs that the cache lacks (M up to 2048 or the
+    model's context), so a new model's first command produces text."""
+    from sandwich.cli.tune import tune_shapes
+    from sandwich.models import load_model_config
+    from sandwich.payload import make_payload
+    from sandwich.tuner.budget import get_budget
+    from sandwich.tuner.tune import unique_shapes
+
+    if args.no_tune:
+        return
+    cfg = load_model_config(args.model)
+    seq_max = min(2048, cfg.max_position_embeddings)
+    shapes = unique_shapes(make_payload(cfg, tp=1, seq_max=seq_max))
+    missing = [(names, op) for names, op in shapes if not cache.records(op.n, op.k, op.dtype)]
+    if missing:
+        print(f"tuning {len(missing)} GEMM shape(s) of {cfg.name} for this machine on first use "
+              f"({args.tune_budget} budget; --no-tune to refuse)", file=sys.stderr)
+        tune_shapes(missing, seq_max=seq_max, threads=threads, budget=get_budget(args.tune_budget),
+                    cache=cache)
 
 
 def register_serving(sub) -> None:
@@ -82,6 +114,21 @@ def register_serving(sub) -> None:
     g.add_argument("--json", action="store_true",
                    help='print {"ids": [...], "text": ..., "ttft_ms": ..., "tpot_ms": ...}')
     g.set_defaults(func=cmd_generate)
+
+    x = sub.add_parser("perplexity", help="token-level perplexity of a text file over "
+                       "non-overlapping windows (the windows of HF's perplexity guide)")
+    x.add_argument("--model", required=True, help="HF model directory, a .gguf file, or an "
+                   "installed model (smollm2)")
+    x.add_argument("--text", required=True, help="a UTF-8 text file")
+    x.add_argument("--ctx", type=int, default=512, help="tokens per window")
+    x.add_argument("--json", action="store_true",
+                   help='print {"perplexity": ..., "tokens": ..., "windows": ...}')
+    x.add_argument("--cache-dir", help="kernel cache (default: $SANDWICHC_CACHE_DIR or the user cache)")
+    x.add_argument("--threads", type=int, help="TVM thread-pool size (default: all CPUs of the process)")
+    x.add_argument("--ops", choices=("dsl", "numpy"), default="dsl")
+    _tune_args(x)
+    x.add_argument("--no-progress", action="store_true")
+    x.set_defaults(func=cmd_perplexity)
 
     t = sub.add_parser("tokenize", help="print the token ids of a text (as llama-tokenize does)")
     t.add_argument("--model", required=True, help="HF model directory, a .gguf file, or an "
@@ -141,6 +188,7 @@ def _engine(args, *, max_batch: int, max_seq: int, clock=None):
             load_service_config(args.prefill_config, "prefill") if args.prefill_config else None,
             load_service_config(args.decode_config, "decode") if args.decode_config else None)
         threads = args.threads or len(os.sched_getaffinity(0))
+        _ensure_tuned(args, cache, threads)
         ex = Executor(load_model(args.model, cache), max_batch=max_batch, max_seq=max_seq,
                       ops=args.ops, threads=threads)
     engine = Engine(ex, phases=phases, clock=clock or time.perf_counter)
@@ -247,4 +295,45 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
         print(f"{len(errors)} requests failed; first: {errors[0]}", file=sys.stderr)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(stats.to_dict(), indent=1))
+    return 0
+
+
+def cmd_perplexity(args: argparse.Namespace) -> int:
+    import json
+    import os
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    from sandwich.cli.common import cache_dir_arg
+    from sandwich.runtime.executor import Executor
+    from sandwich.runtime.loader import load_model
+    from sandwich.runtime.perplexity import perplexity, windows
+    from sandwich.runtime.tokenizer import load_tokenizer
+    from sandwich.tuner.kernel_cache import KernelCache
+
+    try:
+        text = Path(args.text).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{args.text}: cannot read it as UTF-8 text ({e})") from None
+    ids = load_tokenizer(args.model).encode(text)
+    spans = windows(len(ids), args.ctx)
+    cache = KernelCache(cache_dir_arg(args))
+    threads = args.threads or len(os.sched_getaffinity(0))
+    _ensure_tuned(args, cache, threads)
+    model = load_model(args.model, cache)
+    if args.ctx > model.config.max_position_embeddings:
+        raise ConfigError(f"--ctx {args.ctx} is beyond the model's context of "
+                          f"{model.config.max_position_embeddings} tokens")
+    ex = Executor(model, max_batch=1, max_seq=args.ctx, max_tokens=args.ctx, ops=args.ops,
+                  threads=threads)
+    with tqdm(total=len(spans), unit="window", desc="perplexity", disable=args.no_progress,
+              file=sys.stderr) as bar:
+        res = perplexity(ids, args.ctx, ex.score, on_window=bar.update)
+    if args.json:
+        print(json.dumps({"perplexity": res.perplexity, "tokens": res.tokens,
+                          "windows": res.windows}))
+    else:
+        print(f"perplexity {res.perplexity:.4f} over {res.tokens} tokens "
+              f"({res.windows} windows of up to {args.ctx})")
     return 0

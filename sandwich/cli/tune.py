@@ -74,14 +74,28 @@ def cmd_info(args) -> int:
     return 0
 
 
-def cmd_tune(args) -> int:
+def tune_shapes(shapes, *, seq_max: int, threads: int, budget, cache, progress: bool = True):
+    """Tune each (names, op) over M in [1, seq_max] with a progress bar; the OpReports."""
     from tqdm import tqdm
 
+    from sandwich.tuner.tune import tune_op
+
+    reports = []
+    with tqdm(total=len(shapes) * len(budget.m_samples(seq_max)), unit="M",
+              disable=not progress, dynamic_ncols=True) as bar:
+        for names, op in shapes:
+            bar.set_description(f"{'+'.join(names)} {op.n}x{op.k}")
+            reports.append(tune_op(names=names, op=op, seq_max=seq_max, threads=threads,
+                                   budget=budget, cache=cache, on_step=bar.update))
+    return reports
+
+
+def cmd_tune(args) -> int:
     from sandwich.models import load_model_config
     from sandwich.payload import make_payload
     from sandwich.tuner.budget import get_budget
     from sandwich.tuner.quiet import warn_if_busy
-    from sandwich.tuner.tune import tune_op, unique_shapes
+    from sandwich.tuner.tune import unique_shapes
 
     cfg = load_model_config(args.model)
     payload = make_payload(cfg, tp=args.tp, seq_max=args.seq_max)
@@ -96,18 +110,12 @@ def cmd_tune(args) -> int:
                               f"{', '.join(n for names, _ in shapes for n in names)}")
         shapes = [(names, op) for names, op in shapes if wanted & set(names)]
     cache = _cache(args)
-    samples = budget.m_samples(args.seq_max)
     warn_if_busy("the timings that rank schedules", lambda msg: print(msg, file=sys.stderr))
     print(f"tuning {cfg.name} (tp={args.tp}, seq_max={args.seq_max}, budget={budget.name}) "
           f"with {threads} threads on {cache.cpu.model} [{cache.fingerprint}], cache {cache.dir}")
     t0 = time.perf_counter()
-    reports = []
-    with tqdm(total=len(shapes) * len(samples), unit="M", disable=args.no_progress,
-              dynamic_ncols=True) as bar:
-        for names, op in shapes:
-            bar.set_description(f"{'+'.join(names)} {op.n}x{op.k}")
-            reports.append(tune_op(names=names, op=op, seq_max=args.seq_max, threads=threads,
-                                   budget=budget, cache=cache, on_step=bar.update))
+    reports = tune_shapes(shapes, seq_max=args.seq_max, threads=threads, budget=budget,
+                          cache=cache, progress=not args.no_progress)
     total = time.perf_counter() - t0
     print(f"{'op':<14}{'N':>7}{'K':>7}{'searched':>10}{'cached':>8}{'trials':>8}{'compile s':>11}"
           f"{'total s':>9}  best GFLOPS (M)")
