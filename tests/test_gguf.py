@@ -82,19 +82,9 @@ def test_tensors_read_under_hf_names_and_shapes(tiny):
 
 @pytest.mark.tvm
 def test_gguf_weights_give_transformers_logits(tiny, cache, tmp_path_factory):
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
-    import torch
-
-    from sandwich.runtime.executor import Executor
-    from sandwich.runtime.loader import load_model
-
     path = tiny[0]
-    _tune(path, cache)
-    ex = Executor(load_model(path, cache), max_batch=1, max_seq=64, max_tokens=16, ops="dsl",
-                  threads=2)
-    hf = transformers.LlamaForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                       dtype=torch.float32).eval()
+    hf, torch = _hf_model(path)
+    ex = _executor(path, cache, max_seq=64, ops="dsl")
     prompt = [5, 9, 200, 17, 33, 100, 250, 7]
     with torch.no_grad():
         r = hf(torch.tensor([prompt]), use_cache=True)
@@ -191,22 +181,13 @@ def test_perplexity_windows_and_value():
 
 @pytest.mark.tvm
 def test_scores_equal_transformers_and_cli_perplexity(tiny, cache, tmp_path):
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
     import json
 
-    import torch
-
-    from sandwich.runtime.executor import Executor
-    from sandwich.runtime.loader import load_model
-
     path = tiny[0]
-    _tune(path, cache)
-    ex = Executor(load_model(path, cache), max_batch=1, max_seq=32, max_tokens=16, threads=2)
+    hf, torch = _hf_model(path)
+    ex = _executor(path, cache, max_seq=32, ops="dsl")
     ids = load_tokenizer(path).encode(" ".join(CORPUS))[:30]
     ours = ex.score(ids)  # two chunks of max_tokens: the second continues the first
-    hf = transformers.LlamaForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                       dtype=torch.float32).eval()
     with torch.no_grad():
         logp = torch.log_softmax(hf(torch.tensor([ids])).logits[0].double(), -1)
     ref = logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].numpy()
@@ -223,6 +204,26 @@ def test_scores_equal_transformers_and_cli_perplexity(tiny, cache, tmp_path):
     bad = subprocess.run(cmd[:-4] + ["--text", str(tmp_path / "missing.txt")], capture_output=True,
                          text=True, timeout=300)
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1, bad.stderr
+
+
+def _hf_model(path):
+    """HF transformers' model from the same GGUF file, in fp32 (skips without transformers)."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    import torch
+
+    hf = transformers.LlamaForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                       dtype=torch.float32).eval()
+    return hf, torch
+
+
+def _executor(path, cache, *, max_seq: int, ops: str):
+    from sandwich.runtime.executor import Executor
+    from sandwich.runtime.loader import load_model
+
+    _tune(path, cache)
+    return Executor(load_model(path, cache), max_batch=1, max_seq=max_seq, max_tokens=16,
+                    ops=ops, threads=2)
 
 
 def _tune(path, cache, budget="tiny"):
