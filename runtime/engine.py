@@ -150,6 +150,20 @@ class Engine:
             done.update((r.ticket, r) for r in self.step())
         return [done[t] for t in tickets]
 
+    def cancel(self, ticket: int) -> bool:
+        """Drop a waiting or running request (its client went away) and free its slot at
+        once; no result is reported for it. False if the ticket is not in the engine."""
+        for seq in self._queue:
+            if seq.ticket == ticket:
+                self._queue.remove(seq)
+                return True
+        for seq in self._running:
+            if seq.ticket == ticket:
+                self._release(seq)
+                self._running.remove(seq)
+                return True
+        return False
+
     def warm_up(self) -> None:
         """Run one tiny request so lazy kernel loading stays out of the measurements, then
         reset the statistics."""

@@ -21,18 +21,26 @@ def tuned_checkpoint(tmp_path_factory, cache, name: str, *, tp_threads=((1, 2),)
     """A 2-layer random checkpoint of embedded model `name` (config fields overridden), with
     its GEMMs tuned at the `tiny` budget for each (tp, threads); seq_max=2 suffices, since
     larger M reuse the M=2 schedule."""
-    from sandwich.models import load_model_config, read_raw_config
-    from sandwich.payload import make_payload
+    from sandwich.models import read_raw_config
     from sandwich.runtime.checkpoint import write_checkpoint
-    from sandwich.tuner.budget import get_budget
-    from sandwich.tuner.tune import tune_op, unique_shapes
 
     raw, _ = read_raw_config(name)
     cfg_path = tmp_path_factory.mktemp("cfg") / "config.json"
     cfg_path.write_text(json.dumps(raw | {"num_hidden_layers": 2} | over))
     d = write_checkpoint(cfg_path, tmp_path_factory.mktemp(name), seed=7, norm_std=0.1)
     for tp, threads in tp_threads:
-        for names, op in unique_shapes(make_payload(load_model_config(d), tp=tp, seq_max=2)):
-            tune_op(names=names, op=op, seq_max=2, threads=threads, budget=get_budget("tiny"),
-                    cache=cache)
+        tune_model(d, cache, tp=tp, threads=threads)
     return d
+
+
+def tune_model(model, cache, *, tp=1, threads=2, budget="tiny"):
+    """Tune every GEMM of a model (directory or GGUF file) at seq_max=2: larger M reuse the
+    M=2 schedule."""
+    from sandwich.models import load_model_config
+    from sandwich.payload import make_payload
+    from sandwich.tuner.budget import get_budget
+    from sandwich.tuner.tune import tune_op, unique_shapes
+
+    for names, op in unique_shapes(make_payload(load_model_config(model), tp=tp, seq_max=2)):
+        tune_op(names=names, op=op, seq_max=2, threads=threads, budget=get_budget(budget),
+                cache=cache)

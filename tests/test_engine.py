@@ -8,17 +8,16 @@ test_runtime_executor.py; SANDWICHC_TEST_CACHE_DIR keeps them across runs. The t
 
 import json
 import os
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from conftest import tuned_checkpoint
+from engine_fakes import FakeExecutor
 
 from sandwich.cli import main
 from sandwich.errors import ConfigError
 from sandwich.runtime.engine import Engine, Request, Result
 from sandwich.runtime.executor import Executor
-from sandwich.runtime.kv_cache import KVCache
 from sandwich.runtime.loader import load_model
 from sandwich.runtime.phases import PhasePlan, PhaseSwitcher, load_service_config
 from sandwich.runtime.sampling import Sampler, SamplingParams
@@ -158,38 +157,9 @@ def test_more_requests_than_max_batch_all_finish(ex):
     assert res[-1].ttft_ms > res[0].ttft_ms
 
 
-class _FakeExecutor:
-    """Next token = last token + 1: enough to check the scheduling and the timing logic."""
-
-    def __init__(self, max_batch=2, max_seq=16, vocab=50):
-        self.kv = KVCache(layers=1, max_batch=max_batch, max_seq=max_seq, kv_heads=1, head_dim=1)
-        self.cfg = SimpleNamespace(vocab_size=vocab)
-        self.starts: list[tuple[float, tuple]] = []
-        self.clock = lambda: 0.0
-
-    def _row(self, tok):
-        row = np.zeros(self.cfg.vocab_size, np.float32)
-        row[(tok + 1) % len(row)] = 1.0
-        return row
-
-    def start(self, prompt):
-        self.starts.append((self.clock(), tuple(prompt)))
-        slot = self.kv.alloc()
-        self.kv.lens[slot] = len(prompt)
-        return slot, self._row(prompt[-1])
-
-    def decode(self, slots, tokens):
-        for s in slots:
-            self.kv.lens[s] += 1
-        return np.stack([self._row(t) for t in tokens])
-
-    def release(self, slot):
-        self.kv.free(slot)
-
-
 def test_replay_admits_no_request_before_its_arrival():
     now = [100.0]
-    fake = _FakeExecutor()
+    fake = FakeExecutor()
     fake.clock = lambda: now[0]
 
     def tick():  # every clock read advances 1 ms: a step takes a few ms

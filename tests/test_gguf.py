@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import tune_model
 from gguf_tiny import CONFIG, CORPUS, write_tiny_gguf
 
 from sandwich.errors import ConfigError
@@ -142,7 +143,7 @@ def test_cli_tokenize_and_broken_file(tiny, tmp_path):
 @pytest.mark.tvm
 def test_cli_generate_streams_text_and_stops_at_end_of_turn(tiny, cache):
     path, trained = tiny
-    _tune(path, cache)
+    tune_model(path, cache)
     cmd = [sys.executable, "-m", "sandwich.cli", "generate", "--model", str(path), "--prompt",
            "hello world", "--max-new-tokens", "12", "--cache-dir", str(cache.dir)]
     js = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=300)
@@ -221,18 +222,9 @@ def _executor(path, cache, *, max_seq: int, ops: str):
     from sandwich.runtime.executor import Executor
     from sandwich.runtime.loader import load_model
 
-    _tune(path, cache)
+    tune_model(path, cache)
     return Executor(load_model(path, cache), max_batch=1, max_seq=max_seq, max_tokens=16,
                     ops=ops, threads=2)
-
-
-def _tune(path, cache, budget="tiny"):
-    from sandwich.payload import make_payload
-    from sandwich.tuner.budget import get_budget
-    from sandwich.tuner.tune import tune_op, unique_shapes
-
-    for names, op in unique_shapes(make_payload(load_model_config(path), tp=1, seq_max=2)):
-        tune_op(names=names, op=op, seq_max=2, threads=2, budget=get_budget(budget), cache=cache)
 
 
 @pytest.mark.tvm
@@ -255,7 +247,7 @@ def test_dsl_ops_build_for_a_two_position_cache(tiny, cache):
     from sandwich.runtime.executor import Executor
     from sandwich.runtime.loader import load_model
 
-    _tune(tiny[0], cache)
+    tune_model(tiny[0], cache)
     ex = Executor(load_model(tiny[0], cache), max_batch=1, max_seq=2, ops="dsl", threads=2)
     slot, logits = ex.start([5])
     assert np.isfinite(ex.decode([slot], [int(logits.argmax())])).all()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,12 +54,15 @@ class StoredRecord:
 
 class TuningDB:
     """One SQLite file; every write is one short transaction so a killed tuner loses nothing
-    that was committed."""
+    that was committed. Safe to share between threads (a server loads kernels lazily on its
+    engine thread): one lock serialises the connection."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._lock = threading.RLock()
         try:
-            self.conn = sqlite3.connect(str(path), timeout=60, isolation_level=None)
+            self.conn = sqlite3.connect(str(path), timeout=60, isolation_level=None,
+                                        check_same_thread=False)
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA busy_timeout=60000")
             self.conn.executescript(_SCHEMA)
@@ -68,6 +72,10 @@ class TuningDB:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            yield from self._tx_locked()
+
+    def _tx_locked(self) -> Iterator[sqlite3.Connection]:
         try:
             self.conn.execute("BEGIN IMMEDIATE")
             yield self.conn
@@ -83,7 +91,8 @@ class TuningDB:
 
     def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
         try:
-            return self.conn.execute(sql, args).fetchall()
+            with self._lock:
+                return self.conn.execute(sql, args).fetchall()
         except sqlite3.DatabaseError as e:
             raise CacheError(f"cache database {self.path} is unreadable ({e}); move it away or "
                              f"run `sandwichc cache clear`") from None

@@ -50,6 +50,22 @@ def register(sub) -> None:
     add_cache_arg(s)
     s.set_defaults(func=_run_serving)
 
+    h = bsub.add_parser("http", help="`sandwichc serve` through the openai client vs the "
+                        "in-process engine (TTFT, TPOT), and many concurrent clients")
+    h.add_argument("--model", default="smollm2", help="a .gguf file, an installed model or an "
+                   "HF directory with tokenizer.json")
+    h.add_argument("--text", required=True, help="a UTF-8 text file the prompts are cut from")
+    h.add_argument("--prompt-len", type=int, default=128)
+    h.add_argument("--max-tokens", type=int, default=64)
+    h.add_argument("--repeats", type=int, default=5)
+    h.add_argument("--clients", type=int, default=16)
+    h.add_argument("--max-batch", type=int, default=16)
+    h.add_argument("--json", dest="json_out", default=None, help="default results/http_<model>.json")
+    h.add_argument("--md", default=None, help="default results/http_<model>.md")
+    add_threads_arg(h)
+    add_cache_arg(h)
+    h.set_defaults(func=_run_http)
+
     r = bsub.add_parser("reference", help="a GGUF model against llama.cpp's and HF's tokenizers "
                         "and HF transformers' greedy tokens and logits on the same file")
     r.add_argument("--model", default="smollm2", help="a .gguf file or an installed model")
@@ -149,5 +165,40 @@ def _run_reference(args) -> int:
         p = res.perplexity
         print(f"perplexity over {p['tokens']} tokens: ours {p['ours']:.4f}, HF {p['hf']:.4f} "
               f"({100 * p['rel_diff']:.4f}% apart)")
+    print(f"wrote {md}, {js}")
+    return 0
+
+
+def _run_http(args) -> int:
+    import argparse as _argparse
+
+    from sandwich.bench.http_serving import run_http_bench, write_report
+    from sandwich.cli.serve import _engine
+    from sandwich.compiler.target import describe_machine
+    from sandwich.runtime.http_server import served_name
+
+    if min(args.prompt_len, args.max_tokens, args.repeats, args.clients, args.max_batch) < 1:
+        raise ConfigError("--prompt-len, --max-tokens, --repeats, --clients and --max-batch must be >= 1")
+    try:
+        text = Path(args.text).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{args.text}: cannot read it as UTF-8 text ({e})") from None
+    threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
+    engine_args = _argparse.Namespace(**vars(args) | dict(
+        tp=1, ops="dsl", prefill_config=None, decode_config=None, no_warmup=False, no_tune=False,
+        tune_budget="quick", threads=threads))
+    name = served_name(args.model)
+    md = Path(args.md or f"results/http_{name}.md")
+    js = Path(args.json_out or f"results/http_{name}.json")
+    res = run_http_bench(
+        model=args.model, text=text, prompt_len=args.prompt_len, max_tokens=args.max_tokens,
+        repeats=args.repeats, clients=args.clients, max_batch=args.max_batch, threads=threads,
+        cache_dir=cache_dir_arg(args), command="sandwichc " + " ".join(map(shlex.quote, sys.argv[1:])),
+        machine=describe_machine() + f", {platform.python_implementation()} {platform.python_version()}",
+        make_engine=lambda b, s: _engine(engine_args, max_batch=b, max_seq=s))
+    write_report(res, md, js)
+    e, h = res.engine, res.http
+    print(f"TTFT {e.ttft_ms:.1f} -> {h.ttft_ms:.1f} ms, TPOT {e.tpot_ms:.2f} -> {h.tpot_ms:.2f} ms "
+          f"(engine -> HTTP); {res.clients} clients {res.speedup:.2f}x one client's tokens/s")
     print(f"wrote {md}, {js}")
     return 0

@@ -48,7 +48,7 @@ def _id_list(text: str) -> tuple[int, ...]:
                                          f"got {text!r}") from None
 
 
-def _serving_args(p: argparse.ArgumentParser) -> None:
+def _serving_args(p: argparse.ArgumentParser, *, sampling: bool = True) -> None:
     p.add_argument("--model", required=True, help="HF model directory (config.json + safetensors), "
                    "a .gguf file, or an installed model (smollm2)")
     p.add_argument("--cache-dir", help="kernel cache (default: $SANDWICHC_CACHE_DIR or the user cache)")
@@ -56,8 +56,9 @@ def _serving_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ops", choices=("dsl", "numpy"), default="dsl",
                    help="non-GEMM ops: compiled DSL kernels, or the numpy fallback")
     p.add_argument("--max-seq", type=int, help="KV-cache positions per sequence")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (argmax)")
+    if sampling:  # a server takes these per request
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (argmax)")
     p.add_argument("--prefill-config", help="ServiceConfig JSON (or `topo search` JSON) for prefill")
     p.add_argument("--decode-config", help="ServiceConfig JSON (or `topo search` JSON) for decode")
     p.add_argument("--tp", type=int, default=1,

@@ -1,0 +1,269 @@
+"""The OpenAI-compatible HTTP server: Starlette routes over one `EngineLoop`, so concurrent
+requests join the engine's continuous batch. A refused request gets a 4xx with an OpenAI
+error body; a client that goes away has its slot freed; nothing one client does stops the
+others."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sandwich.errors import SandwichError
+from sandwich.runtime import openai_api as api
+from sandwich.runtime.engine import Request, Result
+from sandwich.runtime.engine_loop import EngineLoop, Job
+from sandwich.runtime.openai_api import ApiError, GenParams
+from sandwich.runtime.text_stream import TextStream
+from sandwich.runtime.tokenizer import TextTokenizer
+
+log = logging.getLogger("sandwichc.server")
+DRAIN_LIMIT = 64 << 20  # an oversized body is read (and dropped) up to this, then cut off
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    model_name: str  # what /v1/models lists and requests must name
+    max_body_bytes: int = 1 << 20
+
+
+@dataclass(frozen=True)
+class Outcome:
+    finish: str  # "stop" or "length", as OpenAI reports them
+    completion_tokens: int
+
+
+class OpenAIServer:
+    """Builds the Starlette app; the engine loop must be running before requests arrive."""
+
+    def __init__(self, loop: EngineLoop, tokenizer: TextTokenizer, settings: ServerSettings) -> None:
+        self.loop, self.tok, self.settings = loop, tokenizer, settings
+        self.created = int(time.time())
+
+    def app(self):
+        from starlette.applications import Starlette
+        from starlette.exceptions import HTTPException
+        from starlette.routing import Route
+
+        routes = [Route("/health", self.health, methods=["GET"]),
+                  Route("/v1/models", self.models, methods=["GET"]),
+                  Route("/v1/completions", self.completions, methods=["POST"]),
+                  Route("/v1/chat/completions", self.chat_completions, methods=["POST"])]
+        return Starlette(routes=routes, exception_handlers={
+            ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error})
+
+    # -- routes ----------------------------------------------------------------------------
+    async def health(self, request):
+        from starlette.responses import JSONResponse
+
+        if not self.loop.alive:
+            return JSONResponse({"status": "error", "message": "the engine has stopped"}, 503)
+        return JSONResponse({"status": "ok", "in_flight": self.loop.in_flight})
+
+    async def models(self, request):
+        from starlette.responses import JSONResponse
+
+        return JSONResponse(api.models_list(self.settings.model_name, self.created))
+
+    async def completions(self, request):
+        return await self._serve(request, api.parse_completion(await self._body(request)))
+
+    async def chat_completions(self, request):
+        return await self._serve(request, api.parse_chat(await self._body(request)))
+
+    # -- one request -----------------------------------------------------------------------
+    async def _serve(self, request, p: GenParams):
+        from starlette.concurrency import run_in_threadpool
+        from starlette.responses import JSONResponse, StreamingResponse
+
+        if p.model is not None and p.model != self.settings.model_name:
+            raise ApiError(f"model {p.model!r} is not served here; this server serves "
+                           f"{self.settings.model_name!r} (GET /v1/models)", param="model",
+                           code="model_not_found")
+        if not self.loop.alive:
+            raise ApiError("the engine has stopped; restart the server", status=503,
+                           kind="server_error")
+        req = await run_in_threadpool(self._request, p)  # tokenizing a long prompt takes a while
+        rid, model = api.new_id(p.chat), self.settings.model_name
+        if p.stream:
+            return StreamingResponse(self._events(p, req, rid), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        work = asyncio.ensure_future(self._collect(req, p.stop))
+        gone = asyncio.ensure_future(_disconnect(request))
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():  # the client left: cancelling the work frees its slot
+            work.cancel()
+            return JSONResponse(ApiError("client closed the request", status=499).body(), 499)
+        gone.cancel()
+        text, out = work.result()
+        return JSONResponse(api.response(p, rid, model, text, out.finish,
+                                         api.usage(len(req.prompt), out.completion_tokens)))
+
+    def _request(self, p: GenParams) -> Request:
+        """The engine request of a checked body: the prompt tokenized, max_tokens defaulted to
+        the rest of the context, and every reason the engine would refuse it raised as a 400."""
+        eng = self.loop.engine
+        try:
+            if p.prompt_ids is not None:
+                ids = list(p.prompt_ids)
+            elif p.messages is not None:
+                ids = self.tok.encode(self.tok.render_chat(list(p.messages)))
+            else:
+                ids = self.tok.encode(p.prompt or "")
+        except SandwichError as e:
+            raise ApiError(str(e), param="messages" if p.chat else "prompt") from None
+        new = p.max_tokens if p.max_tokens is not None else max(1, eng.max_seq - len(ids) + 1)
+        req = Request(prompt=tuple(ids), max_new_tokens=new, temperature=p.temperature,
+                      top_k=p.top_k, top_p=p.top_p, stop=tuple(sorted(self.tok.stop_ids)),
+                      seed=secrets.randbits(63) if p.seed is None else p.seed)
+        why = eng.problem(req) or req.sampling.problem()
+        if why:
+            ctx = "max_seq" in why
+            raise ApiError(why, param="max_tokens" if ctx else None,
+                           code="context_length_exceeded" if ctx else None)
+        return req
+
+    async def _run(self, req: Request, stop: tuple[str, ...]) -> AsyncIterator[str | Outcome]:
+        """Text deltas as the engine samples tokens, then the Outcome. Leaving early (a stop
+        string, a cancelled task, a closed stream) cancels the job and frees its slot."""
+        aio = asyncio.get_running_loop()
+        q: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        job = self.loop.submit(Job(
+            req, on_token=lambda t: aio.call_soon_threadsafe(q.put_nowait, ("token", t)),
+            on_done=lambda r: aio.call_soon_threadsafe(q.put_nowait, ("done", r))))
+        text, n, finished = TextStream(self.tok.stream(), stop), 0, False
+        try:
+            while True:
+                kind, x = await q.get()
+                if kind == "token":
+                    n += 1
+                    delta = text.push(x)
+                    if delta:
+                        yield delta
+                    if text.stopped:
+                        yield Outcome("stop", n)
+                        return
+                    continue
+                res: Result = x
+                finished = True
+                if res.error:
+                    raise ApiError(f"generation failed: {res.error}", status=500, kind="server_error")
+                rest = text.flush()
+                if rest:
+                    yield rest
+                yield Outcome("stop" if res.finish == "stop" else "length", n)
+                return
+        finally:
+            if not finished:
+                self.loop.cancel(job)
+
+    async def _collect(self, req: Request, stop: tuple[str, ...]) -> tuple[str, Outcome]:
+        parts: list[str] = []
+        out = Outcome("length", 0)
+        async for x in self._run(req, stop):  # run to the end, so the generator's cleanup runs now
+            if isinstance(x, Outcome):
+                out = x
+            else:
+                parts.append(x)
+        return "".join(parts), out
+
+    async def _events(self, p: GenParams, req: Request, rid: str) -> AsyncIterator[str]:
+        """Server-sent events: text deltas, the finish reason, the usage if asked, [DONE]."""
+        model = self.settings.model_name
+        if p.chat:
+            yield _sse(api.chunk(p, rid, model, None, first=True))
+        try:
+            async for x in self._run(req, p.stop):
+                if isinstance(x, Outcome):
+                    yield _sse(api.chunk(p, rid, model, None, x.finish))
+                    if p.include_usage:
+                        yield _sse(api.chunk(p, rid, model, None,
+                                             use=api.usage(len(req.prompt), x.completion_tokens)))
+                else:
+                    yield _sse(api.chunk(p, rid, model, x))
+        except ApiError as e:  # the headers are gone: the error travels as an event
+            yield _sse(e.body())
+        yield "data: [DONE]\n\n"
+
+    async def _body(self, request) -> Any:
+        """The JSON body, refused (after draining it) when larger than max_body_bytes."""
+        limit = self.settings.max_body_bytes
+        declared = request.headers.get("content-length")
+        size, parts = 0, []
+        async for part in request.stream():
+            size += len(part)
+            if size <= limit:
+                parts.append(part)
+            elif size > DRAIN_LIMIT:
+                break
+        if size > limit or (declared and declared.isdigit() and int(declared) > limit):
+            raise ApiError(f"request body of {max(size, int(declared or 0))} bytes is larger than "
+                           f"the server's limit of {limit} bytes", code="request_too_large")
+        try:
+            return json.loads(b"".join(parts))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ApiError(f"the request body is not valid JSON: {e}") from None
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def _disconnect(request) -> None:
+    """Returns when the client closes the connection (the body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _api_error(request, exc: ApiError):
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _http_error(request, exc):
+    from starlette.responses import JSONResponse
+
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return JSONResponse(ApiError(f"{request.method} {request.url.path}: {exc.detail}",
+                                 status=exc.status_code, kind=kind).body(), exc.status_code)
+
+
+async def _internal_error(request, exc: Exception):
+    from starlette.responses import JSONResponse
+
+    log.exception("request failed", exc_info=exc)
+    return JSONResponse(ApiError(f"internal error: {type(exc).__name__}: {exc}", status=500,
+                                 kind="server_error").body(), 500)
+
+
+def served_name(model: str) -> str:
+    """`smollm2` stays `smollm2`; a path becomes its file or directory name."""
+    p = Path(model)
+    return p.stem if p.suffix == ".gguf" else (p.name or model)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket (port 0 picks a free one), bound before the server starts so the
+    caller knows the port."""
+    try:
+        sock = socket.create_server((host, port), reuse_port=False)
+    except OSError as e:
+        raise SandwichError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
+def make_uvicorn(app, *, log_level: str = "warning"):
+    """A uvicorn server for `app`; run it with `server.run(sockets=[bind(...)])`."""
+    import uvicorn
+
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5,
+                            lifespan="off", access_log=log_level in ("info", "debug"))
+    return uvicorn.Server(config)

@@ -1,0 +1,235 @@
+"""The OpenAI completions and chat-completions wire format: request bodies checked into
+plain dataclasses (every refusal an `ApiError` with the field it is about), and the response
+and stream-chunk bodies built back. No HTTP here: the server glues this to Starlette."""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+MAX_STOP = 4  # OpenAI's limit on `stop` strings
+ROLES = ("system", "user", "assistant", "developer", "tool")
+
+
+class ApiError(Exception):
+    """A request the server refuses: HTTP `status` with an OpenAI-style error body."""
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 status: int = 400, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.message, self.param, self.code, self.status, self.kind = message, param, code, status, kind
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                          "code": self.code}}
+
+
+@dataclass(frozen=True)
+class GenParams:
+    """A checked request. Exactly one of `prompt` (text), `prompt_ids`, `messages` is set;
+    max_tokens None means "up to the context" (chat's default)."""
+
+    chat: bool
+    model: str | None
+    prompt: str | None
+    prompt_ids: tuple[int, ...] | None
+    messages: tuple[dict, ...] | None
+    max_tokens: int | None
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+
+
+def parse_completion(body: Any) -> GenParams:
+    """`POST /v1/completions`: `prompt` is a string or token ids (or a list of one of them)."""
+    body = _object(body)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    text, ids = None, None
+    if isinstance(prompt, str):
+        text = prompt
+    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        ids = tuple(int(t) for t in prompt)
+    elif isinstance(prompt, list) and prompt:
+        raise ApiError("a batch of several prompts is not supported; send one prompt per request",
+                       param="prompt")
+    else:
+        raise ApiError("'prompt' is required: a string or a list of token ids", param="prompt")
+    if body.get("echo"):
+        raise ApiError("'echo' is not supported", param="echo")
+    if body.get("suffix"):
+        raise ApiError("'suffix' is not supported", param="suffix")
+    _single(body, "best_of")
+    return _params(body, chat=False, prompt=text, prompt_ids=ids, messages=None,
+                   max_tokens=_int(body, "max_tokens", default=16, low=1, nullable=True) or 16)
+
+
+def parse_chat(body: Any) -> GenParams:
+    """`POST /v1/chat/completions`: `messages` with text content (a string or text parts)."""
+    body = _object(body)
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise ApiError("'messages' is required: a non-empty list of {role, content}",
+                       param="messages")
+    checked = tuple(_message(m, i) for i, m in enumerate(msgs))
+    if body.get("tools") or body.get("functions"):
+        raise ApiError("tool and function calling are not supported", param="tools")
+    fmt = body.get("response_format")
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+        raise ApiError("only response_format {'type': 'text'} is supported", param="response_format")
+    if body.get("top_logprobs") is not None:
+        raise ApiError("'top_logprobs' is not supported", param="top_logprobs")
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    return _params(body, chat=True, prompt=None, prompt_ids=None, messages=checked,
+                   max_tokens=_int(body, key, default=None, low=1, nullable=True))
+
+
+def _params(body: dict, **fixed) -> GenParams:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError("'model' must be a string", param="model")
+    _single(body, "n")
+    if body.get("logprobs") not in (None, False):
+        raise ApiError("'logprobs' is not supported", param="logprobs")
+    for key in ("presence_penalty", "frequency_penalty"):
+        if _float(body, key, default=0.0, low=-2.0, high=2.0) != 0.0:
+            raise ApiError(f"'{key}' is not supported (only 0)", param=key)
+    if body.get("logit_bias"):
+        raise ApiError("'logit_bias' is not supported", param="logit_bias")
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise ApiError("'stream' must be true or false", param="stream")
+    opts = body.get("stream_options") or {}
+    if not isinstance(opts, dict):
+        raise ApiError("'stream_options' must be an object", param="stream_options")
+    return GenParams(model=model, stream=stream, include_usage=bool(opts.get("include_usage")),
+                     temperature=_float(body, "temperature", default=1.0, low=0.0, high=2.0),
+                     top_p=_float(body, "top_p", default=1.0, low=0.0, high=1.0, open_low=True),
+                     top_k=_int(body, "top_k", default=0, low=0, nullable=True) or 0,
+                     seed=_int(body, "seed", default=None, nullable=True),
+                     stop=_stop(body.get("stop")), **fixed)
+
+
+def _object(body: Any) -> dict:
+    if not isinstance(body, dict):
+        raise ApiError("the request body must be a JSON object")
+    return body
+
+
+def _message(m: Any, i: int) -> dict:
+    param = f"messages[{i}]"
+    if not isinstance(m, dict) or m.get("role") not in ROLES:
+        raise ApiError(f"{param} must be an object with a role in {', '.join(ROLES)}", param=param)
+    content = m.get("content")
+    if content is None and m["role"] == "assistant":
+        content = ""
+    if isinstance(content, list):  # content parts: text only
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                   for p in content):
+            raise ApiError(f"{param}.content: only text parts are supported", param=param)
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise ApiError(f"{param}.content must be a string or a list of text parts", param=param)
+    return {"role": "system" if m["role"] == "developer" else m["role"], "content": content}
+
+
+def _stop(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise ApiError("'stop' must be a string or a list of strings", param="stop")
+    if len(stops) > MAX_STOP:
+        raise ApiError(f"'stop' takes at most {MAX_STOP} strings, got {len(stops)}", param="stop")
+    return tuple(s for s in stops if s)
+
+
+def _single(body: dict, key: str) -> None:
+    if body.get(key) not in (None, 1):
+        raise ApiError(f"'{key}' must be 1: one completion per request", param=key)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _int(body: dict, key: str, *, default: int | None, low: int | None = None,
+         nullable: bool = False) -> int | None:
+    x = body.get(key, default)
+    if x is None and nullable:
+        return default
+    if not _is_int(x):
+        raise ApiError(f"'{key}' must be an integer, got {x!r}", param=key)
+    if low is not None and x < low:
+        raise ApiError(f"'{key}' must be >= {low}, got {x}", param=key)
+    return x
+
+
+def _float(body: dict, key: str, *, default: float, low: float, high: float,
+           open_low: bool = False) -> float:
+    x = body.get(key)
+    if x is None:
+        return default
+    if not isinstance(x, (int, float)) or isinstance(x, bool) or not math.isfinite(x):
+        raise ApiError(f"'{key}' must be a number, got {x!r}", param=key)
+    if x > high or x < low or (open_low and x == low):
+        lo = "(" if open_low else "["
+        raise ApiError(f"'{key}' must be in {lo}{low:g}, {high:g}], got {x:g}", param=key)
+    return float(x)
+
+
+# -- response bodies ------------------------------------------------------------------------
+def new_id(chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def response(p: GenParams, rid: str, model: str, text: str, finish: str,
+             use: dict[str, int]) -> dict[str, Any]:
+    """The whole reply of a request without `stream`."""
+    if p.chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                  "logprobs": None, "finish_reason": finish}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    return {"id": rid, "object": "chat.completion" if p.chat else "text_completion",
+            "created": int(time.time()), "model": model, "choices": [choice], "usage": use}
+
+
+def chunk(p: GenParams, rid: str, model: str, text: str | None, finish: str | None = None,
+          *, first: bool = False, use: dict[str, int] | None = None) -> dict[str, Any]:
+    """One server-sent event of a stream: a text delta, the finish reason, or (with
+    stream_options.include_usage) the closing usage chunk with no choices."""
+    if use is not None:
+        choices: list[dict] = []
+    elif p.chat:
+        delta: dict[str, str] = {"role": "assistant"} if first else {}
+        if text:
+            delta["content"] = text
+        elif first:
+            delta["content"] = ""
+        choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+    else:
+        choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]
+    out = {"id": rid, "object": "chat.completion.chunk" if p.chat else "text_completion",
+           "created": int(time.time()), "model": model, "choices": choices}
+    if p.include_usage:
+        out["usage"] = use
+    return out
+
+
+def models_list(model: str, created: int) -> dict[str, Any]:
+    return {"object": "list",
+            "data": [{"id": model, "object": "model", "created": created, "owned_by": "sandwichc"}]}

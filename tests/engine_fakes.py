@@ -1,0 +1,40 @@
+"""A stand-in executor for the engine, its loop and the HTTP server: scheduling, timing and
+the wire format are tested without compiling kernels."""
+
+import time
+from types import SimpleNamespace
+
+import numpy as np
+
+from sandwich.runtime.kv_cache import KVCache
+
+
+class FakeExecutor:
+    """Next token = last token + 1: enough to check the scheduling and the timing logic."""
+
+    def __init__(self, max_batch=2, max_seq=16, vocab=50, step_s=0.0):
+        self.kv = KVCache(layers=1, max_batch=max_batch, max_seq=max_seq, kv_heads=1, head_dim=1)
+        self.cfg = SimpleNamespace(vocab_size=vocab)
+        self.starts: list[tuple[float, tuple]] = []
+        self.clock = lambda: 0.0
+        self.step_s = step_s  # wall time each call sleeps, so a test can act mid-generation
+
+    def _row(self, tok):
+        row = np.zeros(self.cfg.vocab_size, np.float32)
+        row[(tok + 1) % len(row)] = 1.0
+        return row
+
+    def start(self, prompt):
+        self.starts.append((self.clock(), tuple(prompt)))
+        slot = self.kv.alloc()
+        self.kv.lens[slot] = len(prompt)
+        return slot, self._row(prompt[-1])
+
+    def decode(self, slots, tokens):
+        time.sleep(self.step_s)
+        for s in slots:
+            self.kv.lens[s] += 1
+        return np.stack([self._row(t) for t in tokens])
+
+    def release(self, slot):
+        self.kv.free(slot)

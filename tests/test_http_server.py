@@ -1,0 +1,299 @@
+"""The OpenAI server (issue 23): the wire format, stop strings, bad requests, disconnects and
+concurrency on a fake executor (next token = last + 1) with the tiny GGUF's tokenizer, so no
+kernel is compiled; the real path (tiny GGUF, tuned kernels, `sandwichc serve` as a process,
+the official `openai` client) in the `tvm` tests. Servers listen on 127.0.0.1 and stop when
+their test ends."""
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from engine_fakes import FakeExecutor
+from gguf_tiny import CONFIG, write_tiny_gguf
+
+from sandwich.runtime import openai_api as api
+from sandwich.runtime.engine import Engine, Request
+from sandwich.runtime.engine_loop import EngineLoop
+from sandwich.runtime.http_server import OpenAIServer, ServerSettings, bind, make_uvicorn
+from sandwich.runtime.openai_api import ApiError
+from sandwich.runtime.text_stream import TextStream
+from sandwich.runtime.tokenizer import load_tokenizer
+
+openai = pytest.importorskip("openai")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")[0]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny):
+    return load_tokenizer(tiny)
+
+
+@contextlib.contextmanager
+def serving(executor, tok, *, max_body=1 << 20):
+    """An in-process server on a free 127.0.0.1 port over `executor`; stopped on exit."""
+    loop = EngineLoop(Engine(executor)).start()
+    server = OpenAIServer(loop, tok, ServerSettings("tiny", max_body))
+    sock = bind("127.0.0.1", 0)
+    uv = make_uvicorn(server.app())
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not uv.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", server
+    finally:
+        uv.should_exit = True
+        thread.join(20)
+        loop.stop()
+
+
+def _expected(tok, prompt_ids, n, vocab=CONFIG["vocab"]):
+    """What the fake executor generates, cut at the tokenizer's first stop id, as text."""
+    ids = []
+    for i in range(1, n + 1):
+        ids.append((prompt_ids[-1] + i) % vocab)
+        if ids[-1] in tok.stop_ids:
+            break
+    return tok.decode(ids), len(ids), "stop" if ids[-1] in tok.stop_ids else "length"
+
+
+# -- the wire format -------------------------------------------------------------------------
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": "x", "temperature": -1}, "temperature"),
+    ({"prompt": "x", "temperature": "hot"}, "temperature"),
+    ({"prompt": "x", "top_p": 0}, "top_p"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 2.5}, "max_tokens"),
+    ({"prompt": "x", "n": 2}, "n"),
+    ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"prompt": "x", "stop": 3}, "stop"),
+    ({"prompt": "x", "logprobs": 2}, "logprobs"),
+    ({"prompt": "x", "stream": "yes"}, "stream"),
+    ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"prompt": ["a", "b"]}, "prompt"),
+    ({}, "prompt"),
+    ({"prompt": "x", "model": 7}, "model"),
+])
+def test_bad_completion_fields_are_named(body, param):
+    with pytest.raises(ApiError) as e:
+        api.parse_completion(body)
+    assert e.value.param == param and e.value.status == 400
+
+
+@pytest.mark.parametrize("body, param", [
+    ({}, "messages"), ({"messages": []}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0]"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0]"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0]"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+])
+def test_bad_chat_fields_are_named(body, param):
+    with pytest.raises(ApiError) as e:
+        api.parse_chat(body)
+    assert e.value.param == param
+
+
+def test_good_bodies_and_defaults():
+    p = api.parse_completion({"prompt": [[1, 2, 3]], "stop": "\n", "seed": 4})
+    assert (p.prompt_ids, p.stop, p.seed, p.max_tokens, p.temperature) == ((1, 2, 3), ("\n",), 4, 16, 1.0)
+    c = api.parse_chat({"messages": [{"role": "developer", "content": [{"type": "text", "text": "a"},
+                                                                        {"type": "text", "text": "b"}]}],
+                        "max_completion_tokens": 5, "stream": True,
+                        "stream_options": {"include_usage": True}})
+    assert c.messages == ({"role": "system", "content": "ab"},)
+    assert (c.max_tokens, c.stream, c.include_usage) == (5, True, True)
+    assert api.parse_chat({"messages": [{"role": "user", "content": "x"}]}).max_tokens is None
+
+
+def test_stop_strings_are_held_back_and_cut():
+    pieces = iter(["Hel", "lo ", "wor", "ld", "!"])
+    s = TextStream(lambda _: next(pieces), stop=("lo w", "xyz"))
+    out = [s.push(0) for _ in range(3)]
+    assert out == ["He", "l", ""] and s.stopped  # "l", then "lo ", might start "lo w": held
+    assert s.push(0) == "" and s.flush() == ""
+    pieces = iter(["ab", "x", "y!"])
+    s = TextStream(lambda _: next(pieces), stop=("xyz",))
+    assert [s.push(0) for _ in range(3)] == ["ab", "", "xy!"] and not s.stopped
+    pieces = iter(["tail x"])
+    s = TextStream(lambda _: next(pieces), stop=("xyz",))
+    assert s.push(0) == "tail " and s.flush() == "x"  # the end releases what was held
+
+
+def test_cancel_frees_a_running_slot_and_a_queued_request():
+    fake = FakeExecutor(max_batch=1, max_seq=64)
+    engine = Engine(fake)
+    a = engine.submit(Request(prompt=(3,), max_new_tokens=50))
+    b = engine.submit(Request(prompt=(4,), max_new_tokens=50))
+    engine.step()
+    assert engine.running == 1 and fake.kv.in_use()
+    assert engine.cancel(a) and not fake.kv.in_use() and engine.running == 0
+    assert engine.cancel(b) and not engine.busy and not engine.cancel(b)
+
+
+# -- the server on a fake executor -----------------------------------------------------------
+def test_completions_and_chat_equal_the_engine_streamed_or_not(tok):
+    prompt = tok.encode("hello world")
+    want, n, finish = _expected(tok, prompt, 6)
+    with serving(FakeExecutor(max_batch=4, max_seq=64, vocab=CONFIG["vocab"]), tok) as (url, _):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        r = client.completions.create(model="tiny", prompt="hello world", max_tokens=6, temperature=0)
+        assert r.choices[0].text == want and r.choices[0].finish_reason == finish
+        assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(prompt), n)
+        chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=6,
+                                                temperature=0, stream=True))
+        assert "".join(c.choices[0].text for c in chunks) == want
+        assert chunks[-1].choices[0].finish_reason == finish
+        msgs = [{"role": "user", "content": "hi"}]
+        chat_prompt = tok.encode(tok.render_chat(msgs))
+        want_chat = _expected(tok, chat_prompt, 5)[0]
+        c = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=5, temperature=0)
+        assert c.choices[0].message.content == want_chat and c.choices[0].message.role == "assistant"
+        stream = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=5,
+                                                temperature=0, stream=True,
+                                                stream_options={"include_usage": True})
+        parts = list(stream)
+        assert parts[0].choices[0].delta.role == "assistant"
+        assert "".join(p.choices[0].delta.content or "" for p in parts if p.choices) == want_chat
+        assert parts[-1].choices == [] and parts[-1].usage.prompt_tokens == len(chat_prompt)
+        assert [m.id for m in client.models.list().data] == ["tiny"]
+        assert httpx.get(url + "/health").json()["status"] == "ok"
+
+
+def test_a_stop_string_ends_the_reply_before_it(tok):
+    prompt = tok.encode("hello world")
+    full, _, _ = _expected(tok, prompt, 12)
+    stop = full[3:6]
+    with serving(FakeExecutor(max_batch=2, max_seq=64, vocab=CONFIG["vocab"]), tok) as (url, server):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        r = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0,
+                                      stop=[stop])
+        assert r.choices[0].text == full[:full.index(stop)] and r.choices[0].finish_reason == "stop"
+        s = "".join(c.choices[0].text for c in client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=12, temperature=0, stop=stop, stream=True))
+        assert s == r.choices[0].text
+        _wait(lambda: server.loop.engine.running == 0)  # the stopped requests left their slots
+
+
+BAD = [
+    (b"{not json", "not valid JSON"),
+    (json.dumps({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}).encode(),
+     "not served here"),
+    (json.dumps({"model": "tiny"}).encode(), "'messages' is required"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 500}).encode(),
+     "max_seq"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "temperature": -0.5}).encode(),
+     "temperature"),
+    (b'{"messages": [{"role": "user", "content": "' + b"x" * (10 << 20) + b'"}]}',
+     "larger than the server's limit"),
+    (json.dumps([1, 2]).encode(), "JSON object"),
+]
+
+
+def test_bad_requests_get_400_with_an_error_body_and_the_server_goes_on(tok):
+    with serving(FakeExecutor(max_batch=2, max_seq=64, vocab=CONFIG["vocab"]), tok) as (url, _):
+        for body, says in BAD:
+            r = httpx.post(url + "/v1/chat/completions", content=body, timeout=60,
+                           headers={"Content-Type": "application/json"})
+            assert r.status_code == 400, (says, r.text[:200])
+            err = r.json()["error"]
+            assert says in err["message"] and err["type"] == "invalid_request_error", err
+        ok = httpx.post(url + "/v1/chat/completions", timeout=60,
+                        json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 3})
+        assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] is not None
+        missing = httpx.get(url + "/v1/nothing")
+        assert missing.status_code == 404 and "error" in missing.json()
+        assert httpx.get(url + "/v1/completions").status_code == 405
+
+
+def test_clients_that_leave_mid_stream_free_their_slots(tok):
+    """max_batch 2, two streams killed after their first token: a third request still runs
+    at once (held slots would make it wait ~60 s for the killed streams' max_tokens)."""
+    fake = FakeExecutor(max_batch=2, max_seq=4096, vocab=CONFIG["vocab"], step_s=0.015)
+    with serving(fake, tok) as (url, server):
+        body = {"prompt": [5], "max_tokens": 4000, "stream": True, "temperature": 0}
+        for _ in range(2):
+            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: ") and '"text"' in line:
+                        break  # one token seen: the client goes away
+        _wait(lambda: server.loop.engine.running == 0 and not fake.kv.in_use())
+        t0 = time.monotonic()
+        r = httpx.post(url + "/v1/completions", json={"prompt": [5], "max_tokens": 3}, timeout=30)
+        assert r.status_code == 200 and time.monotonic() - t0 < 5
+        # a non-streaming client that leaves is noticed too
+        with contextlib.suppress(httpx.ReadTimeout):
+            httpx.post(url + "/v1/completions", json=body | {"stream": False}, timeout=0.5)
+        _wait(lambda: server.loop.engine.running == 0 and not fake.kv.in_use())
+
+
+def test_concurrent_streams_share_one_batch(tok):
+    fake = FakeExecutor(max_batch=4, max_seq=64, vocab=CONFIG["vocab"], step_s=0.005)
+    prompts = [[10 + 7 * i] for i in range(8)]
+    with serving(fake, tok) as (url, server):
+        async def one(client, p):
+            s = await client.completions.create(model="tiny", prompt=p, max_tokens=8,
+                                                temperature=0, stream=True)
+            return "".join([c.choices[0].text async for c in s])
+
+        async def main():
+            client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+            try:
+                return await asyncio.gather(*(one(client, p) for p in prompts))
+            finally:
+                await client.close()
+
+        texts = asyncio.run(main())
+        assert texts == [_expected(tok, p, 8)[0] for p in prompts]
+        assert server.loop.engine.stats.max_running == 4  # the requests joined one batch
+
+
+def _wait(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+# -- the real path: tuned kernels, `sandwichc serve` as a process, the openai client ---------
+@pytest.mark.tvm
+def test_sandwichc_serve_answers_as_generate_does(tiny, cache):
+    import subprocess
+    import sys
+
+    from conftest import tune_model
+
+    from sandwich.bench.http_serving import ServerProcess
+
+    tune_model(tiny, cache)
+    common = ["--model", str(tiny), "--cache-dir", str(cache.dir), "--no-tune"]
+
+    def generate(*extra):
+        r = subprocess.run([sys.executable, "-m", "sandwich.cli", "generate", *common, "--prompt",
+                            "hello world", "--max-new-tokens", "8", "--json", *extra],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)["text"]
+
+    plain, chat = generate(), generate("--chat")
+    msgs = [{"role": "user", "content": "hello world"}]
+    with ServerProcess(common + ["--max-batch", "4", "--max-seq", "64"], timeout_s=300) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        kw = dict(model="tiny", max_tokens=8, temperature=0)
+        assert client.completions.create(prompt="hello world", **kw).choices[0].text == plain
+        assert "".join(c.choices[0].text for c in client.completions.create(
+            prompt="hello world", stream=True, **kw)) == plain
+        assert client.chat.completions.create(messages=msgs, **kw).choices[0].message.content == chat
+        assert "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            messages=msgs, stream=True, **kw)) == chat
+        bad = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 100})
+        assert bad.status_code == 400 and "max_seq" in bad.json()["error"]["message"]
+    assert srv.proc.returncode == 0  # Ctrl-C (SIGINT) stops it cleanly
