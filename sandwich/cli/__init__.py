@@ -26,7 +26,7 @@ def _set_thread_env(argv: list[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from sandwich import __version__
-    from sandwich.cli import bench, compare, dsl, serve, serve_http, topo, tune
+    from sandwich.cli import bench, chat, compare, dsl, serve, serve_http, topo, tune
 
     parser = argparse.ArgumentParser(
         prog="sandwichc",
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"sandwichc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (tune, bench, topo, dsl, serve, serve_http, compare):
+    for group in (tune, bench, topo, dsl, serve, serve_http, chat, compare):
         group.register(sub)
     return parser
 
