@@ -56,7 +56,7 @@ def register(sub) -> None:
                    "HF directory with tokenizer.json")
     h.add_argument("--text", required=True, help="a UTF-8 text file the prompts are cut from")
     h.add_argument("--prompt-len", type=int, default=128)
-    h.add_argument("--max-tokens", type=int, default=64)
+    h.add_argument("--max-tokens", type=int, default=128)
     h.add_argument("--repeats", type=int, default=5)
     h.add_argument("--clients", type=int, default=16)
     h.add_argument("--max-batch", type=int, default=16)
