@@ -188,3 +188,32 @@ def test_bound_call_reads_new_contents_and_refuses_what_it_cannot_bind(tuned):
         gemm.bind(a, wp, None)
     with pytest.raises(ShapeError, match=r"shape \(5, 128\)"):
         gemm.bind(a, wp, np.empty((4, N), np.float32))
+
+
+def test_an_n_that_is_not_whole_vectors_runs_on_the_padded_kernel(tuned):
+    """Issue 23: N = 125 finds the kernels tuned for N = 128, packs zero columns and returns
+    125 columns, through a plain call, a replayed call and a bound call."""
+    cache = KernelCache(tuned[0])
+    n = N - 3
+    assert cache.kernel_n(n) == N and cache.records(n, K) == cache.records(N, K)
+    gemm = cache.gemm(n=n, k=K)
+    assert (gemm.n, gemm.n_out) == (N, n)
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((K, n), dtype=np.float32)
+    wp = gemm.pack(w)
+    with pytest.raises(ShapeError, match=rf"\({K}, {n}\)"):
+        gemm.pack(rng.standard_normal((K, N), dtype=np.float32))
+    for m in (1, 5, 30):
+        a = rng.standard_normal((m, K), dtype=np.float32)
+        np.testing.assert_allclose(gemm(a, wp), a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+    a, out = np.empty((4, K), np.float32), np.empty((4, n), np.float32)
+    call = gemm.bind(a, wp, out)
+    for _ in range(2):
+        a[...] = rng.standard_normal(a.shape, dtype=np.float32)
+        assert gemm(a, wp, out=out) is out  # the second time a replay
+        np.testing.assert_allclose(out, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+        out[...] = 0
+        assert call() is out
+        np.testing.assert_allclose(out, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ShapeError, match=f"shape \\(4, {n}\\)"):
+        gemm(a, wp, out=np.empty((4, N), np.float32))

@@ -91,6 +91,24 @@ def test_llama160m_logits_equal_transformers(llama160m, ops):
     assert len(errors) == 1 + DECODE_STEPS and max(errors) <= 1e-3, errors
 
 
+@pytest.fixture(scope="module")
+def odd_dims(tmp_path_factory, cache):
+    return _checkpoint(tmp_path_factory, cache, "llama-160m", vocab_size=1001,
+                       intermediate_size=100)
+
+
+@pytest.mark.parametrize("ops", ["numpy", "dsl"])
+def test_dimensions_that_are_not_whole_vectors_run(odd_dims, ops):
+    """Issue 23: a vocabulary of 1001 and an FFN of 100 (gate_up N=200, down K=100) run on the
+    kernels of the padded N, weights padded with zero columns, the extra outputs dropped."""
+    d, model, hf = odd_dims
+    cache = model.gemms.lm_head.cache
+    assert (model.gemms.lm_head.n, model.gemms.lm_head.n_out) == (cache.kernel_n(1001), 1001)
+    assert cache.kernel_n(1001) % cache.cpu.lanes_f32 == 0 and cache.kernel_n(1001) > 1001
+    errors = _compare_with_hf(model, hf, ops)
+    assert max(errors) <= 1e-3, errors
+
+
 def test_gqa_llama32_1b_shape_logits_equal_transformers(gqa1b):
     _, model, hf = gqa1b
     cfg = model.config

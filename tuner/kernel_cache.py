@@ -116,9 +116,17 @@ class KernelCache:
         return load_function(self.dir / kf.path)
 
     # -- lookup ------------------------------------------------------------------------
+    def kernel_n(self, n: int) -> int:
+        """The N whose kernels serve a GEMM of N outputs (N padded to whole vectors)."""
+        from sandwich.tuner.space import kernel_n
+
+        return kernel_n(n, self.cpu.lanes_f32)
+
     def records(self, n: int, k: int, dtype: str = "float32",
                 threads: int | None = None) -> list[StoredRecord]:
-        return self.db.records(fingerprint=self.fingerprint, n=n, k=k, dtype=dtype, threads=threads)
+        """The records that serve (N, K): those of the padded N when N is not whole vectors."""
+        return self.db.records(fingerprint=self.fingerprint, n=self.kernel_n(n), k=k, dtype=dtype,
+                               threads=threads)
 
     def gemm(self, *, n: int, k: int, dtype: str = "float32",
              threads: int | None = None) -> GemmKernel:
@@ -135,7 +143,7 @@ class KernelCache:
                 counts[r.threads] = counts.get(r.threads, 0) + 1
             best = max(counts, key=lambda t: (counts[t], t))
             recs = [r for r in recs if r.threads == best]
-        return GemmKernel(self, n=n, k=k, dtype=dtype, records=recs)
+        return GemmKernel(self, n=self.kernel_n(n), k=k, dtype=dtype, records=recs, n_out=n)
 
     def verify(self) -> list[str]:
         """Every recorded kernel file exists and matches its hash; returns the problems."""
@@ -162,11 +170,15 @@ _REPLAY_ENTRIES = 64
 
 
 class GemmKernel:
-    """C = A @ W for one (N, K): picks the schedule tuned for the M range of each call."""
+    """C = A @ W for one (N, K): picks the schedule tuned for the M range of each call.
+
+    `n` is the kernels' N; `n_out` (<= n) the caller's: when they differ the weights get zero
+    columns and each call writes a scratch of n columns, then copies the first n_out out."""
 
     def __init__(self, cache: KernelCache, *, n: int, k: int, dtype: str,
-                 records: list[StoredRecord]) -> None:
+                 records: list[StoredRecord], n_out: int | None = None) -> None:
         self.cache, self.n, self.k, self.dtype = cache, n, k, dtype
+        self.n_out = n if n_out is None else n_out
         recs = sorted(records, key=lambda r: r.record.m_lo)
         self.m_los = [r.record.m_lo for r in recs]
         self.schedules = [r.record.schedule for r in recs]
@@ -198,9 +210,11 @@ class GemmKernel:
     def pack(self, w: np.ndarray) -> PackedWeight:
         """Pack W (K, N) once into the layout every schedule of this GEMM reads."""
         w = np.asarray(w)
-        if w.shape != (self.k, self.n):
-            raise ShapeError(f"weights must have shape ({self.k}, {self.n}), got {w.shape}")
-        return PackedWeight(pack_weights(w, self.pack_n), self.n, self.k)
+        if w.shape != (self.k, self.n_out):
+            raise ShapeError(f"weights must have shape ({self.k}, {self.n_out}), got {w.shape}")
+        if self.n_out != self.n:
+            w = np.pad(w, ((0, 0), (0, self.n - self.n_out)))
+        return PackedWeight(pack_weights(w, self.pack_n), self.n_out, self.k)
 
     def __call__(self, a: np.ndarray, wp: PackedWeight, out: np.ndarray | None = None) -> np.ndarray:
         key = None
@@ -209,17 +223,15 @@ class GemmKernel:
                    out.ctypes.data, out.shape, out.strides, out.dtype)
             hit = self._calls.get(key)
             if hit is not None:
-                hit[0](*hit[1])
-                return out
+                return hit[0]()
         given = a
-        a, out, func, args, ws = self._prepare(a, wp, out)
+        a, out, run = self._prepare(a, wp, out)
         # replayable when no copy was made, and small enough to hold on to
         if key is not None and a is given and a.nbytes + out.nbytes <= _REPLAY_BYTES:
             if len(self._calls) >= _REPLAY_ENTRIES:
                 self._calls.clear()
-            self._calls[key] = (func, args, a, wp.data, out, ws)
-        func(*args)
-        return out
+            self._calls[key] = (run, a, wp.data, out)
+        return run()
 
     def bind(self, a: np.ndarray, wp: PackedWeight, out: np.ndarray) -> Callable[[], np.ndarray]:
         """C = A @ W into `out` as a call without arguments, checked and wrapped once.
@@ -230,29 +242,24 @@ class GemmKernel:
         given = a
         if out is None:
             raise ShapeError("GemmKernel.bind needs out=, the buffer every call writes")
-        a, out, func, args, ws = self._prepare(a, wp, out)
+        a, out, run = self._prepare(a, wp, out)
         if a is not given:
             raise ShapeError("GemmKernel.bind needs a C-contiguous float32 activation (a copy "
                              "made now would not see later writes)")
-
-        def call(keep=(a, wp.data, ws)) -> np.ndarray:  # keep: the buffers outlive the call
-            func(*args)
-            return out
-
-        return call
+        return run
 
     def _prepare(self, a, wp, out):
-        """Check one call's operands; returns (A as the kernel reads it, out, kernel, wrapped
-        arguments, split-K workspace or None)."""
-        if not isinstance(wp, PackedWeight) or (wp.n, wp.k) != (self.n, self.k):
-            raise ShapeError(f"weights were not packed by this GEMM (N={self.n}, K={self.k}); "
+        """Check one call's operands; returns (A as the kernel reads it, out, the call). The
+        call holds its buffers (and, for a padded N, its own scratch of N columns)."""
+        if not isinstance(wp, PackedWeight) or (wp.n, wp.k) != (self.n_out, self.k):
+            raise ShapeError(f"weights were not packed by this GEMM (N={self.n_out}, K={self.k}); "
                              f"use gemm.pack(w)")
         a = check_activation(a, self.k)
         m = a.shape[0]
         if out is None:
-            out = aligned_empty((m, self.n))
-        elif out.shape != (m, self.n) or out.dtype != np.float32 or not out.flags.c_contiguous:
-            raise ShapeError(f"out must be a C-contiguous float32 array of shape ({m}, {self.n})")
+            out = aligned_empty((m, self.n_out))
+        elif out.shape != (m, self.n_out) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ShapeError(f"out must be a C-contiguous float32 array of shape ({m}, {self.n_out})")
         schedule = self.schedule_for(m)
         t_k = schedule.polymerization.t_k
         ws = None
@@ -260,4 +267,19 @@ class GemmKernel:
             if self._ws.size < t_k * m * self.n:
                 self._ws = aligned_empty((t_k * m * self.n,))
             ws = workspace_view(self._ws, t_k, m, self.n)
-        return a, out, self._func(schedule), gemm_args(a, wp.data, out, schedule, ws), ws
+        func = self._func(schedule)
+        if self.n == self.n_out:
+            args = gemm_args(a, wp.data, out, schedule, ws)
+
+            def run(keep=(a, wp.data, ws)) -> np.ndarray:  # keep: the buffers outlive the call
+                func(*args)
+                return out
+        else:  # padded N: the kernel writes the scratch, the caller gets the first n_out columns
+            full = aligned_empty((m, self.n))
+            args = gemm_args(a, wp.data, full, schedule, ws)
+
+            def run(keep=(a, wp.data, ws)) -> np.ndarray:
+                func(*args)
+                np.copyto(out, full[:, :self.n_out])
+                return out
+        return a, out, run

@@ -44,6 +44,13 @@ def micro_kernels(isa: Isa, pack_n: int, *, widths: int = 3, max_rows: int = 8) 
     return out
 
 
+def kernel_n(n: int, lanes: int) -> int:
+    """The N a GEMM is tuned and run at: N rounded up to whole vectors. A vocabulary of
+    32001 or 49153 runs on the kernel of the next multiple, its weights packed with zero
+    columns and the extra outputs dropped, so no model dimension has to be changed."""
+    return -(-n // lanes) * lanes
+
+
 def pack_width(n: int, isa: Isa, *, rows: int = 8) -> int:
     """The packed weight panel width: the widest of 4, 3, 2 or 1 vectors that divides N,
     unless a panel of at least 3/4 of that width (that also divides N) has a register tile

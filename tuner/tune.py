@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sandwich.errors import BuildError, ConfigError
 from sandwich.payload import Payload
@@ -80,6 +80,7 @@ def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget:
     t0 = time.perf_counter()
     cpu = cache.cpu
     isa = Isa(cpu.lanes_f32, cpu.vector_registers)
+    op = replace(op, n=cache.kernel_n(op.n))  # a vocabulary of 49153 tunes 49168
     pack_n = pack_width(op.n, isa, rows=budget.settings.skinny_m)
     if not pack_n:
         raise ConfigError(f"GEMM {op.name}: N={op.n} is not a multiple of the vector width "
