@@ -18,9 +18,8 @@ import numpy as np
 
 from sandwich.errors import ConfigError
 from sandwich.runtime.gguf_file import LAYER_NAMES, rope_permute
-from sandwich.runtime.loader import read_config
+from sandwich.runtime.loader import open_checkpoint
 from sandwich.runtime.rope_tables import RopeSpec, inv_freq
-from sandwich.runtime.safetensors_io import Checkpoint
 
 
 def rope_freq_divisors(rope: RopeSpec) -> np.ndarray:
@@ -46,13 +45,13 @@ def placeholder_vocab(size: int) -> tuple[list[str], list[float], list[int]]:
 
 
 def write_gguf(model_dir: str | Path, out_path: str | Path) -> Path:
-    """Convert `model_dir` (config.json + safetensors) to one F32 GGUF file; returns its path."""
+    """Convert a model (config.json + safetensors, or a GGUF file of any weight type) to one
+    F32 GGUF file with a placeholder vocabulary (the peers take token ids); returns its path."""
     try:
         import gguf
     except ImportError:
         raise ConfigError("writing GGUF needs the gguf package (pip install -e .[serving])") from None
-    cfg, rope = read_config(model_dir)
-    ckpt = Checkpoint(model_dir)
+    cfg, rope, ckpt = open_checkpoint(model_dir)
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")

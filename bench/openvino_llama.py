@@ -17,9 +17,9 @@ import numpy as np
 from sandwich.bench.serving_peers import GenTiming, _timing
 from sandwich.errors import ConfigError
 from sandwich.models import ModelConfig
-from sandwich.runtime.loader import WeightReader, read_config
+from sandwich.runtime.loader import WeightReader, open_checkpoint
 from sandwich.runtime.rope_tables import RopeSpec, cos_sin
-from sandwich.runtime.safetensors_io import INDEX_NAME, Checkpoint
+from sandwich.runtime.safetensors_io import INDEX_NAME
 
 _NEG = float(np.finfo(np.float32).min)  # masked score: exp() underflows to 0, no inf - inf NaN
 
@@ -186,10 +186,11 @@ class OpenVinoLlamaPeer:
     def __init__(self, model_dir: Path, *, threads: int, max_seq: int) -> None:
         ov, _, _ = _ov()
         model_dir = Path(model_dir)
-        cfg, rope = read_config(model_dir)
-        _check_files(model_dir)
+        if model_dir.is_dir():
+            _check_files(model_dir)
+        cfg, rope, ckpt = open_checkpoint(model_dir)  # a GGUF file is dequantized to fp32
         self.max_seq = max_seq
-        model, pairs = build_model(cfg, rope, WeightReader(Checkpoint(model_dir), cfg), max_seq=max_seq)
+        model, pairs = build_model(cfg, rope, WeightReader(ckpt, cfg), max_seq=max_seq)
         make_stateful(model, pairs)
         config = {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32",
                   "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,

@@ -62,11 +62,15 @@ class ServingResult:
 
 
 def model_dir_for(name_or_dir: str, root: Path, *, seed: int = 0) -> Path:
-    """An HF model directory as given, or a random-weight checkpoint of an embedded config
-    (written once under `root` and reused)."""
+    """An HF model directory or a GGUF file as given (or an installed model's file), or a
+    random-weight checkpoint of an embedded config (written once under `root` and reused)."""
+    from sandwich.gguf_config import gguf_path, is_gguf
+
     p = Path(name_or_dir)
     if p.is_dir():
         return p
+    if is_gguf(name_or_dir):  # a .gguf file or an installed model such as smollm2
+        return gguf_path(name_or_dir)
     from sandwich.models import embedded_models
     from sandwich.runtime.checkpoint import write_checkpoint
 
@@ -194,7 +198,12 @@ def weights_fit(model_dir: Path, systems: int, *, meminfo: Path = Path("/proc/me
     """Whether every system can keep its own copy of the weights at once, with room for
     one transient second copy while a system loads (HF clones its tensors, llama.cpp reads
     the GGUF into memory): systems + 1 copies within 80% of the available memory."""
-    size = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+    if model_dir.is_file():  # GGUF: every system holds the weights as fp32
+        from sandwich.gguf_config import open_reader
+
+        size = 4 * sum(int(t.n_elements) for t in open_reader(model_dir).tensors)
+    else:
+        size = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
     avail = 0
     for line in meminfo.read_text().splitlines():
         if line.startswith("MemAvailable:"):
@@ -212,7 +221,7 @@ def _make_peer(name: str, model_dir: Path, *, threads: int, max_seq: int, cache,
     if name == "llama.cpp":
         from sandwich.bench.gguf_export import write_gguf
 
-        gguf = work / f"{model_dir.name}.f32.gguf"
+        gguf = work / f"{model_dir.name.removesuffix('.gguf')}.f32.gguf"
         if not gguf.is_file():
             write_gguf(model_dir, gguf)
         return sp.LlamaCppPeer(gguf, threads=threads, max_seq=max_seq)
@@ -231,7 +240,7 @@ def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: 
                       log=print) -> ServingResult:
     from sandwich.bench.machine import read_bandwidth_gbs
     from sandwich.compiler.target import describe_machine
-    from sandwich.runtime.loader import read_config
+    from sandwich.models import load_model_config
     from sandwich.tuner.quiet import other_cpu_load, warn_if_busy
 
     unknown = [p for p in peers if p not in PEERS]
@@ -242,8 +251,8 @@ def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: 
     max_seq = max(prompt_lens) + new_tokens
     for model in models:
         model_dir = model_dir_for(model, work)
-        model = model_dir.name if Path(model).is_dir() else model
-        cfg, _ = read_config(model_dir)
+        model = model_dir.name if Path(model).exists() else model
+        cfg = load_model_config(model_dir)
         ids = prompts(prompt_lens, cfg.vocab_size)
         resident = weights_fit(model_dir, len(peers))
         if not resident:
@@ -281,9 +290,9 @@ def write_report(res: ServingResult, md: Path, js: Path) -> None:
         "",
         f"- machine: {res.machine}; {res.threads} threads for every system; fp32 weights and "
         f"fp32 KV caches everywhere (llama.cpp's and OpenVINO's default to f16 / u8); date {res.date}",
-        "- one request at a time, greedy, the same random-weight checkpoint and prompt ids for "
-        "every system (llama.cpp reads an F32 GGUF written from it; OpenVINO a graph built from "
-        "it); the median of "
+        "- one request at a time, greedy, the same checkpoint and prompt ids (random) for every "
+        "system (a GGUF model is dequantized to fp32 by each; llama.cpp reads an F32 GGUF written "
+        "from the same tensors; OpenVINO a graph built from them); the median of "
         f"{res.repeats} rounds, each running every system in turn (one at a time, 0.2 s "
         "apart), after a warm-up of each prompt length",
         "- weights in each system's own memory (llama.cpp without mmap, HF's tensors copied "

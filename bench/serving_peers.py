@@ -76,7 +76,11 @@ class HfPeer:
 
         torch.set_num_threads(threads)
         self.torch = torch
-        self.model = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        path, extra = Path(model_dir), {}
+        if path.suffix == ".gguf":  # transformers dequantizes a GGUF file itself
+            path, extra = path.parent, {"gguf_file": path.name}
+        self.model = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                                   **extra).eval()
         with torch.no_grad():  # own memory, not pages mapped from the file (see bench_serving)
             for p in self.model.parameters():
                 p.data = p.data.clone()

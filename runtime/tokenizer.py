@@ -1,6 +1,7 @@
 """Text <-> token ids with the HF `tokenizers` library, set up from what a model ships: a GGUF
 file's vocabulary (gpt2 byte-level BPE, split the way llama.cpp splits for the file's
-`tokenizer.ggml.pre`) or `tokenizer.json` beside safetensors; the chat template rendered
+`tokenizer.ggml.pre`; or llama's SentencePiece pieces and scores) or `tokenizer.json` beside
+safetensors; the chat template rendered
 with jinja2 the way HF renders it."""
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ PRE_TOKENIZER_SPLITS: dict[str, tuple[str, ...]] = {
 # texts of the tokens that end a turn in the chat templates llama.cpp knows
 END_OF_TURN = {"<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
                "<|end_of_text|>", "</s>", "<|eom_id|>"}
-CONTROL, USER_DEFINED = 3, 4  # llama.cpp token types
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6  # llama.cpp token types
 
 
 @dataclass
@@ -112,6 +113,33 @@ def _byte_level_bpe(tokens: list[str], merges: list[str], splits: tuple[str, ...
     return tok
 
 
+def _spm_bpe(tokens: list[str], scores: list[float], types: list[int], *, space_prefix: bool):
+    """llama.cpp's SentencePiece vocabulary as a `tokenizers` BPE: llama.cpp merges the adjacent
+    pair whose merged token scores highest, so the merges are every split of a vocabulary
+    token into two others, ranked by that token's score; spaces become "▁" (one in front of
+    the text too, with add_space_prefix); a piece outside the vocabulary falls back to its
+    bytes' <0xXX> tokens."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+
+    vocab = {t: i for i, t in enumerate(tokens)}
+    mergeable = [i for i, k in enumerate(types) if k in (NORMAL, USER_DEFINED)]
+    merges = []
+    for i in sorted(mergeable, key=lambda i: (-scores[i], i)):
+        t = tokens[i]
+        splits = [(vocab[t[:j]], vocab[t[j:]]) for j in range(1, len(t))
+                  if t[:j] in vocab and t[j:] in vocab]
+        merges += [(tokens[a], tokens[b]) for a, b in sorted(splits)]
+    unk = next((tokens[i] for i, k in enumerate(types) if k == UNKNOWN), None)
+    tok = Tokenizer(models.BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=True,
+                               ignore_merges=False))
+    steps = [normalizers.Prepend("▁")] if space_prefix else []
+    tok.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", "▁")])
+    tail = [decoders.Strip(" ", 1, 0)] if space_prefix else []
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                     decoders.Fuse()] + tail)
+    return tok
+
+
 def from_gguf_metadata(meta: dict[str, Any], *, source: str) -> TextTokenizer:
     """The tokenizer a GGUF file describes (`tokenizer.ggml.*`)."""
     from tokenizers import AddedToken
@@ -120,17 +148,26 @@ def from_gguf_metadata(meta: dict[str, Any], *, source: str) -> TextTokenizer:
     tokens = meta.get("tokenizer.ggml.tokens")
     if not tokens:
         raise ConfigError(f"{source}: the GGUF file has no vocabulary (tokenizer.ggml.tokens)")
-    if kind != "gpt2":
-        raise ConfigError(f"{source}: GGUF tokenizer {kind!r} is not supported yet (gpt2)")
-    pre = meta.get("tokenizer.ggml.pre", "default")
-    if pre not in PRE_TOKENIZER_SPLITS:
-        raise ConfigError(f"{source}: GGUF pre-tokenizer {pre!r} is not supported "
-                          f"({', '.join(sorted(PRE_TOKENIZER_SPLITS))})")
-    backend = _byte_level_bpe(list(tokens), list(meta.get("tokenizer.ggml.merges") or ()),
-                              PRE_TOKENIZER_SPLITS[pre])
-    types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    types = list(meta.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens))
     if len(types) != len(tokens):
         raise ConfigError(f"{source}: {len(types)} token types for {len(tokens)} tokens")
+    if kind == "llama":
+        scores = list(meta.get("tokenizer.ggml.scores") or ())
+        if len(scores) != len(tokens):
+            raise ConfigError(f"{source}: a SentencePiece vocabulary needs one score per token "
+                              f"(tokenizer.ggml.scores), got {len(scores)} for {len(tokens)}")
+        backend = _spm_bpe(list(tokens), scores, types,
+                           space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)))
+    elif kind == "gpt2":
+        pre = meta.get("tokenizer.ggml.pre", "default")
+        if pre not in PRE_TOKENIZER_SPLITS:
+            raise ConfigError(f"{source}: GGUF pre-tokenizer {pre!r} is not supported "
+                              f"({', '.join(sorted(PRE_TOKENIZER_SPLITS))})")
+        backend = _byte_level_bpe(list(tokens), list(meta.get("tokenizer.ggml.merges") or ()),
+                                  PRE_TOKENIZER_SPLITS[pre])
+    else:
+        raise ConfigError(f"{source}: GGUF tokenizer {kind!r} is not supported (gpt2 byte-level "
+                          f"BPE, llama SentencePiece)")
     typed = list(zip(tokens, types, strict=True))
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
                                 for t, k in typed if k == CONTROL])
@@ -143,7 +180,7 @@ def from_gguf_metadata(meta: dict[str, Any], *, source: str) -> TextTokenizer:
     stops |= {i for i, (t, k) in enumerate(typed) if k == CONTROL and t in END_OF_TURN}
     return TextTokenizer(backend, bos_id=None if bos is None else int(bos),
                          eos_id=None if eos is None else int(eos),
-                         add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+                         add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", kind == "llama")),
                          chat_template=meta.get("tokenizer.chat_template"),
                          stop_ids=frozenset(stops))
 

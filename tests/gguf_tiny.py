@@ -1,5 +1,6 @@
 """A tiny llama GGUF file written the way llama.cpp's converter writes one: a byte-level BPE
-vocabulary trained here with `tokenizers` (gpt2 type, control tokens, a chat template),
+vocabulary trained here with `tokenizers` (gpt2 type, control tokens, a chat template) or a
+SentencePiece one (llama type: pieces with scores, byte tokens),
 q/k rows permuted to GGML's RoPE order, and tensors in several of GGUF's types."""
 
 from __future__ import annotations
@@ -36,6 +37,66 @@ def train_tokenizer(vocab: int):
     return tok
 
 
+def train_spm(pieces: int):
+    """A SentencePiece-style BPE over CORPUS ("▁" for spaces), `pieces` tokens."""
+    from tokenizers import SentencePieceBPETokenizer
+
+    tok = SentencePieceBPETokenizer()
+    tok.train_from_iterator(CORPUS * 50, vocab_size=pieces, show_progress=False)
+    return tok
+
+
+def spm_vocab(size: int):
+    """(tokens, scores, types, trained tokenizer) as llama.cpp's converter writes a llama
+    SentencePiece vocabulary: <unk> <s> </s>, the 256 byte tokens, then the pieces, each
+    scored by its rank (earlier merges score higher)."""
+    import gguf
+
+    head = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tok = train_spm(size - len(head))
+    pieces = [t for t, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1])]
+    pieces = [t for t in pieces if t not in head][: size - len(head)]
+    tokens = head + pieces + [f"[PAD{i}]" for i in range(len(head) + len(pieces), size)]
+    scores = [0.0] * len(head) + [-float(i) for i in range(len(tokens) - len(head))]
+    T = gguf.TokenType
+    types = ([T.UNKNOWN, T.CONTROL, T.CONTROL] + [T.BYTE] * 256
+             + [T.NORMAL] * (len(tokens) - len(head)))
+    return tokens, scores, [int(t) for t in types], tok
+
+
+def _add_gpt2_vocab(w, size: int):
+    import gguf
+
+    tok = train_tokenizer(size)
+    vocab = tok.get_vocab()
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    tokens += [f"[PAD{i}]" for i in range(len(tokens), size)]
+    merges = [" ".join(m) for m in json.loads(tok.to_str())["model"]["merges"]]
+    types = [gguf.TokenType.CONTROL if t in CONTROL else gguf.TokenType.NORMAL for t in tokens]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types([int(t) for t in types])
+    w.add_token_merges(merges)
+    w.add_bos_token_id(vocab["<|im_start|>"])
+    w.add_eos_token_id(vocab["<|im_end|>"])
+    w.add_add_bos_token(False)
+    w.add_chat_template(TEMPLATE)
+    return tok
+
+
+def _add_spm_vocab(w, size: int):
+    tokens, scores, types, tok = spm_vocab(size)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    return tok
+
+
 def _tensor(w: np.ndarray, kind: str):
     """(data, raw dtype) as GGUFWriter takes them for a GGML type."""
     import gguf
@@ -49,17 +110,13 @@ def _tensor(w: np.ndarray, kind: str):
     return quantize(w.astype(np.float32), qtype), qtype
 
 
-def write_tiny_gguf(path: Path, *, seed: int = 0, arch: str = "llama") -> tuple[Path, object]:
-    """Write the file; returns (path, the trained tokenizer it carries)."""
+def write_tiny_gguf(path: Path, *, seed: int = 0, arch: str = "llama",
+                    vocab: str = "gpt2") -> tuple[Path, object]:
+    """Write the file with a gpt2 byte-level BPE vocabulary (and a chat template) or a llama
+    SentencePiece one (`vocab="spm"`); returns (path, the trained tokenizer it carries)."""
     import gguf
 
     c = CONFIG
-    tok = train_tokenizer(c["vocab"])
-    vocab = tok.get_vocab()
-    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
-    tokens += [f"[PAD{i}]" for i in range(len(tokens), c["vocab"])]
-    merges = [" ".join(m) for m in json.loads(tok.to_str())["model"]["merges"]]
-    types = [gguf.TokenType.CONTROL if t in CONTROL else gguf.TokenType.NORMAL for t in tokens]
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name("tiny-gguf")
     w.add_context_length(c["ctx"])
@@ -72,15 +129,7 @@ def write_tiny_gguf(path: Path, *, seed: int = 0, arch: str = "llama") -> tuple[
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(c["theta"])
     w.add_vocab_size(c["vocab"])
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(tokens)
-    w.add_token_types([int(t) for t in types])
-    w.add_token_merges(merges)
-    w.add_bos_token_id(vocab["<|im_start|>"])
-    w.add_eos_token_id(vocab["<|im_end|>"])
-    w.add_add_bos_token(False)
-    w.add_chat_template(TEMPLATE)
+    tok = (_add_spm_vocab if vocab == "spm" else _add_gpt2_vocab)(w, c["vocab"])
     rng = np.random.default_rng(seed)
     h, d = c["hidden"], c["hidden"] // c["heads"]
 

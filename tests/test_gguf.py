@@ -38,6 +38,27 @@ def test_the_tokenizer_from_gguf_encodes_as_the_bpe_it_was_written_from(tiny):
         assert tok.decode(tok.encode(s)) == plain, s
 
 
+def test_a_sentencepiece_vocabulary_encodes_as_llama_cpp(tmp_path):
+    """A llama (SentencePiece) GGUF vocabulary: pieces and scores become BPE merges, bytes
+    outside the pieces fall back to <0xXX> tokens, BOS first; against the pieces' own trained
+    tokenizer, and against llama.cpp where llama-cpp-python is installed."""
+    path, trained = write_tiny_gguf(tmp_path / "spm.gguf", vocab="spm")
+    tok = load_tokenizer(path)
+    assert tok.add_bos and tok.bos_id == 1 and 2 in tok.stop_ids
+    for s in STRINGS:
+        ids = tok.encode(s)
+        assert ids[0] == 1 and tok.decode(ids) == s, s
+        # single spaces (the trained tokenizer splits words first) and no byte fallback
+        if s and " ".join(s.split()) == s and all(c in "".join(CORPUS) for c in s):
+            assert [tok.backend.id_to_token(i) for i in ids[1:]] == trained.encode(s).tokens, s
+    assert [tok.backend.id_to_token(i) for i in tok.encode("🙂")[1:]] == \
+        ["▁", "<0xF0>", "<0x9F>", "<0x99>", "<0x82>"]
+    llama_cpp = pytest.importorskip("llama_cpp")
+    ref = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+    for s in STRINGS:
+        assert tok.encode(s) == ref.tokenize(s.encode(), add_bos=True, special=False), s
+
+
 def test_streamed_text_equals_the_decoded_text(tiny):
     tok = load_tokenizer(tiny[0])
     for s in ("héllo 日本語 🙂", "numbers 0123456789"):

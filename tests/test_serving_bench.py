@@ -1,5 +1,6 @@
 """The serving benchmark's pieces that need no peer library: GGUF export (RoPE row order,
-placeholder vocabulary, tensor names), timing arithmetic and the report."""
+placeholder vocabulary, tensor names), timing arithmetic and the report; and every peer on
+one tiny GGUF model (the peers present)."""
 
 import importlib.util
 import json
@@ -196,3 +197,29 @@ def test_gguf_export_names_shapes_and_vocab(tmp_path):
     toks = r.fields["tokenizer.ggml.tokens"]
     assert len(toks.data) == cfg["vocab_size"]
     assert not list(tmp_path.glob("*.tmp"))
+
+
+@pytest.mark.tvm
+def test_every_peer_runs_a_gguf_model_and_emits_the_same_greedy_tokens(tmp_path, cache):
+    """`bench serving --model X.gguf`: sandwichc, HF (gguf_file=), OpenVINO (dequantized by
+    our loader) and llama.cpp (an F32 GGUF written from the same tensors) on one tiny GGUF
+    with mixed quant types; llama.cpp only where llama-cpp-python is installed."""
+    from conftest import tune_model
+    from gguf_tiny import write_tiny_gguf
+
+    from sandwich.bench.serving import _make_peer, model_dir_for, weights_fit
+
+    path, _ = write_tiny_gguf(tmp_path / "tiny.gguf")
+    assert model_dir_for(str(path), tmp_path) == path
+    assert weights_fit(path, 1) and not weights_fit(path, 10**7)
+    tune_model(path, cache)
+    names = ["sandwichc", "hf-transformers", "openvino"]
+    if importlib.util.find_spec("llama_cpp") is not None:
+        names.append("llama.cpp")
+    prompt = [5, 9, 200, 17, 33, 100, 250, 7]
+    ids = {}
+    for name in names:
+        peer = _make_peer(name, path, threads=2, max_seq=32, cache=cache, work=tmp_path)
+        ids[name] = peer.generate(prompt, 8).ids
+        peer.close()
+    assert all(v == ids["sandwichc"] for v in ids.values()), ids
