@@ -44,6 +44,17 @@ def placeholder_vocab(size: int) -> tuple[list[str], list[float], list[int]]:
     return tokens, [0.0] * size, [int(t) for t in types]
 
 
+def add_spm_vocab(w, tokens: list[str], scores: list[float], types: list[int]) -> None:
+    """A llama (SentencePiece) vocabulary with <unk> <s> </s> as ids 0, 1, 2."""
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+
+
 def write_gguf(model_dir: str | Path, out_path: str | Path) -> Path:
     """Convert a model (config.json + safetensors, or a GGUF file of any weight type) to one
     F32 GGUF file with a placeholder vocabulary (the peers take token ids); returns its path."""
@@ -70,14 +81,7 @@ def write_gguf(model_dir: str | Path, out_path: str | Path) -> Path:
     w.add_rope_freq_base(cfg.rope_theta)
     w.add_vocab_size(cfg.vocab_size)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    tokens, scores, types = placeholder_vocab(cfg.vocab_size)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
+    add_spm_vocab(w, *placeholder_vocab(cfg.vocab_size))
 
     def f32(name: str) -> np.ndarray:
         return np.ascontiguousarray(ckpt.get(name).to_f32())

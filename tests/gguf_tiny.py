@@ -86,14 +86,10 @@ def _add_gpt2_vocab(w, size: int):
 
 
 def _add_spm_vocab(w, size: int):
+    from sandwich.bench.gguf_export import add_spm_vocab
+
     tokens, scores, types, tok = spm_vocab(size)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
+    add_spm_vocab(w, tokens, scores, types)
     return tok
 
 

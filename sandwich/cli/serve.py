@@ -51,10 +51,7 @@ def _id_list(text: str) -> tuple[int, ...]:
 def _serving_args(p: argparse.ArgumentParser, *, sampling: bool = True) -> None:
     p.add_argument("--model", required=True, help="HF model directory (config.json + safetensors), "
                    "a .gguf file, or an installed model (smollm2)")
-    p.add_argument("--cache-dir", help="kernel cache (default: $SANDWICHC_CACHE_DIR or the user cache)")
-    p.add_argument("--threads", type=int, help="TVM thread-pool size (default: all CPUs of the process)")
-    p.add_argument("--ops", choices=("dsl", "numpy"), default="dsl",
-                   help="non-GEMM ops: compiled DSL kernels, or the numpy fallback")
+    _model_run_args(p)
     p.add_argument("--max-seq", type=int, help="KV-cache positions per sequence")
     if sampling:  # a server takes these per request
         p.add_argument("--seed", type=int, default=0)
@@ -67,6 +64,16 @@ def _serving_args(p: argparse.ArgumentParser, *, sampling: bool = True) -> None:
     p.add_argument("--no-warmup", action="store_true",
                    help="skip the untimed warm-up request (first kernel calls load lazily)")
     _tune_args(p)
+
+
+def _model_run_args(p: argparse.ArgumentParser) -> None:
+    """Where the kernels come from and how they run: every command that runs a model."""
+    from sandwich.cli.common import add_cache_arg, add_threads_arg
+
+    add_cache_arg(p)
+    add_threads_arg(p)
+    p.add_argument("--ops", choices=("dsl", "numpy"), default="dsl",
+                   help="non-GEMM ops: compiled DSL kernels, or the numpy fallback")
 
 
 def _tune_args(p: argparse.ArgumentParser) -> None:
@@ -124,9 +131,7 @@ def register_serving(sub) -> None:
     x.add_argument("--ctx", type=int, default=512, help="tokens per window")
     x.add_argument("--json", action="store_true",
                    help='print {"perplexity": ..., "tokens": ..., "windows": ...}')
-    x.add_argument("--cache-dir", help="kernel cache (default: $SANDWICHC_CACHE_DIR or the user cache)")
-    x.add_argument("--threads", type=int, help="TVM thread-pool size (default: all CPUs of the process)")
-    x.add_argument("--ops", choices=("dsl", "numpy"), default="dsl")
+    _model_run_args(x)
     _tune_args(x)
     x.add_argument("--no-progress", action="store_true")
     x.set_defaults(func=cmd_perplexity)
