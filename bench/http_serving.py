@@ -1,7 +1,7 @@
 """`sandwichc bench http`: what the OpenAI server costs over the engine it wraps, and what
 continuous batching gives concurrent clients. One run, one machine, same threads: the
-in-process engine first, then `sandwichc serve` as its own process, driven by the official
-`openai` client (streaming), one client at a time and then many at once."""
+in-process engine and `sandwichc serve` as its own process, driven by the official `openai`
+client (streaming): one request at a time through each in turn, then many clients at once."""
 
 from __future__ import annotations
 
@@ -102,6 +102,7 @@ class HttpBenchResult:
     max_batch: int
     engine: Latency | None = None
     http: Latency | None = None
+    paired: tuple[float, float] = (0.0, 0.0)  # median over rounds of HTTP / engine (TTFT, TPOT)
     single_tokens_per_s: float = 0.0
     concurrent_tokens_per_s: float = 0.0
     concurrent_finished: int = 0
@@ -137,41 +138,61 @@ async def stream_once(client, model: str, prompt: list[int], max_tokens: int) ->
     return Stream((first - t0) * 1e3, tpot, tokens, "".join(parts), time.perf_counter() - t0)
 
 
-async def _drive(url: str, model: str, prompts: list[list[int]], max_tokens: int, repeats: int,
-                 clients: int) -> tuple[list[Stream], list[Stream], float]:
+async def _paired(url: str, model: str, engine_run, prompt: list[int], max_tokens: int,
+                  repeats: int, settle_s: float = 0.2):
+    """One request through HTTP and one through the in-process engine per round, alternating
+    which goes first, a pause before each (the other's idle threads go to sleep): both see
+    the same machine state, which on this VM drifts by tens of percent within seconds."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
-    await stream_once(client, model, prompts[0], 2)  # warm the connection
-    single = [await stream_once(client, model, prompts[0], max_tokens) for _ in range(repeats)]
+    await stream_once(client, model, prompt, 2)  # warm the connection and the prefill kernels
+    http, engine = [], []
+    for r in range(repeats):
+        for which in ((0, 1) if r % 2 == 0 else (1, 0)):
+            await asyncio.sleep(settle_s)
+            if which == 0:
+                http.append(await stream_once(client, model, prompt, max_tokens))
+            else:
+                engine.append(engine_run())
+    await client.close()
+    return http, engine
+
+
+async def _concurrent(url: str, model: str, prompts: list[list[int]], max_tokens: int,
+                      clients: int) -> tuple[list[Stream], float]:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
     t0 = time.perf_counter()
     many = await asyncio.gather(*(stream_once(client, model, prompts[i % len(prompts)], max_tokens)
                                   for i in range(clients)), return_exceptions=True)
     wall = time.perf_counter() - t0
     await client.close()
-    return single, [s for s in many if isinstance(s, Stream)], wall
+    return [s for s in many if isinstance(s, Stream)], wall
 
 
-def engine_latency(engine, tok, prompt: list[int], max_tokens: int, repeats: int):
-    """The in-process engine on the same request: (ttft, tpot) per repeat and the text."""
+def engine_runner(engine, tok, prompt: list[int], max_tokens: int):
+    """`run() -> (ttft_ms, tpot_ms, text)` of the in-process engine on the same request."""
     from sandwich.runtime.engine import Request
 
     req = Request(prompt=tuple(prompt), max_new_tokens=max_tokens, stop=tuple(sorted(tok.stop_ids)))
-    pairs, text = [], ""
-    for _ in range(repeats):
+
+    def run():
         (res,) = engine.run([req])
         if res.error:
             raise SandwichError(f"the in-process engine failed: {res.error}")
-        pairs.append((res.ttft_ms, res.tpot_ms))
-        text = tok.decode(res.ids)
-    return pairs, text
+        return res.ttft_ms, res.tpot_ms, tok.decode(res.ids)
+
+    return run
 
 
 def run_http_bench(*, model: str, text: str, prompt_len: int, max_tokens: int, repeats: int,
                    clients: int, max_batch: int, threads: int, cache_dir: Path, make_engine,
                    command: str, machine: str, log=print) -> HttpBenchResult:
-    """`make_engine(max_batch, max_seq)` builds the in-process engine (tuning on first use);
-    it is dropped before the server process starts, so the two never share the cores."""
+    """`make_engine(max_batch, max_seq)` builds the in-process engine (tuning on first use).
+    Engine and server are loaded together but never run at once: the single-request rounds
+    alternate between them, then the engine is dropped for the concurrent run."""
     import gc
 
     from sandwich.runtime.http_server import served_name
@@ -187,21 +208,26 @@ def run_http_bench(*, model: str, text: str, prompt_len: int, max_tokens: int, r
                           prompt_len=prompt_len, max_tokens=max_tokens, repeats=repeats,
                           clients=clients, max_batch=max_batch)
     max_seq = prompt_len + max_tokens
-    log(f"in-process engine: {repeats} x {prompt_len}-token prompt, {max_tokens} new tokens")
-    engine = make_engine(max_batch, max_seq)
-    pairs, engine_text = engine_latency(engine, tok, prompts[0], max_tokens, repeats)
-    res.engine = Latency.of(pairs)
-    del engine
-    gc.collect()
-    log(f"`sandwichc serve`: 1 client x {repeats}, then {clients} concurrent clients")
     args = ["--model", model, "--cache-dir", str(cache_dir), "--max-batch", str(max_batch),
             "--max-seq", str(max_seq), "--no-tune", "--threads", str(threads)]
     env = os.environ | {"TVM_NUM_THREADS": str(threads)}
+    name = served_name(model)
+    engine = make_engine(max_batch, max_seq)  # tunes on first use, before the server starts
     with ServerProcess(args, env=env) as srv:
-        single, many, wall = asyncio.run(_drive(srv.url, served_name(model), prompts, max_tokens,
-                                                repeats, clients))
+        log(f"{repeats} rounds of one request ({prompt_len}-token prompt, {max_tokens} new "
+            f"tokens) through HTTP and through the in-process engine, alternating")
+        single, direct = asyncio.run(_paired(srv.url, name, engine_runner(engine, tok, prompts[0],
+                                                                           max_tokens), prompts[0],
+                                             max_tokens, repeats))
+        del engine  # its memory and threads go before the concurrent run
+        gc.collect()
+        log(f"{clients} concurrent streaming clients")
+        many, wall = asyncio.run(_concurrent(srv.url, name, prompts, max_tokens, clients))
+    res.engine = Latency.of([(t, p) for t, p, _ in direct])
     res.http = Latency.of([(s.ttft_ms, s.tpot_ms) for s in single])
-    res.same_text_as_engine = all(s.text == engine_text for s in single)
+    res.paired = (statistics.median(s.ttft_ms / d[0] for s, d in zip(single, direct, strict=True)),
+                  statistics.median(s.tpot_ms / d[1] for s, d in zip(single, direct, strict=True)))
+    res.same_text_as_engine = all(s.text == d[2] for s, d in zip(single, direct, strict=True))
     res.single_tokens_per_s = statistics.median(s.tokens / s.wall_s for s in single)
     res.concurrent_finished = sum(s.tokens > 0 for s in many)
     res.concurrent_wall_s = wall
@@ -232,7 +258,10 @@ def write_report(res: HttpBenchResult, md: Path, js: Path) -> None:
         f"{rng(e.tpot_spread)} |",
         f"| HTTP, 1 client | {h.ttft_ms:.1f} | {h.tpot_ms:.2f} | {rng(h.ttft_spread)} | "
         f"{rng(h.tpot_spread)} |",
-        f"| HTTP / engine | {h.ttft_ms / e.ttft_ms:.3f} | {h.tpot_ms / e.tpot_ms:.3f} | | |", "",
+        f"| HTTP / engine, paired | {res.paired[0]:.3f} | {res.paired[1]:.3f} | | |", "",
+        "Paired: each round runs the request through HTTP and through the engine back to back "
+        "(alternating which goes first); the ratio is the median over the rounds of the two "
+        "runs' ratio, so both sides of each ratio saw the same machine state.", "",
         f"Same text over HTTP as from the engine: {'yes' if res.same_text_as_engine else 'NO'}.", "",
         f"{res.clients} concurrent streaming clients (max_batch {res.max_batch}): "
         f"{res.concurrent_finished}/{res.clients} finished in {res.concurrent_wall_s:.1f} s; "

@@ -199,6 +199,7 @@ def _run_http(args) -> int:
     write_report(res, md, js)
     e, h = res.engine, res.http
     print(f"TTFT {e.ttft_ms:.1f} -> {h.ttft_ms:.1f} ms, TPOT {e.tpot_ms:.2f} -> {h.tpot_ms:.2f} ms "
-          f"(engine -> HTTP); {res.clients} clients {res.speedup:.2f}x one client's tokens/s")
+          f"(engine -> HTTP; paired ratios {res.paired[0]:.3f}, {res.paired[1]:.3f}); "
+          f"{res.clients} clients {res.speedup:.2f}x one client's tokens/s")
     print(f"wrote {md}, {js}")
     return 0
