@@ -215,16 +215,23 @@ def test_bad_requests_get_400_with_an_error_body_and_the_server_goes_on(tok):
 
 
 def test_clients_that_leave_mid_stream_free_their_slots(tok):
-    """max_batch 2, two streams killed after their first token: a third request still runs
-    at once (held slots would make it wait ~60 s for the killed streams' max_tokens)."""
-    fake = FakeExecutor(max_batch=2, max_seq=4096, vocab=CONFIG["vocab"], step_s=0.015)
+    """max_batch 16, sixteen streams killed after their first token: a 17th request still
+    runs at once (held slots would make it wait ~60 s for the killed streams' max_tokens)."""
+    fake = FakeExecutor(max_batch=16, max_seq=4096, vocab=CONFIG["vocab"], step_s=0.015)
     with serving(fake, tok) as (url, server):
         body = {"prompt": [5], "max_tokens": 4000, "stream": True, "temperature": 0}
-        for _ in range(2):
-            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
-                for line in r.iter_lines():
+        lines = []  # the line iterators stay referenced: closing one closes its response
+        with contextlib.ExitStack() as streams:
+            for _ in range(16):
+                r = streams.enter_context(httpx.stream("POST", url + "/v1/completions", json=body,
+                                                       timeout=30))
+                lines.append(r.iter_lines())
+                for line in lines[-1]:
                     if line.startswith("data: ") and '"text"' in line:
-                        break  # one token seen: the client goes away
+                        break  # one token seen
+            assert len(fake.kv.in_use()) == 16 and server.loop.engine.running == 16
+            lines.clear()
+        # the sixteen clients went away
         _wait(lambda: server.loop.engine.running == 0 and not fake.kv.in_use())
         t0 = time.monotonic()
         r = httpx.post(url + "/v1/completions", json={"prompt": [5], "max_tokens": 3}, timeout=30)
