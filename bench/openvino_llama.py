@@ -17,7 +17,7 @@ import numpy as np
 from sandwich.bench.serving_peers import GenTiming, _timing
 from sandwich.errors import ConfigError
 from sandwich.models import ModelConfig
-from sandwich.runtime.loader import WeightReader, open_checkpoint
+from sandwich.runtime.loader import WeightReader, open_checkpoint, read_config
 from sandwich.runtime.rope_tables import RopeSpec, cos_sin
 from sandwich.runtime.safetensors_io import INDEX_NAME
 
@@ -186,7 +186,8 @@ class OpenVinoLlamaPeer:
     def __init__(self, model_dir: Path, *, threads: int, max_seq: int) -> None:
         ov, _, _ = _ov()
         model_dir = Path(model_dir)
-        if model_dir.is_dir():
+        if model_dir.is_dir():  # the config's errors first, then the weights'
+            read_config(model_dir)
             _check_files(model_dir)
         cfg, rope, ckpt = open_checkpoint(model_dir)  # a GGUF file is dequantized to fp32
         self.max_seq = max_seq
