@@ -30,12 +30,15 @@ def aligned_empty(shape: tuple[int, ...], dtype=np.float32, align: int = 64) -> 
 
 
 def check_activation(a: np.ndarray, k: int) -> np.ndarray:
-    """Validate A[M, K] float32 and return it C-contiguous (a copy only if the caller gave a view)."""
+    """Validate A[M, K] float32 and return it C-contiguous and writable, as TVM wraps it (a
+    copy only if the caller gave a strided view or a read-only array)."""
     if not isinstance(a, np.ndarray) or a.ndim != 2 or a.shape[1] != k or a.shape[0] < 1:
         shape = getattr(a, "shape", type(a).__name__)
         raise ShapeError(f"activation must have shape (M, {k}) with M >= 1, got {shape}")
     if a.dtype != np.float32:
         raise ShapeError(f"activation must be float32, got {a.dtype}")
+    if not a.flags.writeable:  # np.frombuffer, read-only memmaps: DLPack refuses them
+        return np.array(a, order="C")
     return np.ascontiguousarray(a)
 
 
@@ -55,7 +58,11 @@ def gemm_args(a: np.ndarray, wp: np.ndarray, out: np.ndarray, schedule: KernelSc
         if workspace is None:
             raise ShapeError(f"split-K kernel {schedule.key()} needs a workspace")
         args.append(wrap(workspace))
-    return args + list(slice_args(schedule))
+    sizes = slice_args(schedule)
+    if min(sizes) < 1:  # the kernel divides by them: a zero is SIGFPE, a negative wrong output
+        raise ShapeError(f"schedule {schedule.key()} has a slice of {sizes} blocks; every size "
+                         f"must be positive")
+    return args + list(sizes)
 
 
 def workspace_view(buf: np.ndarray, t_k: int, m: int, n: int) -> np.ndarray:

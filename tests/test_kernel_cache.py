@@ -159,7 +159,7 @@ def test_records_of_another_weight_layout_are_retuned_not_mixed(tuned, tmp_path)
     shutil.copytree(tuned[0], d)
     cache = KernelCache(d)
     for r in cache.records(N, K, threads=2)[1:]:  # the first M range keeps the real layout
-        stale = dataclasses.replace(r.record.schedule, pack_n=32)
+        stale = dataclasses.replace(r.record.schedule, pack_n=128)  # valid, but not 64
         cache.db.put_record(dataclasses.replace(r.record, schedule=stale), threads=2)
     with pytest.raises(CacheError, match="weight layout"):  # a mix is refused at load ...
         KernelCache(d).gemm(n=N, k=K)
@@ -217,3 +217,74 @@ def test_an_n_that_is_not_whole_vectors_runs_on_the_padded_kernel(tuned):
         np.testing.assert_allclose(out, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
     with pytest.raises(ShapeError, match=f"shape \\(4, {n}\\)"):
         gemm(a, wp, out=np.empty((4, N), np.float32))
+
+
+def _damage(db: Path, m_lo: int, edit) -> None:
+    """Rewrite the stored schedule JSON of one record (as a flipped bit in the file would)."""
+    con = sqlite3.connect(db)
+    (text,) = con.execute("SELECT schedule FROM records WHERE m_lo = ?", (m_lo,)).fetchone()
+    con.execute("UPDATE records SET schedule = ? WHERE m_lo = ?", (edit(text), m_lo))
+    con.commit()
+    con.close()
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda t: t.replace('"b_m": ', '"b_m": -', 1).replace("--", "-"), "positive|multiple"),
+    (lambda t: t.replace('"b_k": ', '"b_k": -', 1).replace("--", "-"), "positive"),
+    (lambda t: t.replace('"b_m": ', '"b_m": 0*', 1), "malformed"),
+    (lambda t: t[: len(t) // 2], "malformed"),
+])
+def test_a_damaged_record_is_reported_skipped_and_retuned_never_run(tuned, tmp_path, edit, says):
+    """Issue 24, item 1: `"b_m": 0` passed every check and the first GEMM call died with
+    SIGFPE; `b_k = -16` gave a relative error of 2e35. Now the record is reported by verify,
+    left out at load (the M range below serves), and tuned again by the next tune."""
+    import json
+    import re
+
+    d = tmp_path / "cache"
+    shutil.copytree(tuned[0], d)
+    victim = get_budget("tiny").m_samples(SEQ)[1]
+    _damage(d / "tuning.sqlite", victim, edit)
+    cache = KernelCache(d)
+    problems = cache.verify()
+    assert len(problems) == 1 and f"M>={victim}" in problems[0] and re.search(says, problems[0])
+    assert all(r.record.m_lo != victim for r in cache.records(N, K))
+    gemm = cache.gemm(n=N, k=K)
+    w = np.random.default_rng(4).standard_normal((K, N), dtype=np.float32)
+    a = np.random.default_rng(5).standard_normal((victim, K), dtype=np.float32)
+    np.testing.assert_allclose(gemm(a, gemm.pack(w)), a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+    rep = tune_op(names=["t"], op=GemmOp("t", N, K), seq_max=SEQ, threads=2,
+                  budget=get_budget("tiny"), cache=cache)
+    assert rep.searched == 1 and cache.verify() == []
+    assert json.loads(sqlite3.connect(d / "tuning.sqlite").execute(
+        "SELECT schedule FROM records WHERE m_lo = ?", (victim,)).fetchone()[0])
+
+
+def test_a_zero_slice_never_reaches_a_kernel():
+    from sandwich.compiler.gemm_runner import gemm_args
+    from sandwich.types import ComputeSlice, KernelSchedule, MicroKernel, Polymerization
+
+    s = KernelSchedule(MicroKernel(4, 16), ComputeSlice(0, 16, 16), Polymerization(), pack_n=16)
+    z = np.zeros((4, 16), np.float32)
+    with pytest.raises(ShapeError, match="must be positive"):
+        gemm_args(z, z, z, s)
+
+
+def test_overlapping_or_read_only_buffers_are_refused_or_copied(tuned):
+    """Issue 24, item 2: out overlapping a returned garbage (relative error 1e15); read-only
+    inputs raised a bare BufferError."""
+    gemm = KernelCache(tuned[0]).gemm(n=N, k=K)
+    rng = np.random.default_rng(6)
+    w = rng.standard_normal((K, N), dtype=np.float32)
+    wp = gemm.pack(w)
+    buf = np.zeros((4, N + K), np.float32)
+    a = np.ascontiguousarray(buf[:, :K])
+    with pytest.raises(ShapeError, match="overlaps"):
+        gemm(buf.reshape(-1)[: 4 * K].reshape(4, K), wp, out=buf.reshape(-1)[: 4 * N].reshape(4, N))
+    frozen = np.zeros((4, N), np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(ShapeError, match="read-only"):
+        gemm(a, wp, out=frozen)
+    a = rng.standard_normal((4, K), dtype=np.float32)
+    ro = np.frombuffer(a.tobytes(), np.float32).reshape(4, K)  # read-only
+    np.testing.assert_allclose(gemm(ro, wp), a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)

@@ -124,9 +124,24 @@ class KernelCache:
 
     def records(self, n: int, k: int, dtype: str = "float32",
                 threads: int | None = None) -> list[StoredRecord]:
-        """The records that serve (N, K): those of the padded N when N is not whole vectors."""
-        return self.db.records(fingerprint=self.fingerprint, n=self.kernel_n(n), k=k, dtype=dtype,
-                               threads=threads)
+        """The usable records that serve (N, K) (those of the padded N when N is not whole
+        vectors); a damaged record is left out, so its M range is tuned again."""
+        from sandwich.tuner.record_check import record_problem
+
+        recs = self.db.records(fingerprint=self.fingerprint, n=self.kernel_n(n), k=k, dtype=dtype,
+                               threads=threads, bad=[])
+        return [r for r in recs if record_problem(r, lanes=self.cpu.lanes_f32) is None]
+
+    def bad_records(self) -> list[str]:
+        """Every record of this target that `records` leaves out, and why."""
+        from sandwich.tuner.record_check import describe, record_problem
+
+        bad: list[str] = []
+        for r in self.db.records(fingerprint=self.fingerprint, bad=bad):
+            why = record_problem(r, lanes=self.cpu.lanes_f32)
+            if why:
+                bad.append(f"{describe(r)}: {why}")
+        return bad
 
     def gemm(self, *, n: int, k: int, dtype: str = "float32",
              threads: int | None = None) -> GemmKernel:
@@ -146,8 +161,9 @@ class KernelCache:
         return GemmKernel(self, n=self.kernel_n(n), k=k, dtype=dtype, records=recs, n_out=n)
 
     def verify(self) -> list[str]:
-        """Every recorded kernel file exists and matches its hash; returns the problems."""
-        problems = []
+        """Every record is usable and every recorded kernel file exists and matches its hash;
+        returns the problems."""
+        problems = self.bad_records()
         for fp, kf in self.db.kernels():
             if fp != self.fingerprint:
                 continue
@@ -260,6 +276,11 @@ class GemmKernel:
             out = aligned_empty((m, self.n_out))
         elif out.shape != (m, self.n_out) or out.dtype != np.float32 or not out.flags.c_contiguous:
             raise ShapeError(f"out must be a C-contiguous float32 array of shape ({m}, {self.n_out})")
+        elif not out.flags.writeable:
+            raise ShapeError("out is read-only; give a writable array (or none)")
+        elif np.shares_memory(a, out) or np.shares_memory(wp.data, out):
+            raise ShapeError("out overlaps the activation or the weights; the kernel would read "
+                             "what it has already written (give a separate out)")
         schedule = self.schedule_for(m)
         t_k = schedule.polymerization.t_k
         ws = None

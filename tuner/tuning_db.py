@@ -115,8 +115,10 @@ class TuningDB:
 
     def records(self, *, fingerprint: str | None = None, n: int | None = None,
                 k: int | None = None, dtype: str | None = None,
-                threads: int | None = None) -> list[StoredRecord]:
-        """Records matching the given fields, sorted by (n, k, threads, m_lo)."""
+                threads: int | None = None, bad: list[str] | None = None) -> list[StoredRecord]:
+        """Records matching the given fields, sorted by (n, k, threads, m_lo). A row whose
+        schedule does not parse is skipped (described in `bad` when given): one damaged
+        record costs a re-tune of its shape, never the cache."""
         where, args = [], []
         for col, val in (("fingerprint", fingerprint), ("n", n), ("k", k), ("dtype", dtype),
                          ("threads", threads)):
@@ -133,9 +135,10 @@ class TuningDB:
             fp, op, n_, k_, dt, thr, lo, hi, sched, g, trials, secs, reused, stable = row
             try:
                 schedule = KernelSchedule.from_json(sched)
-            except (ValueError, TypeError, KeyError) as e:
-                raise CacheError(f"cache database {self.path}: a record for N={n_} K={k_} has a "
-                                 f"malformed schedule ({e}); run `sandwichc cache clear`") from None
+            except (ValueError, TypeError, KeyError, AttributeError) as e:
+                if bad is not None:
+                    bad.append(f"record N={n_} K={k_} threads={thr} M>={lo}: malformed schedule ({e})")
+                continue
             rec = TuneRecord(fp, op, n_, k_, dt, lo, hi, schedule, g, trials, secs)
             out.append(StoredRecord(rec, thr, bool(reused), bool(stable)))
         return out
