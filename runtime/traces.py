@@ -62,7 +62,10 @@ def read_trace(path: str | Path) -> list[TraceEntry]:
     """Parse a JSON Lines trace, sorted by arrival; the first bad line raises TraceError."""
     p = Path(path)
     try:
-        lines = p.read_text().splitlines()
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{p}: not UTF-8 text (byte {e.start}); give a JSON Lines file or "
+                         f"'synthetic'") from None
     except OSError as e:
         raise TraceError(f"{p}: cannot read the trace ({e.strerror}); give a JSON Lines file or "
                          f"'synthetic'") from None

@@ -4,6 +4,7 @@ GGUF files (a path, or an installed model such as `smollm2`)."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -67,7 +68,13 @@ def _read(name_or_path: str) -> tuple[str, str]:
     if path.is_dir():
         path = path / "config.json"
     if path.is_file():
-        return path.read_text(), str(path)
+        try:
+            return path.read_text(encoding="utf-8"), str(path)
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); a config.json is "
+                              f"expected") from None
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
     if name_or_path in embedded_models():
         f = resources.files("sandwich").joinpath("configs", f"{name_or_path}.json")
         return f.read_text(), f"embedded model '{name_or_path}'"
@@ -80,6 +87,14 @@ def _int(raw: dict[str, Any], key: str, source: str, default: int | None = None)
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         raise ConfigError(f"{source}: '{key}' must be a positive integer, got {v!r}")
     return v
+
+
+def _positive_float(raw: dict[str, Any], key: str, source: str, default: float) -> float:
+    v = raw.get(key)
+    v = default if v is None else v
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ConfigError(f"{source}: '{key}' must be a positive number, got {v!r}")
+    return float(v)
 
 
 def parse_model_config(raw: dict[str, Any], *, source: str, name: str) -> ModelConfig:
@@ -107,9 +122,16 @@ def parse_model_config(raw: dict[str, Any], *, source: str, name: str) -> ModelC
         vocab_size=_int(raw, "vocab_size", source),
         head_dim=_int({"head_dim": head_dim}, "head_dim", source),
         max_position_embeddings=_int(raw, "max_position_embeddings", source, default=2048),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(raw.get("rope_theta")
-                         or (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+        rms_norm_eps=_positive_float(raw, "rms_norm_eps", source, 1e-6),
+        rope_theta=_positive_float(raw, "rope_theta", source, _dict(
+            raw, "rope_parameters", source).get("rope_theta", 10000.0)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        rope_scaling=raw.get("rope_scaling"),
+        rope_scaling=_dict(raw, "rope_scaling", source) or None,
     )
+
+
+def _dict(raw: dict[str, Any], key: str, source: str) -> dict[str, Any]:
+    v = raw.get(key)
+    if v is not None and not isinstance(v, dict):
+        raise ConfigError(f"{source}: '{key}' must be an object, got {v!r}")
+    return v or {}

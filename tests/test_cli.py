@@ -135,3 +135,66 @@ def test_bench_gemm_end_to_end(tmp_path, tiny_config):
         for name in ("sandwich", "numpy"):
             assert len(r[f"{name}_gflops_passes"]) == 2
             assert r[f"{name}_gflops"] == max(r[f"{name}_gflops_passes"])
+
+
+def _main_error(capsys, argv, match):
+    """In process: exit 1 and exactly one `sandwichc: error:` line naming `match`."""
+    from sandwich.cli import main
+
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and err[0].startswith("sandwichc: error:"), err
+    assert match in err[0], err
+
+
+@pytest.mark.parametrize("key, value", [("rms_norm_eps", "abc"), ("rope_theta", "x"),
+                                        ("rms_norm_eps", -1e-5), ("rope_scaling", 3)])
+def test_bad_config_values_are_one_line(tmp_path, capsys, key, value):
+    """Issue 24, item 3: "rms_norm_eps": "abc" and "rope_theta": "x" were ValueError tracebacks."""
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(TINY | {key: value}))
+    _main_error(capsys, ["tune", "--model", str(f), "--cache-dir", str(tmp_path / "c")], key)
+
+
+def test_binary_config_and_trace_files_are_one_line(tmp_path, capsys):
+    """Issue 24, item 3: a binary config.json and a non-UTF-8 trace were UnicodeDecodeErrors."""
+    cfg = tmp_path / "config.json"
+    cfg.write_bytes(b"\xff\xfe\x00{\x80")
+    _main_error(capsys, ["tune", "--model", str(cfg), "--cache-dir", str(tmp_path / "c")],
+                "not UTF-8")
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(b'{"arrival_s": 0, "prompt_len": 4, "output_len": 2}\n\xff\xfe\n')
+    _main_error(capsys, ["serve-bench", "--model", str(tmp_path), "--trace", str(trace)],
+                "not UTF-8")
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["tune", "--model", "llama-160m", "--threads", "-3"], "--threads must be >= 1, got -3"),
+    (["tune", "--model", "llama-160m", "--threads", "0"], "--threads must be >= 1, got 0"),
+    (["generate", "--model", "llama-160m", "--prompt-ids", "1,2", "--max-seq", "0"],
+     "--max-seq must be >= 1"),
+    (["bench", "http", "--text", "x", "--clients", "0"], "--clients must be >= 1"),
+])
+def test_zero_and_negative_counts_are_refused_not_defaulted(capsys, argv, match):
+    """Issue 24, item 4: --threads -3 ran "with -3 threads" and stored thr = -3; --threads 0
+    and --max-seq 0 silently became defaults."""
+    _main_error(capsys, argv, match)
+
+
+def test_a_prompt_beyond_the_context_is_refused(tmp_path, capsys):
+    """Issue 24, item 4: a prompt beyond max_position_embeddings ran without a word."""
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(TINY))
+    _main_error(capsys, ["generate", "--model", str(tmp_path), "--prompt-ids",
+                         ",".join(["1"] * 60), "--max-new-tokens", "10", "--no-tune",
+                         "--cache-dir", str(tmp_path / "c")], "beyond the model's context of 64")
+
+
+def test_a_seq_max_whose_buffers_do_not_fit_is_refused_before_allocating():
+    """Issue 24, item 3: tune --seq-max 100000000 allocated 286 GiB."""
+    from sandwich.errors import ConfigError
+    from sandwich.tuner.tvm_measure import check_fits
+
+    check_fits(768, 768, 2048, 2)
+    with pytest.raises(ConfigError, match="lower --seq-max"):
+        check_fits(2304, 768, 100_000_000, 2)

@@ -73,6 +73,7 @@ class TvmMeasure:
     def __post_init__(self) -> None:
         if self.n % self.pack_n:
             raise ConfigError(f"N={self.n} is not a multiple of the packed width {self.pack_n}")
+        check_fits(self.n, self.k, self.seq_max, self.threads)
         rng = np.random.default_rng(self.seed)
         self.w = rng.standard_normal((self.k, self.n), dtype=np.float32)
         self.wp = pack_weights(self.w, self.pack_n)
@@ -140,3 +141,15 @@ class TvmMeasure:
         # the search ranks by the best repeat: interference from other processes only ever
         # slows a run down, so the minimum is the steadiest estimate on a shared machine
         return MeasureResult(gflops(2.0 * m * self.n * self.k, t.min_s), t.min_s)
+
+
+def check_fits(n: int, k: int, seq_max: int, threads: int) -> None:
+    """Refuse, before allocating, a seq_max whose buffers would not fit in memory: A and C
+    over every M, a split-K workspace per thread, the float64 reference of the checks."""
+    import psutil
+
+    need = 4 * seq_max * (k + n * (1 + threads)) + 8 * seq_max * n + 4 * n * k
+    avail = psutil.virtual_memory().available
+    if need > 0.8 * avail:
+        raise ConfigError(f"tuning N={n} K={k} up to M={seq_max} needs about {need / 2**30:.1f} "
+                          f"GiB of buffers; {avail / 2**30:.1f} GiB are available: lower --seq-max")

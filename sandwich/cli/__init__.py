@@ -39,6 +39,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# counts and sizes that must be >= 1 wherever a command takes them (None: the default)
+POSITIVE = ("threads", "tp", "seq_max", "max_seq", "max_batch", "trials", "repeats",
+            "new_tokens", "max_new_tokens", "ctx", "shards", "shapes", "prompt_len", "passes",
+            "max_tokens", "clients", "layers", "batch", "patience")
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """A zero or negative count is one error line, never a silent default or a stored -3."""
+    from sandwich.errors import ConfigError
+
+    for key in POSITIVE:
+        v = getattr(args, key, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v < 1:
+            raise ConfigError(f"--{key.replace('_', '-')} must be >= 1, got {v}")
+
+
 def main(argv: list[str] | None = None) -> int:
     from sandwich.errors import SandwichError
 
@@ -49,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     args.env_cache_dir = os.environ.get("SANDWICHC_CACHE_DIR")
     args.env = dict(os.environ)
     try:
+        check_numbers(args)
         return int(args.func(args) or 0)
     except SandwichError as e:
         print(f"sandwichc: error: {e}", file=sys.stderr)

@@ -167,6 +167,7 @@ def _engine(args, *, max_batch: int, max_seq: int, clock=None):
     import time
 
     from sandwich.cli.common import cache_dir_arg
+    from sandwich.models import load_model_config
     from sandwich.runtime.engine import Engine
     from sandwich.runtime.executor import Executor
     from sandwich.runtime.loader import load_model
@@ -177,6 +178,10 @@ def _engine(args, *, max_batch: int, max_seq: int, clock=None):
         raise ConfigError(f"--max-batch and --max-seq must be >= 1, got {max_batch} and {max_seq}")
     if args.tp < 1:
         raise ConfigError(f"--tp must be >= 1, got {args.tp}")
+    ctx = load_model_config(args.model).max_position_embeddings
+    if max_seq > ctx:  # positions the model never saw: RoPE extrapolates, the text degrades
+        raise ConfigError(f"{max_seq} positions (prompt + new tokens, or --max-seq) are beyond "
+                          f"the model's context of {ctx}; shorten the prompt or lower the limit")
     cache = KernelCache(cache_dir_arg(args))
     if args.tp > 1:
         from sandwich.runtime.tp import TPExecutor
