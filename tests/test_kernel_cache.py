@@ -288,3 +288,37 @@ def test_overlapping_or_read_only_buffers_are_refused_or_copied(tuned):
     a = rng.standard_normal((4, K), dtype=np.float32)
     ro = np.frombuffer(a.tobytes(), np.float32).reshape(4, K)  # read-only
     np.testing.assert_allclose(gemm(ro, wp), a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_stray_files_are_listed_and_cleaned_and_records_leave_the_wal(tuned, tmp_path):
+    """Issue 24, item 5: a SIGKILL could leave a 0-byte `.tmp-*.so` forever, an exported but
+    unrecorded `.so`, and every committed record only in the WAL."""
+    d = tmp_path / "cache"
+    shutil.copytree(tuned[0], d)
+    cache = KernelCache(d)
+    so = next((d / "kernels").rglob("n*.so"))
+    orphan, tmp = so.with_name("n1_k1_orphan.so"), so.with_name(".tmp-abc123.so")
+    orphan.write_bytes(so.read_bytes())
+    tmp.write_bytes(b"")
+    assert cache.stray_files() == sorted([orphan, tmp])
+    assert cache.clean(min_age_s=3600) == []  # young files may belong to a running tuner
+    assert cache.clean(min_age_s=0) == sorted([orphan, tmp]) and not orphan.exists()
+    assert cache.verify() == [] and so.exists()
+    rep = tune_op(names=["t"], op=GemmOp("t", N, K), seq_max=SEQ, threads=2,
+                  budget=get_budget("tiny"), cache=cache)
+    assert rep.cached > 0
+    wal = d / "tuning.sqlite-wal"
+    assert not wal.exists() or wal.stat().st_size == 0  # checkpointed after the shape
+
+
+def test_a_malformed_kernel_row_is_reported_not_fatal(tuned, tmp_path):
+    """Issue 24, item 3: a corrupted kernels row raised JSONDecodeError in `verify`."""
+    d = tmp_path / "cache"
+    shutil.copytree(tuned[0], d)
+    con = sqlite3.connect(d / "tuning.sqlite")
+    con.execute("UPDATE kernels SET schedule = substr(schedule, 1, 10) WHERE rowid = "
+                "(SELECT min(rowid) FROM kernels)")
+    con.commit()
+    con.close()
+    problems = KernelCache(d).verify()
+    assert len(problems) == 1 and "malformed schedule" in problems[0]

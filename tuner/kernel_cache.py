@@ -164,13 +164,33 @@ class KernelCache:
         """Every record is usable and every recorded kernel file exists and matches its hash;
         returns the problems."""
         problems = self.bad_records()
-        for fp, kf in self.db.kernels():
+        for fp, kf in self.db.kernels(bad=problems):
             if fp != self.fingerprint:
                 continue
             problem = self.kernel_problem(kf)
             if problem:
                 problems.append(f"N={kf.n} K={kf.k} {kf.schedule.key()}: {problem}")
         return problems
+
+    def stray_files(self, *, min_age_s: float = 0.0) -> list[Path]:
+        """`.so` files no record names (a tuner killed between writing and recording one,
+        or its `.tmp-*` file), at least `min_age_s` old: a running tuner's newest file is
+        younger than that."""
+        import time
+
+        recorded = {(self.dir / kf.path).resolve() for _, kf in self.db.kernels(bad=[])}
+        now, out = time.time(), []
+        for p in sorted((self.dir / "kernels").rglob("*.so")):
+            if p.resolve() not in recorded and now - p.stat().st_mtime >= min_age_s:
+                out.append(p)
+        return out
+
+    def clean(self, *, min_age_s: float = 600.0) -> list[Path]:
+        """Delete the stray files (see `stray_files`); returns them."""
+        gone = self.stray_files(min_age_s=min_age_s)
+        for p in gone:
+            p.unlink(missing_ok=True)
+        return gone
 
     def clear(self) -> None:
         """Delete records and kernels of every target; the directory stays."""

@@ -123,6 +123,7 @@ def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget:
         report.trials += res.trials
         report.results.append(res)
         on_step(1)
+    cache.db.checkpoint()  # this shape's records into the database file, out of the WAL
     report.seconds = time.perf_counter() - t0
     report.compile_seconds = measure.compile_seconds
     return report

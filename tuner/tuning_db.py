@@ -160,11 +160,28 @@ class TuningDB:
             return None
         return KernelFile(n, k, dtype, schedule, rows[0][0], rows[0][1])
 
-    def kernels(self) -> list[tuple[str, KernelFile]]:
+    def kernels(self, bad: list[str] | None = None) -> list[tuple[str, KernelFile]]:
+        """Every recorded kernel file; a row whose schedule does not parse is skipped (and
+        described in `bad` when given)."""
         rows = self._query("SELECT fingerprint, n, k, dtype, schedule, path, sha256 FROM kernels "
                            "ORDER BY n, k, path")
-        return [(fp, KernelFile(n, k, dt, KernelSchedule.from_json(s), p, h))
-                for fp, n, k, dt, s, p, h in rows]
+        out = []
+        for fp, n, k, dt, s, p, h in rows:
+            try:
+                out.append((fp, KernelFile(n, k, dt, KernelSchedule.from_json(s), p, h)))
+            except (ValueError, TypeError, KeyError, AttributeError) as e:
+                if bad is not None:
+                    bad.append(f"kernel file row N={n} K={k} {p}: malformed schedule ({e})")
+        return out
+
+    def checkpoint(self) -> None:
+        """Move committed transactions from the WAL into the database file, so the records
+        survive even if someone deletes a `-wal` file left by a killed tuner."""
+        try:
+            with self._lock:
+                self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.DatabaseError:
+            pass  # another process holds the database; its own checkpoint will do it
 
     def close(self) -> None:
         self.conn.close()

@@ -35,6 +35,8 @@ def register(sub) -> None:
     for name, fn, hlp in (("ls", cmd_cache_ls, "list tuned shapes and their M ranges"),
                           ("verify", cmd_cache_verify, "check every .so against its SHA-256 "
                            "and, with --numerics, every GEMM against numpy"),
+                          ("clean", cmd_cache_clean, "delete .so files no record names "
+                           "(left by killed tuners), if older than 10 minutes"),
                           ("clear", cmd_cache_clear, "delete all records and kernels")):
         p = csub.add_parser(name, help=hlp)
         add_cache_arg(p)
@@ -173,12 +175,23 @@ def cmd_cache_verify(args) -> int:
         for n, k, dtype in shapes:
             problems += verify_numerics(cache, n=n, k=k, ms=ms, dtype=dtype)
         print(f"checked {len(shapes)} GEMM shape(s) against numpy at M = {ms}")
-    n_files = sum(1 for fp, _ in cache.db.kernels() if fp == cache.fingerprint)
+    n_files = sum(1 for fp, _ in cache.db.kernels(bad=[]) if fp == cache.fingerprint)
+    for p in cache.stray_files():
+        print(f"stray: {p} (no record names it; `sandwichc cache clean` removes it)")
     if problems:
         for p in problems:
             print(p)
         raise CacheError(f"{len(problems)} problem(s) in {cache.dir}; run `sandwichc tune` to rebuild")
     print(f"{cache.dir}: {n_files} kernel file(s) for {len(shapes)} GEMM shape(s) verified")
+    return 0
+
+
+def cmd_cache_clean(args) -> int:
+    cache = _cache(args)
+    gone = cache.clean()
+    for p in gone:
+        print(f"removed {p}")
+    print(f"{cache.dir}: {len(gone)} stray file(s) removed")
     return 0
 
 
