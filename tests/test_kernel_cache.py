@@ -322,3 +322,17 @@ def test_a_malformed_kernel_row_is_reported_not_fatal(tuned, tmp_path):
     con.close()
     problems = KernelCache(d).verify()
     assert len(problems) == 1 and "malformed schedule" in problems[0]
+
+
+def test_single_byte_corruptions_never_crash_or_compute_wrong(tuned, tmp_path):
+    """Issue 24: a bounded run of `sandwichc bench corruption` (the full one is 1,000): each
+    corruption of the SQLite file or a `.so` is harmless or reported by verify."""
+    from sandwich.bench import corruption as cb
+
+    base = tmp_path / "base"
+    shutil.copytree(tuned[0], base)
+    KernelCache(base).db.checkpoint()
+    results = cb.run_corruptions(base, tmp_path / "work", cb.plan(base, 60, seed=1), [(N, K)])
+    outcomes = {r["outcome"] for r in results}
+    assert len(results) == 60 and outcomes <= {"harmless", "reported"}, \
+        [r for r in results if r["outcome"] not in ("harmless", "reported")]

@@ -137,10 +137,19 @@ class KernelCache:
         from sandwich.tuner.record_check import describe, record_problem
 
         bad: list[str] = []
+        layouts: dict[tuple, set[int]] = {}
         for r in self.db.records(fingerprint=self.fingerprint, bad=bad):
             why = record_problem(r, lanes=self.cpu.lanes_f32)
+            rec = r.record
+            if not why and self.db.kernel(self.fingerprint, rec.n, rec.k, rec.dtype,
+                                          rec.schedule) is None:
+                why = "no kernel file recorded for its family"
             if why:
                 bad.append(f"{describe(r)}: {why}")
+            else:
+                layouts.setdefault((rec.n, rec.k, rec.dtype, r.threads), set()).add(rec.schedule.pack_n)
+        bad += [f"records N={n} K={k} threads={t} disagree on the weight layout {sorted(packs)}"
+                for (n, k, _, t), packs in layouts.items() if len(packs) > 1]
         return bad
 
     def gemm(self, *, n: int, k: int, dtype: str = "float32",
@@ -163,7 +172,7 @@ class KernelCache:
     def verify(self) -> list[str]:
         """Every record is usable and every recorded kernel file exists and matches its hash;
         returns the problems."""
-        problems = self.bad_records()
+        problems = self.db.integrity_problems() + self.bad_records()
         for fp, kf in self.db.kernels(bad=problems):
             if fp != self.fingerprint:
                 continue

@@ -13,6 +13,9 @@ from pathlib import Path
 from sandwich.errors import CacheError
 from sandwich.types import KernelSchedule, TuneRecord
 
+# a damaged file can also make SQLite's own messages undecodable text
+_DB_ERRORS = (sqlite3.DatabaseError, UnicodeDecodeError)
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
     fingerprint TEXT NOT NULL, op TEXT NOT NULL, n INTEGER NOT NULL, k INTEGER NOT NULL,
@@ -63,10 +66,13 @@ class TuningDB:
         try:
             self.conn = sqlite3.connect(str(path), timeout=60, isolation_level=None,
                                         check_same_thread=False)
+            # damaged text must not raise UnicodeDecodeError from deep inside sqlite3: it
+            # decodes to U+FFFD and then fails the checks on what it should say
+            self.conn.text_factory = lambda b: b.decode("utf-8", "replace")
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA busy_timeout=60000")
             self.conn.executescript(_SCHEMA)
-        except sqlite3.DatabaseError as e:
+        except _DB_ERRORS as e:
             raise CacheError(f"cache database {path} is unreadable ({e}); move it away or run "
                              f"`sandwichc cache clear` to start a new cache") from None
 
@@ -80,7 +86,7 @@ class TuningDB:
             self.conn.execute("BEGIN IMMEDIATE")
             yield self.conn
             self.conn.execute("COMMIT")
-        except sqlite3.DatabaseError as e:
+        except _DB_ERRORS as e:
             if self.conn.in_transaction:
                 self.conn.execute("ROLLBACK")
             raise CacheError(f"cache database {self.path}: {e}") from None
@@ -93,7 +99,7 @@ class TuningDB:
         try:
             with self._lock:
                 return self.conn.execute(sql, args).fetchall()
-        except sqlite3.DatabaseError as e:
+        except _DB_ERRORS as e:
             raise CacheError(f"cache database {self.path} is unreadable ({e}); move it away or "
                              f"run `sandwichc cache clear`") from None
 
@@ -174,13 +180,21 @@ class TuningDB:
                     bad.append(f"kernel file row N={n} K={k} {p}: malformed schedule ({e})")
         return out
 
+    def integrity_problems(self) -> list[str]:
+        """SQLite's own full check (pages, and every index against its table)."""
+        try:
+            rows = self._query("PRAGMA integrity_check")
+        except CacheError as e:
+            return [str(e)]
+        return [] if rows == [("ok",)] else [f"cache database {self.path}: {r[0]}" for r in rows]
+
     def checkpoint(self) -> None:
         """Move committed transactions from the WAL into the database file, so the records
         survive even if someone deletes a `-wal` file left by a killed tuner."""
         try:
             with self._lock:
                 self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        except sqlite3.DatabaseError:
+        except _DB_ERRORS:
             pass  # another process holds the database; its own checkpoint will do it
 
     def close(self) -> None:

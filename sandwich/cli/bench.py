@@ -66,6 +66,16 @@ def register(sub) -> None:
     add_cache_arg(h)
     h.set_defaults(func=_run_http)
 
+    c = bsub.add_parser("corruption", help="single-byte corruptions of a tuned tiny-model "
+                        "cache: how many are harmless, reported, or (failures) crash or compute "
+                        "wrong results")
+    c.add_argument("--count", type=int, default=1000)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--work", default=None, help="scratch directory (default: a temporary one)")
+    c.add_argument("--json", dest="json_out", default="results/corruption.json")
+    c.add_argument("--md", default="results/corruption.md")
+    c.set_defaults(func=_run_corruption)
+
     r = bsub.add_parser("reference", help="a GGUF model against llama.cpp's and HF's tokenizers "
                         "and HF transformers' greedy tokens and logits on the same file")
     r.add_argument("--model", default="smollm2", help="a .gguf file or an installed model")
@@ -203,3 +213,50 @@ def _run_http(args) -> int:
           f"{res.clients} clients {res.speedup:.2f}x one client's tokens/s")
     print(f"wrote {md}, {js}")
     return 0
+
+
+TINY_MODEL = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+              "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 1,
+              "vocab_size": 256, "max_position_embeddings": 64}
+
+
+def _run_corruption(args) -> int:
+    import tempfile
+    import time
+
+    from tqdm import tqdm
+
+    from sandwich.bench import corruption as cb
+    from sandwich.cli.tune import tune_shapes
+    from sandwich.compiler.target import describe_machine
+    from sandwich.models import load_model_config
+    from sandwich.payload import make_payload
+    from sandwich.tuner.budget import get_budget
+    from sandwich.tuner.kernel_cache import KernelCache
+    from sandwich.tuner.tune import unique_shapes
+
+    root = Path(args.work or tempfile.mkdtemp(prefix="sandwichc-corrupt-"))
+    root.mkdir(parents=True, exist_ok=True)
+    base = root / "base"
+    cfg_path = root / "config.json"
+    cfg_path.write_text(json.dumps(TINY_MODEL))
+    cache = KernelCache(base)
+    shapes = unique_shapes(make_payload(load_model_config(cfg_path), tp=1, seq_max=32))
+    tune_shapes(shapes, seq_max=32, threads=2, budget=get_budget("tiny"), cache=cache)
+    cache.db.checkpoint()
+    cache.db.close()
+    dims = sorted({(op.n, op.k) for _, op in shapes})
+    plan = cb.plan(base, args.count, seed=args.seed)
+    report = cb.CorruptionReport(describe_machine(), "sandwichc " + " ".join(map(shlex.quote, sys.argv[1:])),
+                                 args.count, files={str(p.relative_to(base)): p.stat().st_size
+                                                    for p in sorted(base.rglob("*")) if p.is_file()})
+    t0 = time.perf_counter()
+    with tqdm(total=len(plan), unit="corruption", desc="corrupt and check") as bar:
+        results = cb.run_corruptions(base, root / "work", plan, dims,
+                                     on_result=lambda r: bar.update())
+    report.seconds = time.perf_counter() - t0
+    cb.summarize(results, report)
+    cb.write_report(report, Path(args.md), Path(args.json_out))
+    print(", ".join(f"{o} {report.outcomes.get(o, 0)}" for o in cb.OUTCOMES))
+    print(f"wrote {args.md}, {args.json_out}")
+    return 1 if report.failures else 0
