@@ -32,21 +32,28 @@ def rope_spec(raw: dict[str, Any], *, head_dim: int, source: str) -> RopeSpec:
     params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
     if not isinstance(params, dict):
         raise ConfigError(f"{source}: rope_scaling must be an object or null, got {params!r}")
-    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind == "default":
+
+    def num(key: str, default=None, kind=float):
+        v = params.get(key, default)
+        if v is None:
+            raise ConfigError(f"{source}: {kind_name} rope_scaling lacks {key!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ConfigError(f"{source}: rope_scaling {key!r} must be a positive number, got {v!r}")
+        return kind(v)
+
+    kind_name = params.get("rope_type", params.get("type", "default"))
+    base = raw.get("rope_theta")
+    theta = num("rope_theta", 10000.0 if base is None else base)
+    if kind_name == "default":
         return RopeSpec(theta, head_dim)
-    if kind == "linear":
-        return RopeSpec(theta, head_dim, "linear", factor=float(params["factor"]))
-    if kind == "llama3":
-        try:
-            return RopeSpec(theta, head_dim, "llama3", factor=float(params["factor"]),
-                            low_freq_factor=float(params["low_freq_factor"]),
-                            high_freq_factor=float(params["high_freq_factor"]),
-                            original_max_position=int(params["original_max_position_embeddings"]))
-        except KeyError as e:
-            raise ConfigError(f"{source}: llama3 rope_scaling lacks {e.args[0]!r}") from None
-    raise ConfigError(f"{source}: rope_type {kind!r} is not supported (default, linear, llama3)")
+    if kind_name == "linear":
+        return RopeSpec(theta, head_dim, "linear", factor=num("factor"))
+    if kind_name == "llama3":
+        return RopeSpec(theta, head_dim, "llama3", factor=num("factor"),
+                        low_freq_factor=num("low_freq_factor"),
+                        high_freq_factor=num("high_freq_factor"),
+                        original_max_position=num("original_max_position_embeddings", kind=int))
+    raise ConfigError(f"{source}: rope_type {kind_name!r} is not supported (default, linear, llama3)")
 
 
 def inv_freq(spec: RopeSpec) -> np.ndarray:

@@ -100,7 +100,7 @@ def _positive_float(raw: dict[str, Any], key: str, source: str, default: float) 
 def parse_model_config(raw: dict[str, Any], *, source: str, name: str) -> ModelConfig:
     """Validate a config dict: Llama family, positive sizes, heads that divide evenly."""
     model_type = raw.get("model_type")
-    if model_type not in LLAMA_FAMILY:
+    if not isinstance(model_type, str) or model_type not in LLAMA_FAMILY:
         raise ConfigError(
             f"{source}: model_type {model_type!r} is not Llama-family (expected one of {sorted(LLAMA_FAMILY)})"
         )
