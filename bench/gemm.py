@@ -151,13 +151,13 @@ def run_bench(*, models: list[str], ms: list[int], tp: int, peer_names: list[str
     if passes < 1:
         raise ConfigError(f"--passes must be >= 1, got {passes}")
     bar = _NoProgress() if progress is None else progress  # a tqdm bar of total 0 is falsy
-    load0 = warn_if_busy("the benchmark", log)
     rows = [{"model": model, "op": "+".join(names), "m": m, "n": op.n, "k": op.k,
              "_op": op} for model, names, op, m in _cases(models, ms, tp)]
     rotated = {i: {k: r[k] for k in ("model", "op", "m", "n", "k")} for i, r in enumerate(rows)
                if rotate and r["m"] <= ROTATE_MAX_M}
     for op in {row["_op"] for row in rows}:  # a shape never tuned fails now, not minutes in
         cache.gemm(n=op.n, k=op.k, dtype=op.dtype, threads=threads)
+    load0 = warn_if_busy("the benchmark", log)  # samples the load for a while: after the checks
     per_runner = len(rows) + len(rotated)
     bar.total = 1 + passes * per_runner * (1 + len(peer_names))
     bar.set_description("machine peak and read bandwidth")
