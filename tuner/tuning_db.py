@@ -24,6 +24,11 @@ CREATE TABLE IF NOT EXISTS records (
     reused INTEGER NOT NULL DEFAULT 0, stable INTEGER NOT NULL DEFAULT 0, created REAL NOT NULL,
     PRIMARY KEY (fingerprint, n, k, dtype, threads, m_lo)
 );
+CREATE TABLE IF NOT EXISTS leases (
+    fingerprint TEXT NOT NULL, n INTEGER NOT NULL, k INTEGER NOT NULL, dtype TEXT NOT NULL,
+    threads INTEGER NOT NULL, owner TEXT NOT NULL, heartbeat REAL NOT NULL,
+    PRIMARY KEY (fingerprint, n, k, dtype, threads)
+);
 CREATE TABLE IF NOT EXISTS kernels (
     fingerprint TEXT NOT NULL, n INTEGER NOT NULL, k INTEGER NOT NULL, dtype TEXT NOT NULL,
     schedule_key TEXT NOT NULL, schedule TEXT NOT NULL, path TEXT NOT NULL, sha256 TEXT NOT NULL,
@@ -179,6 +184,29 @@ class TuningDB:
                 if bad is not None:
                     bad.append(f"kernel file row N={n} K={k} {p}: malformed schedule ({e})")
         return out
+
+    # -- leases: concurrent tuners split the shapes instead of each searching all of them --
+    def claim(self, key: tuple, owner: str, *, ttl_s: float) -> bool:
+        """Take the lease on one shape key (fingerprint, n, k, dtype, threads) unless a live
+        tuner holds it; a lease whose heartbeat is older than ttl_s belonged to a dead one."""
+        now = time.time()
+        with self._tx() as c:
+            row = c.execute("SELECT owner, heartbeat FROM leases WHERE fingerprint=? AND n=? AND "
+                            "k=? AND dtype=? AND threads=?", key).fetchone()
+            if row is not None and row[0] != owner and now - row[1] <= ttl_s:
+                return False
+            c.execute("INSERT OR REPLACE INTO leases VALUES (?,?,?,?,?,?,?)", (*key, owner, now))
+            return True
+
+    def renew(self, owner: str) -> None:
+        """Every lease `owner` holds is alive now (its heartbeat)."""
+        with self._tx() as c:
+            c.execute("UPDATE leases SET heartbeat=? WHERE owner=?", (time.time(), owner))
+
+    def release(self, key: tuple, owner: str) -> None:
+        with self._tx() as c:
+            c.execute("DELETE FROM leases WHERE fingerprint=? AND n=? AND k=? AND dtype=? AND "
+                      "threads=? AND owner=?", (*key, owner))
 
     def integrity_problems(self) -> list[str]:
         """SQLite's own full check (pages, and every index against its table)."""

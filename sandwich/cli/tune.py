@@ -77,19 +77,17 @@ def cmd_info(args) -> int:
 
 
 def tune_shapes(shapes, *, seq_max: int, threads: int, budget, cache, progress: bool = True):
-    """Tune each (names, op) over M in [1, seq_max] with a progress bar; the OpReports."""
+    """Tune each (names, op) over M in [1, seq_max] with a progress bar, sharing the work
+    with other tuners of the same cache; the OpReports."""
     from tqdm import tqdm
 
-    from sandwich.tuner.tune import tune_op
+    from sandwich.tuner.shared_tuning import tune_shared
 
-    reports = []
     with tqdm(total=len(shapes) * len(budget.m_samples(seq_max)), unit="M",
               disable=not progress, dynamic_ncols=True) as bar:
-        for names, op in shapes:
-            bar.set_description(f"{'+'.join(names)} {op.n}x{op.k}")
-            reports.append(tune_op(names=names, op=op, seq_max=seq_max, threads=threads,
-                                   budget=budget, cache=cache, on_step=bar.update))
-    return reports
+        return tune_shared(shapes, seq_max=seq_max, threads=threads, budget=budget, cache=cache,
+                           on_step=bar.update, on_shape=lambda names, op: bar.set_description(
+                               f"{'+'.join(names)} {op.n}x{op.k}"))
 
 
 def cmd_tune(args) -> int:

@@ -1,0 +1,80 @@
+"""Concurrent tuners split the shapes through leases in the tuning database (issue 24):
+a shape leased by a live tuner is skipped and come back to; a dead tuner's lease expires.
+The search itself is replaced by a recorder: no kernel is compiled."""
+
+import time
+
+import pytest
+
+from sandwich.tuner import shared_tuning
+from sandwich.tuner.budget import get_budget
+from sandwich.tuner.tuning_db import TuningDB
+from sandwich.types import GemmOp
+
+KEY = ("fp", 64, 64, "float32", 1)
+
+
+def test_a_lease_is_exclusive_until_released_or_expired(tmp_path):
+    db = TuningDB(tmp_path / "t.sqlite")
+    assert db.claim(KEY, "a", ttl_s=30) and db.claim(KEY, "a", ttl_s=30)  # re-entrant
+    assert not db.claim(KEY, "b", ttl_s=30)
+    db.release(KEY, "b")  # not b's to release
+    assert not db.claim(KEY, "b", ttl_s=30)
+    db.release(KEY, "a")
+    assert db.claim(KEY, "b", ttl_s=30)
+    db.conn.execute("UPDATE leases SET heartbeat = ?", (time.time() - 60,))  # b died
+    assert db.claim(KEY, "c", ttl_s=30)
+    db.renew("c")
+    assert not db.claim(KEY, "a", ttl_s=30)
+
+
+class _Cache:
+    """What tune_shared needs of a KernelCache."""
+
+    def __init__(self, db):
+        self.db, self.fingerprint = db, "fp"
+
+    def kernel_n(self, n):
+        return n
+
+
+def test_a_shape_another_tuner_holds_is_done_last(tmp_path, monkeypatch):
+    db = TuningDB(tmp_path / "t.sqlite")
+    shapes = [(["a"], GemmOp("a", 128, 64)), (["b"], GemmOp("b", 64, 64))]  # a is larger: first
+    order = []
+    monkeypatch.setattr(shared_tuning, "tune_op",
+                        lambda *, names, **kw: order.append(names[0]) or names[0])
+    db.claim(("fp", 128, 64, "float32", 1), "other", ttl_s=30)  # a live tuner has shape a
+
+    def sleep(_):  # while we wait, the other tuner finishes
+        db.release(("fp", 128, 64, "float32", 1), "other")
+
+    out = shared_tuning.tune_shared(shapes, seq_max=8, threads=1, budget=get_budget("tiny"),
+                                    cache=_Cache(db), sleep=sleep)
+    assert order == ["b", "a"] and out == ["a", "b"]  # reports in the shapes' order
+    assert db.conn.execute("SELECT count(*) FROM leases").fetchone() == (0,)
+
+
+def test_a_dead_tuners_lease_is_taken_over(tmp_path, monkeypatch):
+    db = TuningDB(tmp_path / "t.sqlite")
+    monkeypatch.setattr(shared_tuning, "tune_op", lambda *, names, **kw: names[0])
+    db.claim(("fp", 64, 64, "float32", 1), "dead", ttl_s=30)
+    db.conn.execute("UPDATE leases SET heartbeat = ?", (time.time() - 120,))
+    slept = []
+    out = shared_tuning.tune_shared([(["a"], GemmOp("a", 64, 64))], seq_max=8, threads=1,
+                                    budget=get_budget("tiny"), cache=_Cache(db),
+                                    sleep=slept.append)
+    assert out == ["a"] and slept == []
+
+
+def test_a_failed_search_gives_its_lease_back(tmp_path, monkeypatch):
+    db = TuningDB(tmp_path / "t.sqlite")
+
+    def boom(**kw):
+        raise RuntimeError("search failed")
+
+    monkeypatch.setattr(shared_tuning, "tune_op", boom)
+    with pytest.raises(RuntimeError):
+        shared_tuning.tune_shared([(["a"], GemmOp("a", 64, 64))], seq_max=8, threads=1,
+                                  budget=get_budget("tiny"), cache=_Cache(db))
+    assert db.conn.execute("SELECT count(*) FROM leases").fetchone() == (0,)
