@@ -219,32 +219,41 @@ def test_an_n_that_is_not_whole_vectors_runs_on_the_padded_kernel(tuned):
         gemm(a, wp, out=np.empty((4, N), np.float32))
 
 
-def _damage(db: Path, m_lo: int, edit) -> None:
-    """Rewrite the stored schedule JSON of one record (as a flipped bit in the file would)."""
+def _damage(db: Path, m_lo: int, edit, *, legacy: bool) -> None:
+    """Rewrite the stored schedule JSON of one record (as a flipped bit in the file would);
+    `legacy` also drops its checksum, as in a cache written before records carried one."""
     con = sqlite3.connect(db)
     (text,) = con.execute("SELECT schedule FROM records WHERE m_lo = ?", (m_lo,)).fetchone()
     con.execute("UPDATE records SET schedule = ? WHERE m_lo = ?", (edit(text), m_lo))
+    if legacy:
+        con.execute("UPDATE records SET digest = NULL WHERE m_lo = ?", (m_lo,))
     con.commit()
     con.close()
 
 
-@pytest.mark.parametrize("edit, says", [
-    (lambda t: t.replace('"b_m": ', '"b_m": -', 1).replace("--", "-"), "positive|multiple"),
-    (lambda t: t.replace('"b_k": ', '"b_k": -', 1).replace("--", "-"), "positive"),
-    (lambda t: t.replace('"b_m": ', '"b_m": 0*', 1), "malformed"),
-    (lambda t: t[: len(t) // 2], "malformed"),
+NEGATIVE_B_M = lambda t: t.replace('"b_m": ', '"b_m": -', 1).replace("--", "-")  # noqa: E731
+
+
+@pytest.mark.parametrize("edit, legacy, says", [
+    (NEGATIVE_B_M, False, "checksum"),
+    (NEGATIVE_B_M, True, "positive|multiple"),
+    (lambda t: t.replace('"b_k": ', '"b_k": -', 1).replace("--", "-"), True, "positive"),
+    (lambda t: t.replace('"b_m": ', '"b_m": 0*', 1), True, "malformed"),
+    (lambda t: t[: len(t) // 2], True, "malformed"),
 ])
-def test_a_damaged_record_is_reported_skipped_and_retuned_never_run(tuned, tmp_path, edit, says):
+def test_a_damaged_record_is_reported_skipped_and_retuned_never_run(tuned, tmp_path, edit,
+                                                                    legacy, says):
     """Issue 24, item 1: `"b_m": 0` passed every check and the first GEMM call died with
-    SIGFPE; `b_k = -16` gave a relative error of 2e35. Now the record is reported by verify,
-    left out at load (the M range below serves), and tuned again by the next tune."""
+    SIGFPE; `b_k = -16` gave a relative error of 2e35. Now the record fails its checksum (or,
+    in a cache from before checksums, the schedule checks), is reported by verify, left out
+    at load (the M range below serves), and tuned again by the next tune."""
     import json
     import re
 
     d = tmp_path / "cache"
     shutil.copytree(tuned[0], d)
     victim = get_budget("tiny").m_samples(SEQ)[1]
-    _damage(d / "tuning.sqlite", victim, edit)
+    _damage(d / "tuning.sqlite", victim, edit, legacy=legacy)
     cache = KernelCache(d)
     problems = cache.verify()
     assert len(problems) == 1 and f"M>={victim}" in problems[0] and re.search(says, problems[0])
@@ -336,3 +345,35 @@ def test_single_byte_corruptions_never_crash_or_compute_wrong(tuned, tmp_path):
     outcomes = {r["outcome"] for r in results}
     assert len(results) == 60 and outcomes <= {"harmless", "reported"}, \
         [r for r in results if r["outcome"] not in ("harmless", "reported")]
+
+
+def test_undecodable_schema_text_is_a_cache_error(tuned, tmp_path):
+    """Issue 24, item 3: two of forty corrupted SQLite files raised UnicodeDecodeError at
+    `PRAGMA journal_mode` (SQLite's own message quoted the damaged schema text)."""
+    d = tmp_path / "cache"
+    shutil.copytree(tuned[0], d)
+    KernelCache(d).db.checkpoint()
+    db = d / "tuning.sqlite"
+    data = bytearray(db.read_bytes())
+    at = data.index(b"CREATE TABLE records")
+    data[at + 7] = 0xA3  # "CREATE \xa3ABLE": not UTF-8, not SQL
+    db.write_bytes(bytes(data))
+    with pytest.raises(CacheError, match="unreadable"):
+        KernelCache(d)
+
+
+def test_a_cache_from_before_record_checksums_is_upgraded_in_place(tuned, tmp_path):
+    """Its records (no digest column) stay usable; new ones carry a checksum."""
+    d = tmp_path / "cache"
+    shutil.copytree(tuned[0], d)
+    con = sqlite3.connect(d / "tuning.sqlite")
+    con.execute("ALTER TABLE records DROP COLUMN digest")
+    con.commit()
+    con.close()
+    cache = KernelCache(d)
+    assert cache.verify() == [] and len(cache.records(N, K)) == len(get_budget("tiny").m_samples(SEQ))
+    rec = cache.records(N, K)[0]
+    cache.db.put_record(rec.record, threads=rec.threads)
+    digests = sqlite3.connect(d / "tuning.sqlite").execute(
+        "SELECT count(digest) FROM records").fetchone()
+    assert digests == (1,)

@@ -22,6 +22,7 @@ CREATE TABLE IF NOT EXISTS records (
     dtype TEXT NOT NULL, threads INTEGER NOT NULL, m_lo INTEGER NOT NULL, m_hi INTEGER NOT NULL,
     schedule TEXT NOT NULL, gflops REAL NOT NULL, trials INTEGER NOT NULL, seconds REAL NOT NULL,
     reused INTEGER NOT NULL DEFAULT 0, stable INTEGER NOT NULL DEFAULT 0, created REAL NOT NULL,
+    digest TEXT,
     PRIMARY KEY (fingerprint, n, k, dtype, threads, m_lo)
 );
 CREATE TABLE IF NOT EXISTS leases (
@@ -60,6 +61,16 @@ class StoredRecord:
     stable: bool = False
 
 
+def record_digest(fields: tuple) -> str:
+    """Checksum of a record's stored fields (canonical JSON): a flipped bit that still reads
+    as a plausible record (another M range, another slice) is caught, not used."""
+    import hashlib
+    import json
+
+    text = json.dumps(list(fields), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 class TuningDB:
     """One SQLite file; every write is one short transaction so a killed tuner loses nothing
     that was committed. Safe to share between threads (a server loads kernels lazily on its
@@ -77,6 +88,9 @@ class TuningDB:
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA busy_timeout=60000")
             self.conn.executescript(_SCHEMA)
+            columns = {r[1] for r in self.conn.execute("PRAGMA table_info(records)")}
+            if "digest" not in columns:  # a cache written before records carried a checksum
+                self.conn.execute("ALTER TABLE records ADD COLUMN digest TEXT")
         except _DB_ERRORS as e:
             raise CacheError(f"cache database {path} is unreadable ({e}); move it away or run "
                              f"`sandwichc cache clear` to start a new cache") from None
@@ -112,10 +126,13 @@ class TuningDB:
                    stable: bool = False) -> None:
         with self._tx() as c:
             c.execute(
-                "INSERT OR REPLACE INTO records VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (rec.target_fingerprint, rec.op, rec.n, rec.k, rec.dtype, threads, rec.m_lo,
-                 rec.m_hi, rec.schedule.to_json(), rec.gflops, rec.trials, rec.seconds,
-                 int(reused), int(stable), time.time()),
+                "INSERT OR REPLACE INTO records (fingerprint, op, n, k, dtype, threads, m_lo, "
+                "m_hi, schedule, gflops, trials, seconds, reused, stable, created, digest) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (*(fields := (rec.target_fingerprint, rec.op, rec.n, rec.k, rec.dtype, threads,
+                              rec.m_lo, rec.m_hi, rec.schedule.to_json(), rec.gflops, rec.trials,
+                              rec.seconds, int(reused), int(stable))), time.time(),
+                 record_digest(fields)),
             )
 
     def delete_records(self, fingerprint: str, n: int, k: int, dtype: str, threads: int) -> None:
@@ -137,13 +154,18 @@ class TuningDB:
                 where.append(f"{col} = ?")
                 args.append(val)
         sql = "SELECT fingerprint, op, n, k, dtype, threads, m_lo, m_hi, schedule, gflops, " \
-              "trials, seconds, reused, stable FROM records"
+              "trials, seconds, reused, stable, digest FROM records"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY n, k, threads, m_lo"
         out = []
         for row in self._query(sql, tuple(args)):
-            fp, op, n_, k_, dt, thr, lo, hi, sched, g, trials, secs, reused, stable = row
+            fp, op, n_, k_, dt, thr, lo, hi, sched, g, trials, secs, reused, stable, digest = row
+            if digest is not None and digest != record_digest(row[:-1]):
+                if bad is not None:
+                    bad.append(f"record N={n_} K={k_} threads={thr} M>={lo}: does not match its "
+                               f"checksum (altered)")
+                continue
             try:
                 schedule = KernelSchedule.from_json(sched)
             except (ValueError, TypeError, KeyError, AttributeError) as e:
