@@ -27,3 +27,8 @@ class DSLError(SandwichError):
 
 class TopologyError(SandwichError):
     """A CPU topology description is missing, inconsistent or asymmetric."""
+
+
+class ConfigWarning(UserWarning):
+    """Something in a user's input that is probably a mistake but not an error (the CLI
+    prints it as one `sandwichc: warning:` line)."""

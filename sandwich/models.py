@@ -97,8 +97,33 @@ def _positive_float(raw: dict[str, Any], key: str, source: str, default: float) 
     return float(v)
 
 
+# the keys the parser reads: an absent one whose near-spelling is present was probably
+# mistyped (HF configs carry many keys we do not read, so only near misses are reported)
+READ_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_attention_heads",
+             "num_key_value_heads", "num_hidden_layers", "vocab_size", "head_dim",
+             "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
+             "rope_parameters", "tie_word_embeddings")
+
+
+def _warn_near_misses(raw: dict[str, Any], source: str) -> None:
+    import difflib
+    import warnings
+
+    from sandwich.errors import ConfigWarning
+
+    for key in raw:
+        if not isinstance(key, str) or key in READ_KEYS:
+            continue
+        close = [k for k in difflib.get_close_matches(key, READ_KEYS, n=1, cutoff=0.85)
+                 if k not in raw]
+        if close:
+            warnings.warn(ConfigWarning(f"{source}: unknown key {key!r} is ignored; did you "
+                                        f"mean {close[0]!r}?"), stacklevel=3)
+
+
 def parse_model_config(raw: dict[str, Any], *, source: str, name: str) -> ModelConfig:
     """Validate a config dict: Llama family, positive sizes, heads that divide evenly."""
+    _warn_near_misses(raw, source)
     model_type = raw.get("model_type")
     if not isinstance(model_type, str) or model_type not in LLAMA_FAMILY:
         raise ConfigError(

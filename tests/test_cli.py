@@ -198,3 +198,19 @@ def test_a_seq_max_whose_buffers_do_not_fit_is_refused_before_allocating():
     check_fits(768, 768, 2048, 2)
     with pytest.raises(ConfigError, match="lower --seq-max"):
         check_fits(2304, 768, 100_000_000, 2)
+
+
+def test_a_mistyped_config_key_is_one_warning_line(tmp_path, capsys):
+    """Issue 24, item 3: keys the parser would read, spelled almost right, are named."""
+    from sandwich.cli import main
+
+    raw = dict(TINY)
+    raw["rms_norm_epsilon"] = 1e-5
+    raw["architectures"] = ["LlamaForCausalLM"]  # a key HF writes and we do not read: silent
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(raw))
+    assert main(["tune", "--model", str(f), "--ops", "nope", "--cache-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == (f"sandwichc: warning: {f}: unknown key 'rms_norm_epsilon' is ignored; "
+                      f"did you mean 'rms_norm_eps'?")
+    assert len(err) == 2 and err[1].startswith("sandwichc: error: unknown --ops")

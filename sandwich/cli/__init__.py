@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings as _warnings
+
+_python_showwarning = _warnings.showwarning
 
 
 def _threads_from_argv(argv: list[str]) -> int | None:
@@ -55,8 +58,22 @@ def check_numbers(args: argparse.Namespace) -> None:
             raise ConfigError(f"--{key.replace('_', '-')} must be >= 1, got {v}")
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Our own warnings as one line each; everyone else's as Python prints them."""
+    from sandwich.errors import ConfigWarning
+
+    if issubclass(category, ConfigWarning):
+        print(f"sandwichc: warning: {message}", file=sys.stderr)
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
+
+
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
     from sandwich.errors import SandwichError
+
+    warnings.showwarning = _show_warning
 
     argv = list(sys.argv[1:] if argv is None else argv)
     _set_thread_env(argv)
