@@ -84,7 +84,9 @@ class Executor:
         self.ops = make_ops(ops, model, max_tokens=t, max_batch=max_batch, max_seq=max_seq,
                             threads=threads)
         self.scale = float(d) ** -0.5
-        self._bound: dict[tuple[int, str, int], Callable[[], object]] = {}  # see _run
+        self._bound: dict[tuple[bool, int, str, int], Callable[[], object]] = {}  # see _run
+        self._decode = False  # whether the forward pass running is a decode step
+        self._gemms = model.gemms
 
     # -- public API ----------------------------------------------------------------------
     def addresses(self) -> dict[str, int]:
@@ -165,6 +167,10 @@ class Executor:
         for _, start, n in segments:
             pos[t0: t0 + n] = np.arange(start, start + n)
             t0 += n
+        # a decode step (one token per sequence) runs decode's kernels when it has its own
+        self._decode = all(n == 1 for _, _, n in segments)
+        self._gemms = (self.model.decode_gemms if self._decode and self.model.decode_gemms
+                       else self.model.gemms)
         x = b["x"][:n_tok]
         np.take(self.model.embed, ids, axis=0, out=x)
         for layer in range(self.cfg.num_hidden_layers):
@@ -174,7 +180,7 @@ class Executor:
         return self._head(segments)
 
     def _layer(self, layer: int, segments: Sequence[Segment], n_tok: int, pos: np.ndarray) -> None:
-        b, ops, g = self.buffers, self.ops, self.model.gemms
+        b, ops, g = self.buffers, self.ops, self._gemms
         w = self.model.layers[layer]
         eps, d = self.cfg.rms_norm_eps, self.cfg.head_dim
         x, h, qkv = b["x"][:n_tok], b["h"][:n_tok], b["qkv"][:n_tok]
@@ -211,7 +217,7 @@ class Executor:
         buffer prefixes, so for n_tok <= max_batch each is bound once (arguments checked and
         wrapped, which costs more than a one-row kernel) and replayed; a prefill chunk's calls
         are bound and run afresh."""
-        key = (layer, site, n_tok)
+        key = (self._decode, layer, site, n_tok)
         call = self._bound.get(key)
         if call is None:
             call = bind()
@@ -230,6 +236,6 @@ class Executor:
             last[i] = b["x"][t0 - 1]
         self._run(-1, "norm", s, lambda: self.ops.bind("rmsnorm", last, self.model.norm,
                                                        self.cfg.rms_norm_eps, out=normed))
-        self._run(-1, "lm_head", s, lambda: self.model.gemms.lm_head.bind(normed, self.model.lm_head,
-                                                                          logits))
+        self._run(-1, "lm_head", s, lambda: self._gemms.lm_head.bind(normed, self.model.lm_head,
+                                                                     logits))
         return logits if self.gather is None else self.gather(logits)

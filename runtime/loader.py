@@ -53,7 +53,8 @@ class LlamaModel:
     layers: tuple[LayerWeights, ...]
     norm: np.ndarray
     lm_head: PackedWeight  # K=hidden, N=vocab (the embedding when tied)
-    gemms: ModelGemms
+    gemms: ModelGemms  # prefill's (and decode's when it has none of its own)
+    decode_gemms: ModelGemms | None = None  # tuned for decode's thread count, same layouts
 
 
 def open_checkpoint(model: str | Path) -> tuple[ModelConfig, RopeSpec, Checkpoint | GGUFCheckpoint]:
@@ -126,12 +127,29 @@ class WeightReader:
         return self.ckpt.get(name).to_f32()
 
 
-def load_model(model: str | Path, cache: KernelCache, *, threads: int | None = None) -> LlamaModel:
+def load_model(model: str | Path, cache: KernelCache, *, threads: int | None = None,
+               decode_threads: int | None = None) -> LlamaModel:
     """Read the config and the weights (HF directory or GGUF file), fuse and pack every
-    projection once."""
+    projection once. With `decode_threads` other than `threads`, decode gets the kernels
+    tuned for its own thread count (Sandwich: each phase its own kernel collection)."""
     cfg, rope, ckpt = open_checkpoint(model)
     read = WeightReader(ckpt, cfg)  # checkpoint errors before kernel lookups
-    return pack_model(read, cfg, rope, model_gemms(cfg, cache, threads=threads))
+    gemms = model_gemms(cfg, cache, threads=threads)
+    decode = None
+    if decode_threads is not None and decode_threads != threads:
+        decode = model_gemms(cfg, cache, threads=decode_threads)
+        check_same_layouts(gemms, decode)
+    return replace(pack_model(read, cfg, rope, gemms), decode_gemms=decode)
+
+
+def check_same_layouts(a: ModelGemms, b: ModelGemms) -> None:
+    """Both phases read one copy of the packed weights: their kernels must share a layout."""
+    for name in ("qkv", "o", "gate_up", "down", "lm_head"):
+        ga, gb = getattr(a, name), getattr(b, name)
+        if ga.pack_n != gb.pack_n:
+            raise ConfigError(f"{name} (N={ga.n_out} K={ga.k}): the kernels tuned for the two "
+                              f"phases' thread counts pack the weights differently ({ga.pack_n} "
+                              f"vs {gb.pack_n}); tune both again")
 
 
 def pack_model(read: WeightReader, cfg: ModelConfig, rope: RopeSpec, gemms: ModelGemms, *,

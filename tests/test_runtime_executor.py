@@ -217,3 +217,67 @@ def test_dsl_ops_refuse_misaligned_buffers(llama160m):
     x = np.zeros(769, np.float32)[1:].reshape(1, 768)  # 4 bytes off any 64-byte boundary
     with pytest.raises(ShapeError, match="64-byte aligned"):
         ex.ops.rmsnorm(x, model.norm, 1e-5, out=ex.buffers["h"][:1])
+
+
+@pytest.fixture(scope="module")
+def small_two_thread_counts(tmp_path_factory, cache):
+    """A small llama tuned for 2 threads and for 1 (prefill's and decode's counts)."""
+    return tuned_checkpoint(tmp_path_factory, cache, "llama-160m", tp_threads=((1, 2), (1, 1)),
+                            hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                            num_key_value_heads=4, vocab_size=512)
+
+
+def test_decode_runs_the_kernels_tuned_for_its_own_thread_count(small_two_thread_counts, cache,
+                                                                monkeypatch):
+    """Issue 25: with a decode thread count other than prefill's, decode steps run the kernel
+    collection tuned for decode's count, prefill its own, on one copy of the packed weights."""
+    d = small_two_thread_counts
+    model = load_model(d, cache, threads=2, decode_threads=1)
+    assert model.gemms.qkv.threads == 2 and model.decode_gemms.qkv.threads == 1
+    calls = []
+    for which, gemms in (("prefill", model.gemms), ("decode", model.decode_gemms)):
+        for name in ("qkv", "o", "gate_up", "down", "lm_head"):
+            kernel = getattr(gemms, name)
+            monkeypatch.setattr(kernel, "bind", lambda *a, _b=kernel.bind, _w=which:
+                                calls.append(_w) or _b(*a))
+    ex = Executor(model, max_batch=2, max_seq=32, ops="numpy", threads=2)
+    ref = Executor(load_model(d, cache, threads=2), max_batch=2, max_seq=32, ops="numpy", threads=2)
+    prompt = [1, 5, 9, 200, 17]
+    slot, first = ex.start(prompt)
+    first = first.copy()  # a view of the permanent logits buffer, which decode rewrites
+    assert set(calls) == {"prefill"}
+    calls.clear()
+    out = ex.decode([slot], [7])[0]
+    layers = model.config.num_hidden_layers
+    assert calls == ["decode"] * (4 * layers + 1)  # qkv, o, gate_up, down per layer; lm_head
+    rslot, rfirst = ref.start(prompt)
+    np.testing.assert_array_equal(first, rfirst)  # the same prefill kernels
+    assert _rel(out, ref.decode([rslot], [7])[0]) < 1e-4  # other kernels, same numbers
+
+
+def test_generate_with_per_phase_thread_counts_emits_the_same_tokens(small_two_thread_counts,
+                                                                      cache, tmp_path):
+    """Issue 25: `generate --prefill-config (2 threads) --decode-config (1 thread)` runs each
+    phase on its own kernels and emits the greedy tokens of the one-set run."""
+    import subprocess
+    import sys
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    pre, dec = tmp_path / "pre.json", tmp_path / "dec.json"
+    pre.write_text(json.dumps({"phase": "prefill", "processes": [{"cpus": cpus[:2]}],
+                               "threads_per_process": 2}))
+    dec.write_text(json.dumps({"phase": "decode", "processes": [{"cpus": cpus[:1]}],
+                               "threads_per_process": 1}))
+    base = [sys.executable, "-m", "sandwich.cli", "generate", "--model",
+            str(small_two_thread_counts), "--prompt-ids", "1,5,9,200", "--max-new-tokens", "6",
+            "--cache-dir", str(cache.dir), "--no-tune", "--json", "--ops", "numpy",
+            "--threads", "2"]  # a process of its own: the phases pin every thread of it
+
+    def ids(*extra):
+        r = subprocess.run(base + list(extra), capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)["ids"]
+
+    assert ids("--prefill-config", str(pre), "--decode-config", str(dec)) == ids()

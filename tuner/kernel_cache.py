@@ -224,6 +224,7 @@ class GemmKernel:
                  records: list[StoredRecord], n_out: int | None = None) -> None:
         self.cache, self.n, self.k, self.dtype = cache, n, k, dtype
         self.n_out = n if n_out is None else n_out
+        self.threads = records[0].threads if records else 0  # what its records were tuned for
         recs = sorted(records, key=lambda r: r.record.m_lo)
         self.m_los = [r.record.m_lo for r in recs]
         self.schedules = [r.record.schedule for r in recs]

@@ -85,7 +85,7 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
                    help="budget of the tuning on first use (default quick: a few minutes)")
 
 
-def _ensure_tuned(args, cache, threads: int) -> None:
+def _ensure_tuned(args, cache, threads: int, *, exact: bool = False) -> None:
     """Tune, on first use, the model's GEMMs that the cache lacks (M up to 2048 or the
     model's context), so a new model's first command produces text."""
     from sandwich.cli.tune import tune_shapes
@@ -99,7 +99,9 @@ def _ensure_tuned(args, cache, threads: int) -> None:
     cfg = load_model_config(args.model)
     seq_max = min(2048, cfg.max_position_embeddings)
     shapes = unique_shapes(make_payload(cfg, tp=1, seq_max=seq_max))
-    missing = [(names, op) for names, op in shapes if not cache.records(op.n, op.k, op.dtype)]
+    have = threads if exact else None  # exact: records for this thread count, not any
+    missing = [(names, op) for names, op in shapes
+               if not cache.records(op.n, op.k, op.dtype, have)]
     if missing:
         print(f"tuning {len(missing)} GEMM shape(s) of {cfg.name} for this machine on first use "
               f"({args.tune_budget} budget; --no-tune to refuse)", file=sys.stderr)
@@ -199,9 +201,15 @@ def _engine(args, *, max_batch: int, max_seq: int, clock=None):
             load_service_config(args.prefill_config, "prefill") if args.prefill_config else None,
             load_service_config(args.decode_config, "decode") if args.decode_config else None)
         threads = args.threads or len(os.sched_getaffinity(0))
-        _ensure_tuned(args, cache, threads)
-        ex = Executor(load_model(args.model, cache), max_batch=max_batch, max_seq=max_seq,
-                      ops=args.ops, threads=threads)
+        # each phase runs the kernels tuned for its own thread count once a service
+        # configuration sets one; without any, the cache's most-tuned thread count serves both
+        per_phase = args.prefill_config or args.decode_config
+        pre, dec = (phases.plans[p].threads for p in ("prefill", "decode"))
+        for t in sorted({pre, dec} if per_phase else {threads}):
+            _ensure_tuned(args, cache, t, exact=bool(per_phase))
+        model = (load_model(args.model, cache, threads=pre, decode_threads=dec) if per_phase
+                 else load_model(args.model, cache))
+        ex = Executor(model, max_batch=max_batch, max_seq=max_seq, ops=args.ops, threads=threads)
     engine = Engine(ex, phases=phases, clock=clock or time.perf_counter)
     if not args.no_warmup:
         engine.warm_up()
