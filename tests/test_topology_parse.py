@@ -151,3 +151,57 @@ def test_live_machine_parses():
     tree = load_tree()
     s = summary(tree)
     assert s["pus"] >= 1 and s["levels"][-1] == {"kind": "pu", "count": s["pus"]}
+
+
+def _tree_levels(root):
+    return levels(build_tree(parse_sysfs(root)))
+
+
+@pytest.mark.parametrize("name", ["kunpeng-4s", "xeon-2s"])
+def test_rule_trailing_padding(tmp_path, name):
+    """Issue 27, rule trailing-padding: real dumps end cpu lists in NULs and spaces
+    (a 128-core ARM server's read "0\\n\\x00" and was refused as a bad cpu list)."""
+    root = F.write_sysfs(F.MACHINES[name], tmp_path / name)
+    want = _tree_levels(root)
+    for f in (root / "sys").rglob("*"):
+        if f.is_file():
+            f.write_bytes(f.read_bytes() + b"\x00 \x00")
+    assert _tree_levels(root) == want
+
+
+@pytest.mark.parametrize("name", ["kunpeng-4s", "xeon-2s"])
+def test_rule_mask_instead_of_list(tmp_path, name):
+    """Issue 27, rule mask-instead-of-list: an older kernel writes only the hex masks (a
+    16-thread 4-socket Xeon was refused: missing thread_siblings_list)."""
+    from sandwich.topology.cpulist import parse_cpulist
+
+    root = F.write_sysfs(F.MACHINES[name], tmp_path / name)
+    want = _tree_levels(root)
+    masks = {"core_cpus_list": None, "thread_siblings_list": "thread_siblings",
+             "cluster_cpus_list": "cluster_cpus", "shared_cpu_list": "shared_cpu_map",
+             "cpulist": "cpumap"}
+    for f in list((root / "sys").rglob("*")):
+        if f.name in masks:
+            cpus = parse_cpulist(f.read_text(), source=str(f))
+            if masks[f.name]:
+                value, words = sum(1 << c for c in cpus), []
+                while True:
+                    words.append(f"{value & 0xFFFFFFFF:08x}")
+                    value >>= 32
+                    if not value:
+                        break
+                (f.parent / masks[f.name]).write_text(",".join(reversed(words)) + "\n")
+            f.unlink()
+    assert _tree_levels(root) == want
+
+
+def test_a_bad_mask_names_its_file(tmp_path):
+    from sandwich.errors import TopologyError
+
+    root = F.write_sysfs(F.MACHINES["desktop-8c"], tmp_path / "d")
+    f = root / "sys/devices/system/cpu/cpu0/topology/core_cpus_list"
+    f.unlink()
+    (f.parent / "thread_siblings_list").unlink()
+    (f.parent / "thread_siblings").write_text("zz,00000003\n")
+    with pytest.raises(TopologyError, match="thread_siblings: bad cpu mask"):
+        parse_sysfs(root)

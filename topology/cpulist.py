@@ -27,6 +27,17 @@ def parse_cpulist(text: str, *, source: str) -> frozenset[int]:
     return frozenset(cpus)
 
 
+def parse_cpumask(text: str, *, source: str) -> frozenset[int]:
+    """A Linux sysfs mask (`thread_siblings`, `shared_cpu_map`): comma-separated 32-bit hex
+    words, most significant first, without `0x` ("00000000,0000ff00")."""
+    words = [w.strip() for w in text.strip().split(",")]
+    if not words or not all(w and len(w) <= 8 and all(c in "0123456789abcdefABCDEF" for c in w)
+                            for w in words):
+        raise TopologyError(f"{source}: bad cpu mask {text!r}; expected hex words like "
+                            f"'00000000,0000ffff'")
+    return parse_hwloc_cpuset(text, source=source)
+
+
 def format_cpulist(cpus: Iterable[int]) -> str:
     """{0,1,2,3,8} -> '0-3,8' (the inverse of parse_cpulist)."""
     ids = sorted(set(cpus))

@@ -6,12 +6,26 @@ import re
 from pathlib import Path
 
 from sandwich.errors import TopologyError
-from sandwich.topology.cpulist import parse_cpulist
+from sandwich.topology.cpulist import parse_cpulist, parse_cpumask
 from sandwich.topology.raw import RawTopology, make_raw
 
 CPU_DIR = "sys/devices/system/cpu"
 NODE_DIR = "sys/devices/system/node"
 _HINT = "point --sysfs-root at a directory laid out like / (sys/devices/system/cpu/...)"
+
+# What real sysfs dumps do that a tidy one does not; each tolerance is one named rule.
+RULES = {
+    "trailing-padding": "a file's text ends in NUL bytes, spaces or newlines after its value "
+                        "(seen in dumps of a 128-core ARM server); they are dropped",
+    "mask-instead-of-list": "a kernel without the `*_list` files has only the hex masks "
+                            "(`thread_siblings`, `core_siblings`, `shared_cpu_map`, node `cpumap`: "
+                            "32-bit words, most significant first); the mask is read instead",
+}
+_PADDING = "\x00 \t\n"  # rule trailing-padding
+# list file -> the mask file older kernels write instead (rule mask-instead-of-list)
+_MASK_OF = {"core_cpus_list": "core_cpus", "thread_siblings_list": "thread_siblings",
+            "cluster_cpus_list": "cluster_cpus", "shared_cpu_list": "shared_cpu_map",
+            "cpulist": "cpumap"}
 
 
 def parse_sysfs(root: str | Path = "/") -> RawTopology:
@@ -29,10 +43,10 @@ def parse_sysfs(root: str | Path = "/") -> RawTopology:
         topo = f"{CPU_DIR}/cpu{cpu}/topology"
         keys["package"][cpu] = int(_read(root, f"{topo}/physical_package_id", source))
         core_file = f"{topo}/core_cpus_list"
-        if not (root / core_file).exists():
+        if not _has_cpus(root, core_file):
             core_file = f"{topo}/thread_siblings_list"  # kernels before 5.9
         keys["core"][cpu] = _read_list(root, core_file, source)
-        if (root / f"{topo}/cluster_cpus_list").exists():
+        if _has_cpus(root, f"{topo}/cluster_cpus_list"):
             keys["cluster"][cpu] = _read_list(root, f"{topo}/cluster_cpus_list", source)
         for level, shared, size in _caches(root, cpu, source):
             keys[f"l{level}"][cpu] = shared
@@ -70,7 +84,7 @@ def _online(root: Path, source: str) -> frozenset[int]:
 
 def _is_online(cpu_path: Path) -> bool:
     flag = cpu_path / "online"
-    return not flag.exists() or flag.read_text().strip() == "1"
+    return not flag.exists() or flag.read_text(errors="replace").strip(_PADDING) == "1"
 
 
 def _caches(root: Path, cpu: int, source: str) -> list[tuple[int, frozenset[int], int]]:
@@ -87,7 +101,7 @@ def _caches(root: Path, cpu: int, source: str) -> list[tuple[int, frozenset[int]
             continue
         shared = _read_list(root, f"{rel}/shared_cpu_list", source)
         size_file = index / "size"
-        size = _size(size_file.read_text().strip(), f"{source}: {rel}/size") if size_file.exists() else 0
+        size = _size(_read(root, f"{rel}/size", source), f"{source}: {rel}/size") if size_file.exists() else 0
         out.append((level, shared, size))
     return out
 
@@ -131,10 +145,29 @@ def _read(root: Path, rel: str, source: str) -> str:
     path = root / rel
     if not path.exists():
         raise TopologyError(f"{source}: missing {rel}; {_HINT}")
-    return path.read_text().strip()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TopologyError(f"{source}: cannot read {rel} as text ({e})") from None
+    return text.strip(_PADDING)  # rule trailing-padding (and leading, for symmetry)
+
+
+def _mask_file(rel: str) -> str | None:
+    head, _, name = rel.rpartition("/")
+    mask = _MASK_OF.get(name)
+    return f"{head}/{mask}" if mask else None
+
+
+def _has_cpus(root: Path, rel: str) -> bool:
+    """The list file, or the mask an older kernel writes instead, exists."""
+    mask = _mask_file(rel)
+    return (root / rel).exists() or (mask is not None and (root / mask).exists())
 
 
 def _read_list(root: Path, rel: str, source: str) -> frozenset[int]:
+    mask = _mask_file(rel)
+    if not (root / rel).exists() and mask is not None and (root / mask).exists():
+        return parse_cpumask(_read(root, mask, source), source=f"{source}: {mask}")  # rule mask-instead-of-list
     return parse_cpulist(_read(root, rel, source), source=f"{source}: {rel}")
 
 
