@@ -24,18 +24,16 @@ NOT_YET = {
     "16em64t-4s2ca2c-cpusetreorder": "cgroup cpusets: hwloc counts only the 11 allowed PUs",
     "16ia64-8n2s": "packages (8, 16): ia64 package ids repeat across nodes",
     "20em64t-hybrid-1p6c2t+2ca4co1t": "clusters (8, 0): hwloc drops clusters on hybrid x86",
-    "20s390-2g6s4c": "no sys/devices/system/cpu at the snapshot's top (s390 layout)",
+    "20s390-2g6s4c": "packages (1, 8): s390 books and drawers are not read",
     "256ppc-8n8s4t": "packages (1, 64): ppc without physical_package_id",
     "2ps3-2t": "no physical_package_id (ppc PS3)",
-    "48amd64-4pa2n6c-sparse": "no sys/devices/system/cpu at the snapshot's top",
     "4fake-4gr1nu1pu": "no thread_siblings in any form (fake)",
     "64amd64-4s2n4ca2co": "cores (32, 64), L2 (64, 32): Bulldozer modules share an L2",
     "64fake-4n2s2ca2c2t": "an L2 sibling list without its own cpu (fake)",
     "8em64t-2s2ca2c-buggynuma": "a cpu in two NUMA nodes (hwloc keeps the first)",
-    "8em64t-2s4c-asymcaches": "no sys/devices/system/cpu at the snapshot's top",
+    "8em64t-2s4c-asymcaches": "cpu 0 has no L2 while others do: asymmetric caches refused",
     "8ia64-2n2s2c": "an empty L3 sibling list",
     "8ia64-2s2c2t": "an empty L3 sibling list",
-    "96em64t-4no4pa3ca2co": "no sys/devices/system/cpu at the snapshot's top",
     "fakeheteromemtiers": "NUMA (9, 21) and clusters (6, 0): memory tiers",
     "fakememinitiators-1np2c+1npp+gi": "NUMA (5, 40): memory initiators",
     "nvidiagpunumanodes": "NUMA (8, 2): GPU memory nodes, which hwloc hides unless asked",
@@ -67,7 +65,8 @@ def our_counts(root: Path) -> Counter:
 def test_counts_equal_hwlocs(tmp_path, name):
     with tarfile.open(DATA / f"{name}.tar.bz2") as tf:
         tf.extractall(tmp_path, filter="tar")
-    ours, want = our_counts(tmp_path / name), console_counts(DATA / f"{name}.console")
+    (root,) = [p for p in tmp_path.iterdir() if p.is_dir()]  # not always named as the file
+    ours, want = our_counts(root), console_counts(DATA / f"{name}.console")
     diff = {k: (ours.get(k, 0), want.get(k, 0)) for k in KINDS.values()
             if ours.get(k, 0) != want.get(k, 0)}
     assert not diff, diff
@@ -75,4 +74,4 @@ def test_counts_equal_hwlocs(tmp_path, name):
 
 def test_the_snapshot_list_is_complete():
     assert len(SNAPSHOTS) == 32 and set(NOT_YET) <= set(SNAPSHOTS)
-    assert len(SNAPSHOTS) - len(NOT_YET) == 11  # matching today; the closing note counts these
+    assert len(SNAPSHOTS) - len(NOT_YET) == 13  # matching today; the closing note counts these
