@@ -46,8 +46,16 @@ def test_missing_topology_file(desktop):
 
 
 def test_empty_online_list(desktop):
+    """Rule empty-online-list (issue 27: hwloc's 128-cpu ia64 snapshot has a 0-byte
+    `online`): the next source is read; with no cpu online anywhere, one clear error."""
+    want = parse_sysfs(desktop).cpus
     (desktop / CPU / "online").write_text("\n")
-    _raises(lambda: parse_sysfs(desktop), "empty cpu list")
+    assert parse_sysfs(desktop).cpus == want  # from `present`
+    (desktop / CPU / "present").write_text("")
+    assert parse_sysfs(desktop).cpus == want  # from the cpuN directories
+    for flag in (desktop / CPU).glob("cpu*/online"):
+        flag.write_text("0\n")
+    _raises(lambda: parse_sysfs(desktop), "no online cpus")
 
 
 def test_empty_sibling_list(desktop):

@@ -20,6 +20,11 @@ RULES = {
     "mask-instead-of-list": "a kernel without the `*_list` files has only the hex masks "
                             "(`thread_siblings`, `core_siblings`, `shared_cpu_map`, node `cpumap`: "
                             "32-bit words, most significant first); the mask is read instead",
+    "empty-online-list": "an empty `online` (or `present`) file lists no cpu; the cpuN "
+                         "directories and their `online` flags are read instead, an empty "
+                         "flag (a file unreadable when dumped) counting as online",
+    "empty-shared-map": "a cache whose shared-cpu mask is all zeros (old ia64 kernels) belongs "
+                        "to that cpu alone, as hwloc reads it",
 }
 _PADDING = "\x00 \t\n"  # rule trailing-padding
 # list file -> the mask file older kernels write instead (rule mask-instead-of-list)
@@ -73,9 +78,8 @@ def _online(root: Path, source: str) -> frozenset[int]:
     for name in ("online", "present"):
         if (root / CPU_DIR / name).exists():
             cpus = _read_list(root, f"{CPU_DIR}/{name}", source)
-            if not cpus:
-                raise TopologyError(f"{source}: {CPU_DIR}/{name} is an empty cpu list; no cpu is online")
-            return cpus
+            if cpus:
+                return cpus  # else rule empty-online-list: try the next source
     dirs = [p.name for p in (root / CPU_DIR).iterdir() if re.fullmatch(r"cpu\d+", p.name)]
     if not dirs:
         raise TopologyError(f"{source}: missing {CPU_DIR}/online and no cpuN directories; {_HINT}")
@@ -84,7 +88,10 @@ def _online(root: Path, source: str) -> frozenset[int]:
 
 def _is_online(cpu_path: Path) -> bool:
     flag = cpu_path / "online"
-    return not flag.exists() or flag.read_text(errors="replace").strip(_PADDING) == "1"
+    if not flag.exists():
+        return True
+    value = flag.read_text(errors="replace").strip(_PADDING)
+    return value in ("1", "")  # rule empty-online-list: an empty flag, like a missing one
 
 
 def _caches(root: Path, cpu: int, source: str) -> list[tuple[int, frozenset[int], int]]:
@@ -99,7 +106,7 @@ def _caches(root: Path, cpu: int, source: str) -> list[tuple[int, frozenset[int]
         kind = _read(root, f"{rel}/type", source)
         if level not in (2, 3) or kind == "Instruction":
             continue
-        shared = _read_list(root, f"{rel}/shared_cpu_list", source)
+        shared = _read_list(root, f"{rel}/shared_cpu_list", source) or frozenset({cpu})  # rule empty-shared-map
         size_file = index / "size"
         size = _size(_read(root, f"{rel}/size", source), f"{source}: {rel}/size") if size_file.exists() else 0
         out.append((level, shared, size))
