@@ -84,6 +84,15 @@ def test_cpu_in_two_numa_nodes(tmp_path):
     _raises(lambda: parse_sysfs(root), "cpu 0 is listed in NUMA nodes 0 and 1")
 
 
+def test_rule_numa_overlap_every_node_the_same_cpus(tmp_path):
+    """Issue 27 (hwloc's 8em64t-2s2ca2c-buggynuma): every node lists every cpu: one node."""
+    root = F.write_sysfs(F.XEON_2S, tmp_path / "r")
+    for node in (root / "sys/devices/system/node").glob("node*/cpulist"):
+        node.write_text("0-95\n")
+    raw = parse_sysfs(root)
+    assert len(raw.partitions["numa"]) == 1
+
+
 def test_l3_crossing_numa_nodes(tmp_path):
     root = F.write_sysfs(F.XEON_2S, tmp_path / "r")
     (root / "sys/devices/system/node/node0/cpulist").write_text("0-11,48-59\n")

@@ -25,6 +25,9 @@ RULES = {
                          "flag (a file unreadable when dumped) counting as online",
     "empty-shared-map": "a cache whose shared-cpu mask is all zeros (old ia64 kernels) belongs "
                         "to that cpu alone, as hwloc reads it",
+    "numa-overlap": "NUMA nodes that all list the same cpus (a buggy BIOS lists every cpu in "
+                    "every node) say nothing usable: the machine is read as one NUMA node, as "
+                    "hwloc does; a partial overlap stays an error",
 }
 _PADDING = "\x00 \t\n"  # rule trailing-padding
 # list file -> the mask file older kernels write instead (rule mask-instead-of-list)
@@ -128,6 +131,8 @@ def _numa(root: Path, online: frozenset[int], source: str) -> tuple[dict[int, in
             memory_only.append(node)
         for c in cpus:
             if c in numa_of:
+                if _same_cpus_in_every_node(root, node_dir, online, source):  # rule numa-overlap
+                    return None, ()
                 raise TopologyError(f"{source}: cpu {c} is listed in NUMA nodes {numa_of[c]} and {node}; inconsistent ids")
             numa_of[c] = node
     if not numa_of:
@@ -136,6 +141,12 @@ def _numa(root: Path, online: frozenset[int], source: str) -> tuple[dict[int, in
     if missing:
         raise TopologyError(f"{source}: online cpu {min(missing)} is in no {NODE_DIR}/node*/cpulist; inconsistent snapshot")
     return numa_of, tuple(memory_only)
+
+
+def _same_cpus_in_every_node(root: Path, node_dir: Path, online: frozenset[int], source: str) -> bool:
+    lists = {_read_list(root, f"{NODE_DIR}/{d.name}/cpulist", source) & online
+             for d in node_dir.iterdir() if re.fullmatch(r"node\d+", d.name)}
+    return len(lists - {frozenset()}) == 1
 
 
 def _model_name(root: Path) -> str:
