@@ -205,3 +205,24 @@ def test_a_bad_mask_names_its_file(tmp_path):
     (f.parent / "thread_siblings").write_text("zz,00000003\n")
     with pytest.raises(TopologyError, match="thread_siblings: bad cpu mask"):
         parse_sysfs(root)
+
+
+@pytest.mark.parametrize("mount", ["none /dev/cpuset cpuset rw 0 0",
+                                   "cgroup2 /sys/fs/cgroup cgroup2 rw 0 0"])
+def test_rule_cgroup_cpuset(tmp_path, mount):
+    """Issue 27, rule cgroup-cpuset: only the cpus the process may use count (hwloc's
+    16em64t-4s2ca2c-cpusetreorder snapshot runs in a cpuset of 11 of its 16 PUs)."""
+    root = F.write_sysfs(F.MACHINES["desktop-8c"], tmp_path / "d")
+    (root / "proc/self").mkdir(parents=True)
+    (root / "proc/self/cpuset").write_text("/jail\n")
+    (root / "proc/mounts").write_text(mount + "\n")
+    point = root / mount.split()[1].lstrip("/") / "jail"
+    point.mkdir(parents=True)
+    name = "cpus" if "cpuset " in mount else "cpuset.cpus.effective"
+    (point / name).write_text("2-5\n")
+    assert parse_sysfs(root).cpus == (2, 3, 4, 5)
+    (point / name).write_text("40-41\n")
+    from sandwich.errors import TopologyError
+
+    with pytest.raises(TopologyError, match="allowed by the cpuset"):
+        parse_sysfs(root)

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from sandwich.errors import TopologyError
-from sandwich.topology.cpulist import parse_cpulist, parse_cpumask
+from sandwich.topology.cpulist import format_cpulist, parse_cpulist, parse_cpumask
 from sandwich.topology.raw import RawTopology, make_raw
 
 CPU_DIR = "sys/devices/system/cpu"
@@ -25,6 +25,10 @@ RULES = {
                          "flag (a file unreadable when dumped) counting as online",
     "empty-shared-map": "a cache whose shared-cpu mask is all zeros (old ia64 kernels) belongs "
                         "to that cpu alone, as hwloc reads it",
+    "cgroup-cpuset": "only the cpus this process may use count: in a snapshot, the cpuset "
+                     "cgroup named by proc/self/cpuset under the cpuset mount of proc/mounts "
+                     "(`cpus`, `cpuset.cpus` or cgroup2's `cpuset.cpus.effective`); live, the "
+                     "process's affinity",
     "numa-overlap": "NUMA nodes that all list the same cpus (a buggy BIOS lists every cpu in "
                     "every node) say nothing usable: the machine is read as one NUMA node, as "
                     "hwloc does; a partial overlap stays an error",
@@ -44,6 +48,12 @@ def parse_sysfs(root: str | Path = "/") -> RawTopology:
     if not cpu_dir.is_dir():
         raise TopologyError(f"{source}: missing {CPU_DIR}; {_HINT}")
     online = _online(root, source)
+    allowed = _allowed_cpus(root, source)
+    if allowed is not None:  # rule cgroup-cpuset
+        if not online & allowed:
+            raise TopologyError(f"{source}: none of the online cpus {format_cpulist(online)} is "
+                                f"allowed by the cpuset ({format_cpulist(allowed)})")
+        online = online & allowed
     present = _read_list(root, f"{CPU_DIR}/present", source) if (cpu_dir / "present").exists() else online
     keys: dict[str, dict[int, object]] = {"package": {}, "core": {}, "l2": {}, "l3": {}, "cluster": {}}
     sizes: dict[str, int] = {}
@@ -87,6 +97,31 @@ def _online(root: Path, source: str) -> frozenset[int]:
     if not dirs:
         raise TopologyError(f"{source}: missing {CPU_DIR}/online and no cpuN directories; {_HINT}")
     return frozenset(int(d[3:]) for d in dirs if _is_online(root / CPU_DIR / d))
+
+
+def _allowed_cpus(root: Path, source: str) -> frozenset[int] | None:
+    """The cpus this process may use (rule cgroup-cpuset), or None when nothing says."""
+    import os
+
+    if root.resolve() == Path("/"):
+        return frozenset(os.sched_getaffinity(0))
+    own = root / "proc/self/cpuset"
+    mounts = root / "proc/mounts"
+    if not own.is_file() or not mounts.is_file():
+        return None
+    group = own.read_text(errors="replace").strip(_PADDING).lstrip("/")
+    for line in mounts.read_text(errors="replace").splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        point, fstype, opts = fields[1], fields[2], fields[3].split(",")
+        if fstype == "cpuset" or (fstype == "cgroup" and "cpuset" in opts) or fstype == "cgroup2":
+            base = root / point.lstrip("/") / group
+            for name in ("cpus", "cpuset.cpus", "cpuset.cpus.effective"):
+                if (base / name).is_file():
+                    rel = str((base / name).relative_to(root))
+                    return _read_list(root, rel, source)
+    return None
 
 
 def _is_online(cpu_path: Path) -> bool:
