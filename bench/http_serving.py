@@ -11,6 +11,7 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,6 +49,8 @@ class ServerProcess:
         if not self.url:
             self.__exit__(None, None, None)
             raise SandwichError(f"`sandwichc serve` did not start: {''.join(self.log[-3:]).strip()}")
+        # keep reading what it writes: a pipe nobody reads fills up and stalls the server
+        threading.Thread(target=self.log.extend, args=(self.proc.stderr,), daemon=True).start()
         return self
 
     def __exit__(self, *exc) -> None:
