@@ -34,8 +34,8 @@ tune: $(STAMP)
 # the published comparison: both models tuned on the default budget, every M, three passes
 # minutes apart (about 75 min on a 2-core machine; tuning is skipped where the cache has it)
 bench: $(STAMP)
-	$(BIN)/sandwichc tune --model llama-160m
-	$(BIN)/sandwichc tune --model sheared-llama-1.3b
+	$(BIN)/sandwichc tune --model llama-160m --plan off
+	$(BIN)/sandwichc tune --model sheared-llama-1.3b --plan off
 	$(BIN)/sandwichc bench gemm --model llama-160m --model sheared-llama-1.3b --passes 3
 
 lint: $(STAMP)

@@ -67,11 +67,11 @@ class SegmentSpec:
                 "gather": (ctrl + 8 * acc, self.world * part), "end": (ctrl + 4 * (2 * acc + self.world * part), 0)}
 
 
-def _shm_dir() -> str:
+def shm_dir() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
-def _unlink(path: str) -> None:
+def unlink_quietly(path: str) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -112,7 +112,7 @@ class ShmAllReduce:
         self._spin = SPIN_MIN
         self._calls = 0
         self._broken = ""
-        self._finalizer = weakref.finalize(self, _unlink, spec.path) if owner else None
+        self._finalizer = weakref.finalize(self, unlink_quietly, spec.path) if owner else None
 
     @classmethod
     def create(cls, world: int, capacity: int, *, gather: int = 0, timeout: float = 60.0,
@@ -121,7 +121,7 @@ class ShmAllReduce:
         if world < 1 or capacity < 1 or gather < 0:
             raise ShapeError(f"all-reduce needs world >= 1 and capacity >= 1, got world={world}, "
                              f"capacity={capacity}, gather={gather}")
-        path = os.path.join(_shm_dir(), f"sandwichc-tp-{os.getpid()}-{secrets.token_hex(6)}")
+        path = os.path.join(shm_dir(), f"sandwichc-tp-{os.getpid()}-{secrets.token_hex(6)}")
         spec = SegmentSpec(path, world, capacity, gather)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -131,7 +131,7 @@ class ShmAllReduce:
         try:
             return cls(spec, 0, timeout=timeout, alive=alive, owner=True)
         except BaseException:
-            _unlink(path)
+            unlink_quietly(path)
             raise
 
     # -- synchronisation -----------------------------------------------------------------

@@ -55,11 +55,17 @@ class Executor:
                  max_tokens: int | None = None, ops: str | object = "dsl",
                  threads: int | None = None,
                  allreduce: Callable[[np.ndarray], None] | None = None,
-                 gather: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+                 gather: Callable[[np.ndarray], np.ndarray] | None = None,
+                 kv_hook: Callable[[int, KVCache, Sequence[Segment]], None] | None = None,
+                 kv_source: Callable[[KVCache, int, int], None] | None = None) -> None:
         """`allreduce(x)` sums x in place across TP ranks; `gather(logits)` returns the full
-        logits rows from this rank's vocabulary shard (both None: one process)."""
+        logits rows from this rank's vocabulary shard (both None: one process). For a KV
+        hand-off between process layouts (runtime/kv_handoff.py), `kv_hook(layer, kv,
+        segments)` runs as each layer's K/V is written, and `kv_source(kv, slot, n)` fills a
+        slot that `adopt` takes."""
         cfg = model.config
         self.allreduce, self.gather = allreduce, gather
+        self.kv_hook, self.kv_source = kv_hook, kv_source
         self.model, self.cfg = model, cfg
         self.max_tokens = max(max_tokens or max_seq, max_batch)
         self.kv = KVCache(layers=cfg.num_hidden_layers, max_batch=max_batch, max_seq=max_seq,
@@ -107,6 +113,20 @@ class Executor:
 
     def release(self, slot: int) -> None:
         self.kv.free(slot)
+
+    def adopt(self, n: int) -> int:
+        """Take a slot holding the first n positions of a sequence prefilled by another
+        process layout (its KV cache arrives through `kv_source`)."""
+        if self.kv_source is None:
+            raise ConfigError("this executor has no KV hand-off to adopt a sequence from")
+        self.kv.check_prompt(n)
+        slot = self.kv.alloc()
+        try:
+            self.kv_source(self.kv, slot, n)
+        except BaseException:
+            self.kv.free(slot)
+            raise
+        return slot
 
     def prefill(self, slot: int, tokens: Sequence[int]) -> np.ndarray:
         """Append tokens to a slot in chunks of max_tokens; returns the last token's logits."""
@@ -197,6 +217,8 @@ class Executor:
             kc[start: start + n, slot] = k[t0: t0 + n]
             vc[start: start + n, slot] = v[t0: t0 + n]
             t0 += n
+        if self.kv_hook is not None:
+            self.kv_hook(layer, self.kv, segments)
         attn, proj = b["attn"][:n_tok], b["proj"][:n_tok]
         ops.attention(q, kc, vc, segments, self.scale, out=attn)
         run(layer, "o", n_tok, lambda: g.o.bind(attn, w.o, proj))

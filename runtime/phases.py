@@ -105,6 +105,19 @@ class PhaseSwitcher:
         self.applied = 0  # transitions that changed the CPU set or thread count
         self._current: PhasePlan | None = None
 
+    def invalidate(self) -> None:
+        """Someone else (another engine in this process) has re-pinned the threads: apply
+        the next phase's plan whatever this switcher last applied."""
+        self.phase, self._current = None, PhasePlan((), 0)
+
+    def restore(self) -> None:
+        """Back to every CPU of the process with the whole pool (as before the first switch)."""
+        self._pin(self._initial.cpus)
+        if self._pool is not None:
+            self._pool[0](self._initial.threads, [str(c) for c in self._initial.cpus])
+        self.phase, self._current = None, None
+
+
     @classmethod
     def default(cls) -> PhaseSwitcher:
         """Both phases on every CPU of the process with the whole pool: switching is free."""
@@ -127,3 +140,12 @@ class PhaseSwitcher:
             self._pool[0](plan.threads, [str(c) for c in plan.cpus])
         self._current = plan
         self.applied += 1
+
+
+def unpin_process(cpus: tuple[int, ...]) -> None:
+    """Every thread of the process back on `cpus`, TVM's pool at its full size there (after
+    an engine that pinned them is done)."""
+    _pin_all_threads(cpus)
+    pool = tvm_pool()
+    if pool is not None:
+        pool[0](pool[1], [str(c) for c in cpus])

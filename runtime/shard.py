@@ -21,10 +21,9 @@ from sandwich.runtime.loader import (
     LlamaModel,
     ModelGemms,
     WeightReader,
+    open_checkpoint,
     pack_model,
-    read_config,
 )
-from sandwich.runtime.safetensors_io import Checkpoint
 from sandwich.tuner.kernel_cache import KernelCache
 
 
@@ -56,16 +55,11 @@ def vocab_sharded(cfg: ModelConfig, tp: int) -> bool:
 
 def shard_gemms(cfg: ModelConfig, cache: KernelCache, *, tp: int,
                 threads: int | None = None) -> ModelGemms:
-    """The GEMMs of the tp payload, tuned for `threads` if the cache has them, else any."""
+    """The GEMMs of the tp payload tuned for `threads` (a rank's CPU count)."""
     found = {}
     for op in make_payload(cfg, tp=tp, seq_max=1).ops:
         try:
-            try:
-                found[op.name] = cache.gemm(n=op.n, k=op.k, threads=threads)
-            except CacheError:
-                if threads is None:
-                    raise
-                found[op.name] = cache.gemm(n=op.n, k=op.k)
+            found[op.name] = cache.gemm(n=op.n, k=op.k, threads=threads)
         except CacheError as e:
             raise CacheError(f"{e} (GEMM {op.name} at tensor-parallel degree {tp}: "
                              f"tune with `--tp {tp}`)") from None
@@ -75,11 +69,11 @@ def shard_gemms(cfg: ModelConfig, cache: KernelCache, *, tp: int,
 def load_shard(model_dir: str | Path, cache: KernelCache, *, rank: int, tp: int,
                threads: int | None = None) -> LlamaModel:
     """Read rank `rank`'s rows/columns of every projection and pack them once."""
-    cfg, rope = read_config(model_dir)
+    cfg, rope, ckpt = open_checkpoint(model_dir)  # an HF directory or a GGUF file
     if not 0 <= rank < tp:
         raise ConfigError(f"rank {rank} is outside tensor-parallel degree {tp}")
     local = shard_config(cfg, tp)
-    read = WeightReader(Checkpoint(model_dir), cfg)  # checkpoint errors before kernel lookups
+    read = WeightReader(ckpt, cfg)  # checkpoint errors before kernel lookups
     gemms = shard_gemms(cfg, cache, tp=tp, threads=threads)
     rows = cfg.vocab_size // tp if vocab_sharded(cfg, tp) else None
     return pack_model(read, cfg, rope, gemms, local=local, rank=rank, vocab_rows=rows)

@@ -10,6 +10,7 @@ every user error is raised on rank 0 before anything is sent.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import os
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from sandwich.compiler.threadpool import pin_pool
 from sandwich.errors import ConfigError, SandwichError, ShapeError
 from sandwich.runtime.allreduce import AllReduceError, SegmentSpec, ShmAllReduce
 from sandwich.runtime.executor import Executor
+from sandwich.runtime.kv_handoff import HandoffSpec, KVHandoff
 from sandwich.runtime.loader import read_config
 from sandwich.runtime.shard import check_tp, load_shard, vocab_sharded
 from sandwich.tuner.kernel_cache import KernelCache
@@ -50,6 +52,8 @@ class RankSpec:
     ops: str
     segment: SegmentSpec
     timeout: float
+    handoff: HandoffSpec | None = None  # a KV hand-off segment between process layouts
+    handoff_role: str = ""  # "write" (prefill layout) or "read" (decode layout)
 
 
 def default_cpu_sets(tp: int, cpus: Sequence[int] | None = None) -> list[tuple[int, ...]]:
@@ -90,9 +94,16 @@ def _build_rank(spec: RankSpec, comm: ShmAllReduce, logits: np.ndarray | None) -
             out = None if logits is None else logits[: part.shape[0]]
             comm.gather(part, out)
             return part if out is None else out
+    hook = source = None
+    if spec.handoff is not None:
+        seg = KVHandoff(spec.handoff)  # the executor's closures keep the mapping alive
+        if spec.handoff_role == "write":
+            hook = seg.writer(spec.rank, spec.tp)
+        else:
+            source = functools.partial(seg.read_into, rank=spec.rank, tp=spec.tp)
     return Executor(model, max_batch=spec.max_batch, max_seq=spec.max_seq,
                     max_tokens=spec.max_tokens, ops=spec.ops, threads=threads,
-                    allreduce=comm, gather=gather)
+                    allreduce=comm, gather=gather, kv_hook=hook, kv_source=source)
 
 
 def _worker_main(conn, spec: RankSpec) -> None:
@@ -116,7 +127,9 @@ def _worker_main(conn, spec: RankSpec) -> None:
             if cmd == "close":
                 return
             try:
-                getattr(ex, cmd)(*args)  # start / decode / release, as rank 0 called them
+                getattr(ex, cmd)(*args)  # start / decode / release / adopt, as rank 0 called them
+                if cmd == "adopt":  # rank 0 may overwrite the hand-off segment once all copied
+                    conn.send(("done",))
             except BaseException as e:
                 conn.send(("error", _one_line(e)))
                 comm.abort()
@@ -139,7 +152,8 @@ class TPExecutor:
     def __init__(self, model_dir: str | Path, cache: KernelCache | str | Path, *, tp: int,
                  max_batch: int, max_seq: int, max_tokens: int | None = None,
                  ops: str = "dsl", cpu_sets: ServiceConfig | Sequence[Sequence[int]] | None = None,
-                 timeout: float = 60.0, pin_caller: bool = True) -> None:
+                 timeout: float = 60.0, pin_caller: bool = True,
+                 handoff: HandoffSpec | None = None, handoff_role: str = "") -> None:
         cfg, _ = read_config(model_dir)
         check_tp(cfg, tp)
         self.cfg, self.tp = cfg, tp
@@ -156,7 +170,7 @@ class TPExecutor:
         try:
             specs = [RankSpec(str(model_dir), str(cache.dir if isinstance(cache, KernelCache) else cache),
                               r, tp, sets[r], max_batch, max_seq, self.max_tokens, ops,
-                              self.comm.spec, timeout) for r in range(tp)]
+                              self.comm.spec, timeout, handoff, handoff_role) for r in range(tp)]
             self._spawn(specs[1:])
             if pin_caller:
                 self._old_mask = _pin_caller(sets[0])
@@ -248,6 +262,26 @@ class TPExecutor:
         self._usable()
         self.ex.release(int(slot))
         self._send(("release", int(slot)))
+
+    def adopt(self, n: int) -> int:
+        """Every rank takes the same slot and copies its heads of a sequence prefilled by
+        another layout from the hand-off segment; returns once all of them have."""
+        n = int(n)
+        self._usable()
+        self.kv.check_prompt(n)
+        self.kv.free(self.kv.alloc())  # raises when every slot is taken; order unchanged
+        self._send(("adopt", n))
+        slot = self._run(self.ex.adopt, n)
+        for i, conn in enumerate(self._conns):
+            try:
+                msg = conn.recv() if conn.poll(self.comm.timeout) else ("error", "no answer")
+            except (EOFError, OSError):
+                msg = ("error", "its pipe closed")
+            if msg[0] != "done":
+                self._broken = f"rank {i + 1} failed to adopt a sequence: {msg[1]}"
+                self.comm.abort()
+                raise TPError(self._broken)
+        return slot
 
     def _check_ids(self, ids: Sequence[int]) -> None:
         v = self.cfg.vocab_size

@@ -61,7 +61,7 @@ def test_info_prints_target():
 def test_concurrent_tunes_share_a_cache(tmp_path, tiny_config):
     cache = tmp_path / "shared"
     args = [sys.executable, "-m", "sandwich.cli", "tune", "--model", str(tiny_config),
-            "--seq-max", "8", "--budget", "tiny", "--no-progress", "--cache-dir", str(cache)]
+            "--seq-max", "8", "--budget", "tiny", "--no-progress", "--plan", "off", "--cache-dir", str(cache)]
     procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
@@ -74,7 +74,8 @@ def test_concurrent_tunes_share_a_cache(tmp_path, tiny_config):
 def test_sigkill_resumes_from_committed_records(tmp_path, tiny_config):
     cache = tmp_path / "killed"
     args = [sys.executable, "-m", "sandwich.cli", "tune", "--model", str(tiny_config),
-            "--seq-max", "16", "--budget", "tiny", "--no-progress", "--cache-dir", str(cache)]
+            "--seq-max", "16", "--budget", "tiny", "--no-progress", "--plan", "off",
+            "--cache-dir", str(cache)]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     db = cache / "tuning.sqlite"
     committed = 0
@@ -94,13 +95,13 @@ def test_sigkill_resumes_from_committed_records(tmp_path, tiny_config):
     assert committed >= 2
     kept = sqlite3.connect(db).execute("SELECT COUNT(*) FROM records").fetchone()[0]
     p = run("tune", "--model", str(tiny_config), "--seq-max", "16", "--budget", "tiny",
-            "--no-progress", cache=cache)
+            "--no-progress", "--plan", "off", cache=cache)
     assert p.returncode == 0, p.stderr
     cached = sum(int(line.split()[4]) for line in p.stdout.splitlines()
                  if line.split() and line.split()[0] in ("qkv", "o", "gate_up+lm_head", "down"))
     assert cached >= kept
     again = run("tune", "--model", str(tiny_config), "--seq-max", "16", "--budget", "tiny",
-                "--no-progress", cache=cache)
+                "--no-progress", "--plan", "off", cache=cache)
     assert again.returncode == 0
     rows = [line.split() for line in again.stdout.splitlines()
             if line.split() and line.split()[0] in ("qkv", "o", "gate_up+lm_head", "down")]
@@ -117,7 +118,7 @@ def test_bench_gemm_end_to_end(tmp_path, tiny_config):
                   "--json", str(tmp_path / "x.json"), cache=cache)
     _one_line_error(missing, "run `sandwichc tune`")  # o, gate_up, down were never tuned
     t = run("tune", "--model", str(tiny_config), "--seq-max", "8", "--budget", "tiny",
-            "--no-progress", cache=cache)
+            "--no-progress", "--plan", "off", cache=cache)
     assert t.returncode == 0, t.stderr
     out = tmp_path / "g"
     b = run("bench", "gemm", "--model", str(tiny_config), "--m", "1,3,8", "--peers", "numpy",

@@ -10,8 +10,10 @@ import sys
 import time
 from dataclasses import dataclass
 
+import networkx as nx
+
 from sandwich.errors import TopologyError
-from sandwich.topology.simulator import SimParams
+from sandwich.topology.simulator import SimParams, hardware_map
 
 # Each worker pins itself, waits for a common start time, runs one kernel for `duration`
 # seconds and prints its rate. Single-threaded BLAS so one worker = one core.
@@ -53,18 +55,44 @@ class Calibration:
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
-    def apply(self, params: SimParams) -> SimParams:
+    def apply(self, params: SimParams, *, tree: nx.DiGraph | None = None, latent_cores: int = 0) -> SimParams:
         """Per-core GFLOP/s and GB/s from the 1-worker runs; the bandwidth lost when two cores
-        stream at once becomes the contention gamma of the domain they share (L3 and NUMA)."""
-        gamma = max(0.0, self.gbs_1 / max(self.gbs_2, 1e-9) - 1)  # b2 = b1 / (1 + gamma)
+        stream at once (b2 = b1 / (1 + gamma)) is the contention of the innermost domain they share.
+
+        In `tree` that domain may be a cluster (gamma_cluster) or a group node (gamma_group, and
+        group_cores = its cores); anything wider (L3, NUMA node, package), or no tree, sets
+        gamma_l3 and gamma_numa as before. `latent_cores=n` says the two cpus share an n-core group the OS does not show (an
+        L3-tag cluster), so the loss is that group's gamma_group. Two workers cannot show where a
+        shared port saturates: group_bw_gbs is left as given.
+        """
+        gamma = round(max(0.0, self.gbs_1 / max(self.gbs_2, 1e-9) - 1), 4)
+        kind, cores = ("group", latent_cores) if latent_cores else self._shared_domain(tree)
+        fields: dict[str, float | int] = {"gamma_l3": gamma, "gamma_numa": gamma}
+        if kind == "cluster":
+            fields = {"gamma_cluster": gamma}
+        elif kind == "group":
+            fields = {"gamma_group": gamma, "group_cores": cores}
         return dataclasses.replace(
             params,
             core_gflops=round(self.gflops_1, 2),
             core_bw_gbs=round(self.gbs_1, 2),
-            gamma_l3=round(gamma, 4),
-            gamma_numa=round(gamma, 4),
-            calibrated=f"cpus {','.join(map(str, self.cpus))} on {self.date}",
+            calibrated=f"cpus {','.join(map(str, self.cpus))} on {self.date}, loss as {' '.join(sorted(fields))}",
+            **fields,
         )
+
+    def _shared_domain(self, tree: nx.DiGraph | None) -> tuple[str, int]:
+        """(kind, cores) of the innermost shared node above both calibration cpus; ("", 0) without a tree."""
+        if tree is None:
+            return "", 0
+        hw = hardware_map(tree)
+        a, b = self.cpus[:2]
+        if a not in hw.shared_of or b not in hw.shared_of:
+            raise TopologyError(f"calibration cpus {a},{b} are not both in the tree; calibrate on cpus of this machine")
+        above_b = {node for _, node in hw.shared_of[b]}
+        for kind, node in hw.shared_of[a]:
+            if node in above_b:
+                return kind, len({hw.core_of[c] for c, chain in hw.shared_of.items() if (kind, node) in chain})
+        return "", 0
 
 
 def _run(cpus: list[int], kind: str, size: int, duration: float, delay: float = 0.5) -> list[float]:

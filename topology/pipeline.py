@@ -10,9 +10,9 @@ import networkx as nx
 from sandwich.models import ModelConfig
 from sandwich.topology.sandwich_config import EarlyStopper, cross_sections, group_key, tp_allowed
 from sandwich.topology.search import Explored, group_variants, remove_search
-from sandwich.topology.simulator import HardwareMap, SimParams, SimResult, simulate
+from sandwich.topology.simulator import HardwareMap, SimParams, SimResult, hardware_map, simulate
 from sandwich.topology.trace import Trace
-from sandwich.topology.tree import check_symmetric
+from sandwich.topology.tree import check_symmetric, leaf_cpus
 from sandwich.types import ServiceConfig
 
 
@@ -36,6 +36,7 @@ class SearchStats:
     configs_tp_rejected: int = 0
     configs_early_stopped: int = 0
     configs_simulated: int = 0
+    latent_groups: int = 0
     seconds: float = 0.0
 
 
@@ -63,7 +64,10 @@ class Evaluator:
     def offer(self, config: ServiceConfig, ops: tuple[str, ...]) -> float:
         """The config's metric in seconds, or inf when it is rejected or skipped."""
         if config in self.results:
-            return self.metric(self.results[config].result)
+            known = self.results[config]
+            if len(ops) < len(known.ops):  # name a config by its shortest path from the fundamental tree
+                self.results[config] = Ranked(config, known.result, ops)
+            return self.metric(known.result)
         if config in self._skipped:
             return float("inf")
         self.stats.configs_seen += 1
@@ -90,6 +94,27 @@ class Evaluator:
         return sorted(self.results.values(), key=lambda r: self.metric(r.result))[:k]
 
 
+def latent_levels(variants: list[Explored], hw: HardwareMap, params: SimParams) -> tuple[list[frozenset[int]], list[Explored]]:
+    """The group nodes the parameters take for hardware, as cpu sets, and the variants holding them.
+
+    Only runs of consecutive siblings (t=1) of `params.group_cores` cores qualify: vendors number
+    the cores of an L3-tag cluster or a CCX consecutively, strided groups stay placement options,
+    and every group size is an equally good guess without the calibrated one (the smallest guess
+    would always simulate fastest).
+    """
+    if not params.latent:
+        return [], []
+    groups: dict[frozenset[int], None] = {}
+    holders = []
+    for v in variants:
+        found = [frozenset(leaf_cpus(v.tree, g)) for g, d in v.tree.nodes(data=True) if d["kind"] == "group" and d["t"] == 1]
+        found = [g for g in found if params.group_cores in (0, len({hw.core_of[c] for c in g}))]
+        if found:
+            holders.append(v)
+            groups.update(dict.fromkeys(found))
+    return list(groups), holders
+
+
 @dataclass(frozen=True)
 class SearchResult:
     prefill: list[Ranked]
@@ -112,13 +137,24 @@ def search_service_configs(
 
     Decode candidates are the trees produced by remove plus each remove search's start tree
     (all cores), so removing cores is chosen only when the simulator says it pays.
+
+    Every config is simulated on one map: the fundamental tree plus the latent groups that group
+    variants expose (`latent_levels`), so a config pays a latent group whichever tree it came
+    from; simulated on its own tree alone, the un-grouped tree would always win (a group node
+    only adds a limit). The variants holding latent groups are searched first, so early stopping
+    cannot close their (TP, NUMA) groups on the strength of trees blind to those groups.
     """
     t0 = time.perf_counter()
     check_symmetric(tree)
     stats = SearchStats()
-    hw = HardwareMap.from_tree(tree)
+    hw = hardware_map(tree)
     variants = group_variants(tree, max_new_levels=max_new_levels)
     stats.group_variants = len(variants)
+    groups, holders = latent_levels(variants, hw, params)
+    if groups:
+        hw = hw.with_groups(groups)
+        variants = holders + [v for v in variants if not any(v is h for h in holders)]
+    stats.latent_groups = len(groups)
     common = dict(hw=hw, model=model, trace=trace, params=params, stats=stats, patience=patience)
     prefill = Evaluator("prefill", **common)
     decode = Evaluator("decode", **common)

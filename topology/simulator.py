@@ -17,7 +17,7 @@ from sandwich.topology.trace import Trace
 from sandwich.types import ServiceConfig
 
 _BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
-SHARED_KINDS = ("package", "numa", "l3", "cluster")
+SHARED_KINDS = ("package", "numa", "l3", "cluster", "group")
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,11 @@ class SimParams:
     gamma_numa: float = 0.004  # contention: aggregate bandwidth / (1 + gamma * (k - 1))
     gamma_l3: float = 0.01
     gamma_cluster: float = 0.03
+    # A `group` node (a latent level found by the group transform, e.g. an L3-tag cluster the OS
+    # hides) is a shared resource of its own; with both values 0 it costs nothing, as before.
+    group_bw_gbs: float = 0.0  # capacity of one latent group's shared port; 0 = no limit of its own
+    gamma_group: float = 0.0
+    group_cores: int = 0  # cores per latent group these values describe (Kunpeng-920: 4); 0 = any size
     remote_bw_factor: float = 0.6  # bandwidth of remote NUMA accesses relative to local
     sync_us: float = 2.0  # fork-join barrier per op, times (1 + log2 threads)
     allreduce_us: float = 8.0  # latency of one all-reduce step within a NUMA node
@@ -48,18 +53,24 @@ class SimParams:
     def from_json(cls, text: str) -> SimParams:
         return cls(**json.loads(text))
 
+    @property
+    def latent(self) -> bool:
+        """Whether group nodes cost anything: only then does the search look for latent levels."""
+        return self.gamma_group > 0 or self.group_bw_gbs > 0
+
     def capacity(self, kind: str) -> tuple[float, float]:
         """(capacity GB/s, gamma) of a shared node kind; packages add no limit of their own."""
         return {
             "numa": (self.numa_bw_gbs, self.gamma_numa),
             "l3": (self.l3_bw_gbs, self.gamma_l3),
             "cluster": (self.cluster_bw_gbs, self.gamma_cluster),
+            "group": (self.group_bw_gbs or math.inf, self.gamma_group),
         }.get(kind, (math.inf, 0.0))
 
 
 @dataclass(frozen=True)
 class HardwareMap:
-    """For each cpu: its core and the shared nodes above it, from the fundamental tree."""
+    """For each cpu: its core and the shared nodes above it (innermost first), group nodes included."""
 
     core_of: dict[int, str]
     shared_of: dict[int, tuple[tuple[str, str], ...]]
@@ -84,6 +95,28 @@ class HardwareMap:
                     numa_of[cpu] = up
             shared_of[cpu] = tuple(chain)
         return cls(core_of, shared_of, numa_of)
+
+    def with_groups(self, groups: list[frozenset[int]]) -> HardwareMap:
+        """This map plus one shared `group` node per cpu set: latent levels taken from other trees."""
+        extra: dict[int, list[tuple[str, str]]] = {}
+        for i, cpus in enumerate(groups):
+            for c in cpus:
+                extra.setdefault(c, []).append(("group", f"latent{i}"))
+        shared = {c: (*extra.get(c, ()), *chain) for c, chain in self.shared_of.items()}
+        return HardwareMap(self.core_of, shared, self.numa_of)
+
+
+_MAPS: dict[str, HardwareMap] = {}
+
+
+def hardware_map(tree: nx.DiGraph) -> HardwareMap:
+    """HardwareMap.from_tree, cached by the tree's Merkle hash (equal hashes, equal structure)."""
+    key = tree.graph["hash"]
+    if key not in _MAPS:
+        if len(_MAPS) >= 256:
+            _MAPS.pop(next(iter(_MAPS)))
+        _MAPS[key] = HardwareMap.from_tree(tree)
+    return _MAPS[key]
 
 
 @dataclass(frozen=True)

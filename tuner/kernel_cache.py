@@ -41,6 +41,12 @@ def default_cache_dir(env: dict[str, str] | None = None) -> Path:
     return Path(base) / "sandwichc"
 
 
+def process_threads() -> int:
+    """The thread count kernels run with in this process: TVM's pool size (TVM_NUM_THREADS,
+    which the CLI sets from --threads), else every CPU the process may use."""
+    return int(os.environ.get("TVM_NUM_THREADS") or 0) or len(os.sched_getaffinity(0))
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -154,19 +160,19 @@ class KernelCache:
 
     def gemm(self, *, n: int, k: int, dtype: str = "float32",
              threads: int | None = None) -> GemmKernel:
-        """The tuned GEMM for (N, K); `threads` picks records tuned for that many threads
-        (default: the thread count with the most records)."""
+        """The tuned GEMM for (N, K) and `threads` threads (default: this process's thread
+        count). Kernels tuned for another thread count are never used in their place: their
+        slices and polymerization were chosen for that many threads."""
+        threads = threads or process_threads()
         recs = self.records(n, k, dtype, threads)
         if not recs:
-            raise CacheError(f"no tuned kernels for GEMM N={n} K={k} {dtype} on this machine "
-                             f"(target {self.fingerprint}) in {self.dir}; run `sandwichc tune` "
-                             f"for a model with this shape first")
-        if threads is None:
-            counts: dict[int, int] = {}
-            for r in recs:
-                counts[r.threads] = counts.get(r.threads, 0) + 1
-            best = max(counts, key=lambda t: (counts[t], t))
-            recs = [r for r in recs if r.threads == best]
+            others = sorted({r.threads for r in self.records(n, k, dtype)})
+            have = (f"; it has them for {', '.join(map(str, others))} thread(s) only (tune with "
+                    f"--threads {threads}, or run with --threads {others[-1]})" if others else
+                    "; run `sandwichc tune` for a model with this shape first")
+            raise CacheError(f"no tuned kernels for GEMM N={n} K={k} {dtype} with {threads} "
+                             f"thread(s) on this machine (target {self.fingerprint}) in "
+                             f"{self.dir}{have}")
         return GemmKernel(self, n=self.kernel_n(n), k=k, dtype=dtype, records=recs, n_out=n)
 
     def verify(self) -> list[str]:

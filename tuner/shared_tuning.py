@@ -76,3 +76,15 @@ def tune_shared(shapes: list[tuple[list[str], GemmOp]], *, seq_max: int, threads
             if pending and not progressed:
                 sleep(poll_s)
     return [reports[i] for i in range(len(shapes))]
+
+
+def tune_shapes(shapes, *, seq_max: int, threads: int, budget, cache, progress: bool = True):
+    """Tune each (names, op) over M in [1, seq_max] with a progress bar, sharing the work
+    with other tuners of the same cache; the OpReports."""
+    from tqdm import tqdm
+
+    with tqdm(total=len(shapes) * len(budget.m_samples(seq_max)), unit="M",
+              disable=not progress, dynamic_ncols=True) as bar:
+        return tune_shared(shapes, seq_max=seq_max, threads=threads, budget=budget, cache=cache,
+                           on_step=bar.update, on_shape=lambda names, op: bar.set_description(
+                               f"{'+'.join(names)} {op.n}x{op.k}"))

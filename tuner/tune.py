@@ -130,13 +130,13 @@ def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget:
 
 
 def verify_numerics(cache: KernelCache, *, n: int, k: int, ms: list[int], dtype: str = "float32",
-                    seed: int = 0) -> list[str]:
-    """Run the cached GEMM at each M against numpy; returns the failures."""
+                    threads: int | None = None, seed: int = 0) -> list[str]:
+    """Run the GEMM cached for `threads` at each M against numpy; returns the failures."""
     import numpy as np
 
     from sandwich.tuner.reference import reference_matmul
 
-    gemm = cache.gemm(n=n, k=k, dtype=dtype)
+    gemm = cache.gemm(n=n, k=k, dtype=dtype, threads=threads)
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((k, n), dtype=np.float32)
     wp = gemm.pack(w)
@@ -147,6 +147,6 @@ def verify_numerics(cache: KernelCache, *, n: int, k: int, ms: list[int], dtype:
         ref = reference_matmul(a, w)
         err = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
         if not np.isfinite(err) or err > 1e-4:
-            problems.append(f"N={n} K={k} M={m}: max relative error {err:.3g}")
+            problems.append(f"N={n} K={k} threads={gemm.threads} M={m}: max relative error {err:.3g}")
     return problems
 

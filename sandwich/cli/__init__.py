@@ -29,7 +29,7 @@ def _set_thread_env(argv: list[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from sandwich import __version__
-    from sandwich.cli import bench, chat, compare, dsl, serve, serve_http, topo, tune
+    from sandwich.cli import bench, chat, compare, dsl, plan, serve, serve_http, topo, tune
 
     parser = argparse.ArgumentParser(
         prog="sandwichc",
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"sandwichc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (tune, bench, topo, dsl, serve, serve_http, chat, compare):
+    for group in (tune, plan, bench, topo, dsl, serve, serve_http, chat, compare):
         group.register(sub)
     return parser
 
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 # counts and sizes that must be >= 1 wherever a command takes them (None: the default)
 POSITIVE = ("threads", "tp", "seq_max", "max_seq", "max_batch", "trials", "repeats",
             "new_tokens", "max_new_tokens", "ctx", "shards", "shapes", "prompt_len", "passes",
-            "max_tokens", "clients", "layers", "batch", "patience")
+            "max_tokens", "clients", "layers", "batch", "patience", "rounds")
 
 
 def check_numbers(args: argparse.Namespace) -> None:

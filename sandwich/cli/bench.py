@@ -66,6 +66,24 @@ def register(sub) -> None:
     add_cache_arg(h)
     h.set_defaults(func=_run_http)
 
+    p = bsub.add_parser("plan", help="make each model's plan on this machine (topology search, "
+                        "kernels per payload, every candidate measured, the pair against every "
+                        "single configuration) and write results/sandwich_plan.{md,json}")
+    p.add_argument("--model", action="append", help="embedded name, HF directory or GGUF "
+                   "(repeatable; default llama-160m)")
+    p.add_argument("--budget", choices=("tiny", "quick", "default", "full"), default="quick")
+    p.add_argument("--seq-max", type=int, default=2048)
+    p.add_argument("--top-k", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--no-fixtures", action="store_true",
+                   help="leave out the simulated plans of the synthetic large machines")
+    p.add_argument("--json", dest="json_out", default="results/sandwich_plan.json")
+    p.add_argument("--md", default="results/sandwich_plan.md")
+    add_cache_arg(p)
+    p.set_defaults(func=_run_plan)
+
     c = bsub.add_parser("corruption", help="single-byte corruptions of a tuned tiny-model "
                         "cache: how many are harmless, reported, or (failures) crash or compute "
                         "wrong results")
@@ -220,6 +238,31 @@ TINY_MODEL = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128
               "vocab_size": 256, "max_position_embeddings": 64}
 
 
+def _run_plan(args) -> int:
+    from sandwich.bench.plan_report import write_report
+    from sandwich.compiler.target import describe_machine
+    from sandwich.runtime.planner import PlanSettings, make_plan
+    from sandwich.tuner.kernel_cache import KernelCache
+
+    if args.top_k < 1:
+        raise ConfigError(f"--top-k must be >= 1, got {args.top_k}")
+    cache = KernelCache(cache_dir_arg(args))
+    settings = PlanSettings(top_k=args.top_k, seq_max=args.seq_max, budget=args.budget,
+                            prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+                            rounds=args.rounds)
+    plans = [make_plan(m, cache, settings) for m in args.model or ["llama-160m"]]
+    fixtures = ""
+    if not args.no_fixtures:
+        from sandwich.bench.plan_fixtures import fixture_plans_markdown
+
+        fixtures = fixture_plans_markdown()
+    write_report(plans, command="sandwichc " + " ".join(map(shlex.quote, sys.argv[1:])),
+                 machine=describe_machine() + f", Python {platform.python_version()}", md=Path(args.md),
+                 json_out=Path(args.json_out), fixtures_md=fixtures)
+    print(f"wrote {args.md} and {args.json_out}")
+    return 0
+
+
 def _run_corruption(args) -> int:
     import tempfile
     import time
@@ -227,12 +270,12 @@ def _run_corruption(args) -> int:
     from tqdm import tqdm
 
     from sandwich.bench import corruption as cb
-    from sandwich.cli.tune import tune_shapes
     from sandwich.compiler.target import describe_machine
     from sandwich.models import load_model_config
     from sandwich.payload import make_payload
     from sandwich.tuner.budget import get_budget
     from sandwich.tuner.kernel_cache import KernelCache
+    from sandwich.tuner.shared_tuning import tune_shapes
     from sandwich.tuner.tune import unique_shapes
 
     root = Path(args.work or tempfile.mkdtemp(prefix="sandwichc-corrupt-"))

@@ -63,6 +63,10 @@ def _serving_args(p: argparse.ArgumentParser, *, sampling: bool = True) -> None:
                    "ranks are pinned to the --decode-config's CPU sets, else an even split")
     p.add_argument("--no-warmup", action="store_true",
                    help="skip the untimed warm-up request (first kernel calls load lazily)")
+    p.add_argument("--plan", choices=("auto", "off"), default="auto",
+                   help="auto: run the plan `sandwichc tune` stored for this model (prefill and "
+                   "decode each on its configuration and kernels; a stale plan is re-planned); "
+                   "off, or any of --prefill-config/--decode-config/--tp/--threads: as given")
     _tune_args(p)
 
 
@@ -85,13 +89,13 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
                    help="budget of the tuning on first use (default quick: a few minutes)")
 
 
-def _ensure_tuned(args, cache, threads: int, *, exact: bool = False) -> None:
+def _ensure_tuned(args, cache, threads: int) -> None:
     """Tune, on first use, the model's GEMMs that the cache lacks (M up to 2048 or the
     model's context), so a new model's first command produces text."""
-    from sandwich.cli.tune import tune_shapes
     from sandwich.models import load_model_config
     from sandwich.payload import make_payload
     from sandwich.tuner.budget import get_budget
+    from sandwich.tuner.shared_tuning import tune_shapes
     from sandwich.tuner.tune import unique_shapes
 
     if args.no_tune:
@@ -99,9 +103,8 @@ def _ensure_tuned(args, cache, threads: int, *, exact: bool = False) -> None:
     cfg = load_model_config(args.model)
     seq_max = min(2048, cfg.max_position_embeddings)
     shapes = unique_shapes(make_payload(cfg, tp=1, seq_max=seq_max))
-    have = threads if exact else None  # exact: records for this thread count, not any
-    missing = [(names, op) for names, op in shapes
-               if not cache.records(op.n, op.k, op.dtype, have)]
+    missing = [(names, op) for names, op in shapes  # kernels run only with their own threads
+               if not cache.records(op.n, op.k, op.dtype, threads)]
     if missing:
         print(f"tuning {len(missing)} GEMM shape(s) of {cfg.name} for this machine on first use "
               f"({args.tune_budget} budget; --no-tune to refuse)", file=sys.stderr)
@@ -185,6 +188,9 @@ def _engine(args, *, max_batch: int, max_seq: int, clock=None):
         raise ConfigError(f"{max_seq} positions (prompt + new tokens, or --max-seq) are beyond "
                           f"the model's context of {ctx}; shorten the prompt or lower the limit")
     cache = KernelCache(cache_dir_arg(args))
+    planned = _planned_engine(args, cache, max_batch=max_batch, max_seq=max_seq, clock=clock)
+    if planned is not None:
+        return planned
     if args.tp > 1:
         from sandwich.runtime.tp import TPExecutor
 
@@ -206,14 +212,44 @@ def _engine(args, *, max_batch: int, max_seq: int, clock=None):
         per_phase = args.prefill_config or args.decode_config
         pre, dec = (phases.plans[p].threads for p in ("prefill", "decode"))
         for t in sorted({pre, dec} if per_phase else {threads}):
-            _ensure_tuned(args, cache, t, exact=bool(per_phase))
+            _ensure_tuned(args, cache, t)
         model = (load_model(args.model, cache, threads=pre, decode_threads=dec) if per_phase
-                 else load_model(args.model, cache))
+                 else load_model(args.model, cache, threads=threads))
         ex = Executor(model, max_batch=max_batch, max_seq=max_seq, ops=args.ops, threads=threads)
     engine = Engine(ex, phases=phases, clock=clock or time.perf_counter)
     if not args.no_warmup:
         engine.warm_up()
     return engine
+
+
+def _planned_engine(args, cache, *, max_batch: int, max_seq: int, clock=None):
+    """The engine of the model's stored plan, or None (no plan, --plan off, or the command
+    line places the phases itself). A stale plan is re-planned first, or, with --no-tune,
+    left unused with a warning."""
+    import atexit
+    import warnings
+
+    from sandwich.errors import ConfigWarning
+    from sandwich.runtime.planner import make_plan, plan_engine, settings_of, stored_plan
+
+    explicit = args.prefill_config or args.decode_config or args.tp > 1 or args.threads
+    if getattr(args, "plan", "auto") == "off" or explicit:
+        return None
+    plan, why, path = stored_plan(args.model, cache)
+    if plan is None:
+        return None
+    if why:
+        if args.no_tune:
+            warnings.warn(ConfigWarning(f"{path}: stale plan ({why}); not used. `sandwichc tune "
+                                        f"--model {args.model}` plans again"), stacklevel=1)
+            return None
+        print(f"re-planning {args.model}: the stored plan is stale ({why})", file=sys.stderr)
+        plan = make_plan(args.model, cache, settings_of(plan),
+                         log=lambda msg: print(msg, file=sys.stderr))
+    runner = plan_engine(plan, args.model, cache, max_batch=max_batch, max_seq=max_seq,
+                         ops=args.ops, warm_up=not args.no_warmup, clock=clock)
+    atexit.register(runner.close)
+    return runner.engine
 
 
 def _prompt(args):
@@ -340,7 +376,7 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     cache = KernelCache(cache_dir_arg(args))
     threads = args.threads or len(os.sched_getaffinity(0))
     _ensure_tuned(args, cache, threads)
-    model = load_model(args.model, cache)
+    model = load_model(args.model, cache, threads=threads)
     if args.ctx > model.config.max_position_embeddings:
         raise ConfigError(f"--ctx {args.ctx} is beyond the model's context of "
                           f"{model.config.max_position_embeddings} tokens")

@@ -27,6 +27,19 @@ def register(sub) -> None:
     tune.add_argument("--budget", choices=list(BUDGETS), default="default")
     tune.add_argument("--ops", help="comma-separated subset of qkv,o,gate_up,down,lm_head")
     tune.add_argument("--no-progress", action="store_true")
+    tune.add_argument("--plan", choices=("auto", "on", "off"), default="auto",
+                      help="on: search this machine's topology, tune each candidate service "
+                      "configuration's kernels, measure them on the engine and store the "
+                      "prefill/decode pair as the model's plan; off: one kernel set for "
+                      "--threads (auto: on unless --tp, --threads or --ops is given)")
+    tune.add_argument("--top-k", type=int, default=3, help="candidates per phase (plan)")
+    tune.add_argument("--rounds", type=int, default=5, help="measurement rounds (plan)")
+    tune.add_argument("--prompt-len", type=int, default=128,
+                      help="prompt tokens of the measurement request (plan)")
+    tune.add_argument("--new-tokens", type=int, default=32,
+                      help="greedy tokens of the measurement request (plan)")
+    tune.add_argument("--no-calibrate", action="store_true",
+                      help="simulate with default machine rates instead of measuring them (plan)")
     add_cache_arg(tune)
     tune.set_defaults(func=cmd_tune)
 
@@ -76,28 +89,17 @@ def cmd_info(args) -> int:
     return 0
 
 
-def tune_shapes(shapes, *, seq_max: int, threads: int, budget, cache, progress: bool = True):
-    """Tune each (names, op) over M in [1, seq_max] with a progress bar, sharing the work
-    with other tuners of the same cache; the OpReports."""
-    from tqdm import tqdm
-
-    from sandwich.tuner.shared_tuning import tune_shared
-
-    with tqdm(total=len(shapes) * len(budget.m_samples(seq_max)), unit="M",
-              disable=not progress, dynamic_ncols=True) as bar:
-        return tune_shared(shapes, seq_max=seq_max, threads=threads, budget=budget, cache=cache,
-                           on_step=bar.update, on_shape=lambda names, op: bar.set_description(
-                               f"{'+'.join(names)} {op.n}x{op.k}"))
-
-
 def cmd_tune(args) -> int:
     from sandwich.models import load_model_config
     from sandwich.payload import make_payload
     from sandwich.tuner.budget import get_budget
     from sandwich.tuner.quiet import warn_if_busy
+    from sandwich.tuner.shared_tuning import tune_shapes
     from sandwich.tuner.tune import unique_shapes
 
     cfg = load_model_config(args.model)
+    if _plan_mode(args) == "on":
+        return _tune_plan(args, cfg)
     payload = make_payload(cfg, tp=args.tp, seq_max=args.seq_max)
     budget = get_budget(args.budget)
     threads = _threads(args)
@@ -127,6 +129,41 @@ def cmd_tune(args) -> int:
         if r.rebuilt:
             print(f"  rebuilt {r.rebuilt} kernel file(s) that were missing or altered")
     print(f"done in {total:.1f} s")
+    return 0
+
+
+def _plan_mode(args) -> str:
+    """A plan picks the TP degree and threads itself: --tp, --threads or --ops mean one set."""
+    single = [flag for flag, given in (("--tp", args.tp != 1), ("--threads", bool(args.threads)),
+                                       ("--ops", bool(args.ops))) if given]
+    if args.plan == "on" and single:
+        raise ConfigError(f"--plan on chooses the TP degree and threads itself; drop "
+                          f"{', '.join(single)} or pass --plan off")
+    return "off" if args.plan == "off" or single else "on"
+
+
+def _tune_plan(args, cfg) -> int:
+    from sandwich.runtime.plan import format_plan
+    from sandwich.runtime.planner import PlanSettings, make_plan
+    from sandwich.tuner.quiet import warn_if_busy
+
+    if args.top_k < 1:  # (generate's --top-k means sampling, where 0 is valid)
+        raise ConfigError(f"--top-k must be >= 1, got {args.top_k}")
+    if args.prompt_len + args.new_tokens > cfg.max_position_embeddings:
+        raise ConfigError(f"--prompt-len + --new-tokens ({args.prompt_len + args.new_tokens}) is "
+                          f"beyond the model's context of {cfg.max_position_embeddings}")
+    cache = _cache(args)
+    warn_if_busy("the timings that rank schedules and configurations",
+                 lambda msg: print(msg, file=sys.stderr))
+    print(f"planning {cfg.name} on {cache.cpu.model} [{cache.fingerprint}] (seq_max={args.seq_max}, "
+          f"budget={args.budget}, top-{args.top_k} per phase), cache {cache.dir}")
+    t0 = time.perf_counter()
+    settings = PlanSettings(top_k=args.top_k, seq_max=args.seq_max, budget=args.budget,
+                            prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+                            rounds=args.rounds, calibrate=not args.no_calibrate)
+    plan = make_plan(args.model, cache, settings, progress=not args.no_progress)
+    print(format_plan(plan))
+    print(f"done in {time.perf_counter() - t0:.1f} s")
     return 0
 
 
@@ -166,12 +203,13 @@ def cmd_cache_verify(args) -> int:
 
     cache = _cache(args)
     problems = cache.verify()
-    shapes = sorted({(r.record.n, r.record.k, r.record.dtype)
-                     for r in cache.db.records(fingerprint=cache.fingerprint)})
+    tuned = sorted({(r.record.n, r.record.k, r.record.dtype, r.threads)
+                    for r in cache.db.records(fingerprint=cache.fingerprint)})
+    shapes = {t[:3] for t in tuned}
     if args.numerics and not problems:
         ms = numeric_ms(args.numerics, args.seq_max)
-        for n, k, dtype in shapes:
-            problems += verify_numerics(cache, n=n, k=k, ms=ms, dtype=dtype)
+        for n, k, dtype, threads in tuned:
+            problems += verify_numerics(cache, n=n, k=k, ms=ms, dtype=dtype, threads=threads)
         print(f"checked {len(shapes)} GEMM shape(s) against numpy at M = {ms}")
     n_files = sum(1 for fp, _ in cache.db.kernels(bad=[]) if fp == cache.fingerprint)
     for p in cache.stray_files():
