@@ -13,6 +13,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 
@@ -49,7 +50,9 @@ class Result:
 
     finish is 'stop' (a stop token, kept as the last id), 'length' (max_new_tokens) or
     'error' (then `error` says why). TTFT counts from arrival, so queueing is included;
-    TPOT is (finish - first token) / (tokens - 1), 0.0 for a single token."""
+    TPOT is (finish - first token) / (tokens - 1), 0.0 for a single token. token_times
+    holds each token's engine-clock time, so every inter-token gap (TBT) is kept: a mean
+    hides the stall a prefill puts between two tokens."""
 
     rid: int | str | None
     ids: tuple[int, ...]
@@ -61,6 +64,17 @@ class Result:
     prompt_len: int
     ticket: int = 0  # the engine's submission number
     error: str | None = None
+    token_times: tuple[float, ...] = ()  # engine-clock seconds, one per id
+
+    @property
+    def tbt_ms(self) -> tuple[float, ...]:
+        """Every gap between consecutive tokens, in ms (len(ids) - 1 values)."""
+        return tuple((b - a) * 1e3 for a, b in pairwise(self.token_times))
+
+    @property
+    def e2e_ms(self) -> float:
+        """Arrival to the last token (queueing included)."""
+        return (self.finish_s - self.arrival_s) * 1e3
 
 
 @dataclass
@@ -82,6 +96,7 @@ class _Seq:
     sampler: Sampler | None = None
     slot: int = -1
     ids: list[int] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)  # engine clock at each token
     first: float = 0.0
 
 
@@ -205,6 +220,7 @@ class Engine:
             self._running.append(seq)
             self._append(seq, seq.sampler(row))  # type: ignore[misc]
             seq.first = self.clock()
+            seq.times.append(seq.first)
             self._retire()
         self.stats.max_running = max(self.stats.max_running, len(self._running))
 
@@ -224,16 +240,19 @@ class Engine:
         self.stats.decode_tokens += len(run)
         for i, s in enumerate(run):
             self._append(s, s.sampler(logits[i]))  # type: ignore[misc]
-        self._retire()
+        now = self.clock()  # one read per step, as before: it is also the finish time
+        for s in run:
+            s.times.append(now)
+        self._retire(now)
 
     def _append(self, seq: _Seq, token: int) -> None:
         seq.ids.append(token)
         if self.on_token is not None:
             self.on_token(seq.ticket, token)
 
-    def _retire(self) -> None:
+    def _retire(self, now: float | None = None) -> None:
         """Finish every running sequence that hit a stop token or its length; free its slot."""
-        now, keep = self.clock(), []
+        now, keep = self.clock() if now is None else now, []
         for s in self._running:
             stop = s.ids[-1] in s.req.stop
             if not stop and len(s.ids) < s.req.max_new_tokens:
@@ -244,7 +263,8 @@ class Engine:
             tpot = (now - s.first) / (n - 1) * 1e3 if n > 1 else 0.0
             self._done.append(Result(rid=s.req.rid, ids=tuple(s.ids), finish="stop" if stop else "length",
                                      ttft_ms=(s.first - s.arrival) * 1e3, tpot_ms=tpot, arrival_s=s.arrival,
-                                     finish_s=now, prompt_len=len(s.req.prompt), ticket=s.ticket))
+                                     finish_s=now, prompt_len=len(s.req.prompt), ticket=s.ticket,
+                                     token_times=tuple(s.times)))
         self._running = keep
 
     def _release(self, seq: _Seq) -> None:
@@ -257,7 +277,8 @@ class Engine:
         now = self.clock()
         self._done.append(Result(rid=seq.req.rid, ids=tuple(seq.ids), finish="error", ttft_ms=0.0,
                                  tpot_ms=0.0, arrival_s=seq.arrival, finish_s=now,
-                                 prompt_len=len(seq.req.prompt), ticket=seq.ticket, error=why))
+                                 prompt_len=len(seq.req.prompt), ticket=seq.ticket, error=why,
+                                 token_times=tuple(seq.times)))
 
     def _enter(self, phase: str) -> None:
         self.phases.enter(phase)

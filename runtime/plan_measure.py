@@ -10,7 +10,9 @@ told that another engine may have moved them.
 
 from __future__ import annotations
 
+import random
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -18,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from sandwich.errors import ConfigError, SandwichError
-from sandwich.runtime.engine import Engine, Request
+from sandwich.runtime.engine import Engine, Request, Result
 from sandwich.runtime.executor import Executor
 from sandwich.runtime.kv_handoff import KVHandoff
 from sandwich.runtime.loader import LlamaModel, check_same_layouts, load_model, model_gemms
@@ -174,22 +176,57 @@ def trace_prompt(vocab: int, length: int, seed: int = 0) -> tuple[int, ...]:
 
 def measure(runners: dict[str, Runner], *, prompt: tuple[int, ...], new_tokens: int, rounds: int,
             on_run: Callable[[], None] = lambda: None) -> dict[str, Samples]:
-    """TTFT and TPOT of one greedy request per engine per round; the order rotates each round."""
+    """TTFT and TPOT of every engine, round after round, in a new seeded order each round (an
+    engine's step can pay for the placement its predecessor left: no engine always follows
+    the same one).
+
+    This machine's memory bandwidth drifts by tens of percent within seconds, so the engines
+    are timed as close together as they can be: each round prefills the prompt on one engine
+    after another (TTFT), then interleaves their decode steps one step at a time, so every
+    engine's TPOT in a round comes from the same stretch of time. Before each timed step the
+    engine's decode placement is applied untimed (a real engine stays in it between steps).
+    """
     keys = list(runners)
     out = {k: Samples() for k in keys}
     try:
         for r in range(rounds):
-            for key in keys[r % len(keys):] + keys[: r % len(keys)]:
+            order = random.Random(r).sample(keys, len(keys))
+            for key in order:
+                out[key].ttft_ms.append(_result(runners[key], key, prompt, 1).ttft_ms)
+            steps: dict[str, list[float]] = {k: [] for k in order}
+            done: dict[str, Result] = {}
+            for key in order:  # admit: the prefill and the first decode step, untimed
                 run = runners[key]
                 run.phases.invalidate()
-                (res,) = run.engine.run([Request(prompt=prompt, max_new_tokens=new_tokens)])
-                if res.error:
-                    raise SandwichError(f"measuring {key}: {res.error}")
-                out[key].ttft_ms.append(res.ttft_ms)
-                out[key].tpot_ms.append(res.tpot_ms)
-                out[key].ids.append(res.ids)
-                on_run()
+                run.engine.submit(Request(prompt=prompt, max_new_tokens=new_tokens))
+                done.update((key, res) for res in run.engine.step())
+            live = [k for k in order if k not in done]
+            while live:
+                for key in list(live):
+                    run = runners[key]
+                    run.phases.invalidate()
+                    run.phases.enter("decode")
+                    t0 = time.perf_counter()
+                    finished = run.engine.step()
+                    steps[key].append(time.perf_counter() - t0)
+                    if finished:
+                        done[key] = finished[0]
+                        live.remove(key)
+            for key in order:
+                if done[key].error:
+                    raise SandwichError(f"measuring {key}: {done[key].error}")
+                out[key].tpot_ms.append(1e3 * statistics.mean(steps[key]) if steps[key] else 0.0)
+                out[key].ids.append(done[key].ids)
+            on_run()
     finally:
         if runners:
             next(iter(runners.values())).phases.restore()
     return out
+
+
+def _result(run: Runner, key: str, prompt: tuple[int, ...], new_tokens: int) -> Result:
+    run.phases.invalidate()
+    (res,) = run.engine.run([Request(prompt=prompt, max_new_tokens=new_tokens)])
+    if res.error:
+        raise SandwichError(f"measuring {key}: {res.error}")
+    return res

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from sandwich.errors import SandwichError
@@ -54,7 +54,7 @@ class PlanSettings:
     budget: str = "quick"
     prompt_len: int = 128  # the measurement request: this many prompt tokens ...
     new_tokens: int = 32  # ... then this many greedy tokens
-    rounds: int = 5
+    rounds: int = 7
     calibrate: bool = True  # measure the simulator's per-core rates first
     max_group_levels: int = 1
     patience: int = 8
@@ -188,8 +188,8 @@ def _candidate(r, s: Samples | None, why: str) -> Candidate:
                   sim_tpot_ms=r.result.tpot_s * 1e3, runnable=why)
     if s is None:
         return c
-    return Candidate(**{**c.__dict__, "ttft_ms": s.ttft, "tpot_ms": s.tpot,
-                        "ttft_spread": s.ttft_spread, "tpot_spread": s.tpot_spread})
+    return replace(c, ttft_ms=s.ttft, tpot_ms=s.tpot, ttft_spread=s.ttft_spread,
+                   tpot_spread=s.tpot_spread)
 
 
 def _measure_pair(factory: RunnerFactory, runners: dict[str, Runner], pre: Candidate,

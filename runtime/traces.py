@@ -1,14 +1,24 @@
-"""Request traces for serve-bench: a JSON Lines file, or seeded synthetic Poisson arrivals.
+"""Request traces for serve-bench: the entry type, JSON Lines, picking a format, rate and
+length scaling, and turning entries into engine requests.
 
-One JSON object per line: `arrival_s` (seconds from the start, >= 0), `prompt_len` (int >= 1)
-or `prompt_ids` (list of token ids), and `output_len` (int >= 1, the max_new_tokens). Blank
-lines and lines starting with '#' are skipped; other keys are refused so typos do not pass.
+Formats (one module each): JSON Lines (here), the Azure LLM inference CSV
+(trace_azure.py), ShareGPT conversations (trace_sharegpt.py), synthetic arrivals and
+lengths (trace_synth.py). Every file reader stops at the first bad line with
+`FILE:LINE: reason` (a TraceError); arrivals must not go backwards, since a replay of a
+file someone sorted wrongly would measure another workload without saying so.
+
+JSON Lines: one object per line: `arrival_s` (seconds from the start, >= 0),
+`prompt_len` (int >= 1) or `prompt_ids` (list of token ids), and `output_len` (int >= 1,
+the max_new_tokens). Blank lines and lines starting with '#' are skipped; other keys are
+refused so typos do not pass.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +27,7 @@ from sandwich.errors import ConfigError
 from sandwich.runtime.engine import Request
 
 _KEYS = {"arrival_s", "prompt_len", "prompt_ids", "output_len"}
+FORMATS = ("jsonl", "azure", "sharegpt")
 
 
 class TraceError(ConfigError):
@@ -31,6 +42,31 @@ class TraceEntry:
     prompt_len: int
     output_len: int
     prompt_ids: tuple[int, ...] | None = None
+
+
+def read_text(path: str | Path) -> str:
+    """The file as text, or a TraceError saying why not."""
+    p = Path(path)
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{p}: not UTF-8 text (byte {e.start}); give a trace file "
+                         f"({', '.join(FORMATS)}) or 'synthetic'") from None
+    except OSError as e:
+        raise TraceError(f"{p}: cannot read the trace ({e.strerror}); give a trace file "
+                         f"({', '.join(FORMATS)}) or 'synthetic'") from None
+
+
+def check_order(entries: list[tuple[int, TraceEntry]], path: str | Path) -> list[TraceEntry]:
+    """The entries of (line, entry) pairs, refusing an empty trace or an arrival that goes
+    backwards (named by its line)."""
+    if not entries:
+        raise TraceError(f"{path}:1: the trace has no requests")
+    for (la, a), (lb, b) in pairwise(entries):
+        if b.arrival_s < a.arrival_s:
+            raise TraceError(f"{path}:{lb}: arrival {b.arrival_s:g} s is before line {la}'s "
+                             f"{a.arrival_s:g} s; sort the trace by arrival time")
+    return [e for _, e in entries]
 
 
 def _entry(obj, where: str) -> TraceEntry:
@@ -58,29 +94,90 @@ def _entry(obj, where: str) -> TraceEntry:
     return TraceEntry(float(arrival), n, out)
 
 
-def read_trace(path: str | Path) -> list[TraceEntry]:
-    """Parse a JSON Lines trace, sorted by arrival; the first bad line raises TraceError."""
+def read_jsonl(path: str | Path) -> list[TraceEntry]:
+    """Parse a JSON Lines trace; the first bad line raises TraceError."""
     p = Path(path)
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise TraceError(f"{p}: not UTF-8 text (byte {e.start}); give a JSON Lines file or "
-                         f"'synthetic'") from None
-    except OSError as e:
-        raise TraceError(f"{p}: cannot read the trace ({e.strerror}); give a JSON Lines file or "
-                         f"'synthetic'") from None
     out = []
-    for i, line in enumerate(lines, 1):
+    for i, line in enumerate(read_text(p).splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         try:
             obj = json.loads(line)
         except ValueError as e:
             raise TraceError(f"{p}:{i}: not valid JSON ({e.msg})") from None
-        out.append(_entry(obj, f"{p}:{i}"))
-    if not out:
-        raise TraceError(f"{p}: the trace has no requests")
-    return sorted(out, key=lambda e: e.arrival_s)
+        out.append((i, _entry(obj, f"{p}:{i}")))
+    return check_order(out, p)
+
+
+def detect_format(path: str | Path) -> str:
+    """jsonl, azure or sharegpt: from the suffix (.jsonl, .csv, .json), else the content."""
+    p = Path(path)
+    by_suffix = {".jsonl": "jsonl", ".csv": "azure", ".json": "sharegpt"}
+    if p.suffix.lower() in by_suffix:
+        return by_suffix[p.suffix.lower()]
+    head = read_text(p).lstrip()[:200]
+    if head.startswith("["):
+        return "sharegpt"
+    if head.upper().startswith("TIMESTAMP") or "ContextTokens" in head.split("\n", 1)[0]:
+        return "azure"
+    return "jsonl"
+
+
+def read_trace(path: str | Path, *, fmt: str | None = None, rate: float = 1.0, seed: int = 0,
+               arrivals=None, tokenizer=None) -> list[TraceEntry]:
+    """Parse a trace file in `fmt` (None: detect_format), in arrival order. rate, seed,
+    arrivals and tokenizer serve ShareGPT, whose files carry no times or token counts."""
+    fmt = fmt or detect_format(path)
+    if fmt == "jsonl":
+        return read_jsonl(path)
+    if fmt == "azure":
+        from sandwich.runtime.trace_azure import read_azure_csv
+
+        return read_azure_csv(path)
+    if fmt == "sharegpt":
+        from sandwich.runtime.trace_sharegpt import read_sharegpt
+
+        return read_sharegpt(path, rate=rate, seed=seed, arrivals=arrivals, tokenizer=tokenizer)
+    raise ConfigError(f"unknown trace format {fmt!r}; choose one of {', '.join(FORMATS)}")
+
+
+def mean_rate(entries: list[TraceEntry]) -> float:
+    """Requests per second between the first and the last arrival (inf if they coincide)."""
+    if len(entries) < 2:
+        raise ConfigError("a rate needs at least two requests in the trace")
+    span = entries[-1].arrival_s - entries[0].arrival_s
+    return (len(entries) - 1) / span if span > 0 else float("inf")
+
+
+def scale(entries: Iterable[TraceEntry], *, rate_scale: float = 1.0,
+          length_scale: float = 1.0) -> list[TraceEntry]:
+    """Arrivals divided by rate_scale (x2 = twice the requests per second); prompt and output
+    lengths times length_scale, at least 1 each (prompt ids keep their first tokens)."""
+    if not rate_scale > 0 or not length_scale > 0:
+        raise ConfigError(f"rate and length scales must be > 0, got {rate_scale} and {length_scale}")
+    out = []
+    for e in entries:
+        n = max(1, round(e.prompt_len * length_scale))
+        ids = e.prompt_ids[:n] if e.prompt_ids is not None else None
+        out.append(replace(e, arrival_s=e.arrival_s / rate_scale, prompt_len=n if ids is None
+                           else len(ids), output_len=max(1, round(e.output_len * length_scale)),
+                           prompt_ids=ids))
+    return out
+
+
+def clip(entries: Iterable[TraceEntry], max_seq: int) -> tuple[list[TraceEntry], int]:
+    """Each request cut to fit max_seq cache positions (prompt <= max_seq, then output);
+    returns the entries and how many were cut."""
+    out, cut = [], 0
+    for e in entries:
+        n = min(e.prompt_len, max_seq)
+        new = max(1, min(e.output_len, max_seq - n + 1))
+        if (n, new) != (e.prompt_len, e.output_len):
+            cut += 1
+            e = replace(e, prompt_len=n, output_len=new,
+                        prompt_ids=e.prompt_ids[:n] if e.prompt_ids is not None else None)
+        out.append(e)
+    return out, cut
 
 
 def synthetic_trace(*, rate: float, duration_s: float, seed: int, prompt_mean: float,

@@ -7,6 +7,7 @@ test_runtime_executor.py; SANDWICHC_TEST_CACHE_DIR keeps them across runs. The t
 """
 
 import json
+import math
 import os
 
 import numpy as np
@@ -21,7 +22,17 @@ from sandwich.runtime.executor import Executor
 from sandwich.runtime.loader import load_model
 from sandwich.runtime.phases import PhasePlan, PhaseSwitcher, load_service_config
 from sandwich.runtime.sampling import Sampler, SamplingParams
-from sandwich.runtime.serve_bench import percentiles, replay, summarize
+from sandwich.runtime.serve_bench import (
+    TABLE_VI,
+    Baseline,
+    alone_baselines,
+    find_goodput,
+    percentiles,
+    records,
+    replay,
+    slowdowns,
+    summarize,
+)
 from sandwich.runtime.traces import TraceError, read_trace, synthetic_trace
 from sandwich.types import ProcessPlan, ServiceConfig
 
@@ -198,10 +209,15 @@ def test_percentiles_and_slo_on_hand_computed_inputs():
 
 def test_trace_parser_names_the_bad_line(tmp_path):
     f = tmp_path / "t.jsonl"
-    f.write_text('{"arrival_s": 0.5, "prompt_len": 4, "output_len": 2}\n\n'
-                 '{"arrival_s": 0.1, "prompt_ids": [1, 2], "output_len": 3}\n')
+    f.write_text('{"arrival_s": 0.1, "prompt_ids": [1, 2], "output_len": 3}\n\n'
+                 '{"arrival_s": 0.5, "prompt_len": 4, "output_len": 2}\n')
     got = read_trace(f)
     assert [(e.arrival_s, e.prompt_len, e.prompt_ids) for e in got] == [(0.1, 2, (1, 2)), (0.5, 4, None)]
+    # issue 28: arrivals going backwards are refused (a replay would reorder them silently)
+    f.write_text('{"arrival_s": 0.5, "prompt_len": 4, "output_len": 2}\n\n'
+                 '{"arrival_s": 0.1, "prompt_ids": [1, 2], "output_len": 3}\n')
+    with pytest.raises(TraceError, match=r"t.jsonl:3: arrival 0.1 s is before line 1's 0.5 s"):
+        read_trace(f)
     bad = {'{"arrival_s": 0.5, "prompt_len": 4': "not valid JSON",
            '{"arrival_s": 0.5, "output_len": 2}': "needs 'prompt_len'",
            '{"arrival_s": 0.5, "prompt_len": 2}': "missing 'output_len'",
@@ -276,3 +292,133 @@ def test_serve_bench_on_a_tiny_synthetic_trace(tuned, tmp_path, capsys):
     assert s["generated_tokens"] >= s["requests"] and s["tokens_per_s"] > 0
     assert s["ttft_ms"]["p50"] <= s["ttft_ms"]["p90"] <= s["ttft_ms"]["p99"]
     assert s["duration_s"] > 0 and s["engine"]["prefills"] == s["requests"]
+    recs = s["records"]  # issue 28: one record per request, every gap kept
+    assert len(recs) == s["requests"] and all(len(r["tbt_ms"]) == len(r["ids"]) - 1 for r in recs)
+    assert s["tbt_ms"]["p50"] <= s["tbt_ms"]["p99"] and s["e2e_ms"]["p50"] >= s["ttft_ms"]["p50"]
+
+
+class _TimedExecutor(FakeExecutor):
+    """A prefill costs 100 ms and a decode step 10 ms of a hand-moved clock (issue 28)."""
+
+    def __init__(self, now, **kw):
+        super().__init__(**kw)
+        self.now = now
+        self.clock = lambda: now[0]
+
+    def start(self, prompt):
+        self.now[0] += 0.1
+        return super().start(prompt)
+
+    def decode(self, slots, tokens):
+        self.now[0] += 0.01
+        return super().decode(slots, tokens)
+
+
+def _timed_run():
+    """A (4 tokens) alone for two steps, then B arrives: B's prefill stalls A's next token."""
+    now = [0.0]
+    ex = _TimedExecutor(now)
+    engine = Engine(ex, clock=lambda: now[0])
+    engine.submit(Request(prompt=(1,), max_new_tokens=4, rid="A"))
+    done = engine.step() + engine.step()
+    engine.submit(Request(prompt=(5, 6), max_new_tokens=3, rid="B"))
+    while engine.busy:
+        done += engine.step()
+    return sorted(done, key=lambda r: r.rid)
+
+
+def test_every_token_time_is_kept_and_a_prefill_stall_shows_in_tbt():
+    a, b = _timed_run()
+    assert a.token_times == pytest.approx((0.1, 0.11, 0.12, 0.23))
+    assert a.tbt_ms == pytest.approx((10.0, 10.0, 110.0)) and a.ttft_ms == pytest.approx(100.0)
+    assert a.e2e_ms == pytest.approx(230.0) and a.tpot_ms == pytest.approx(np.mean(a.tbt_ms))
+    assert b.token_times == pytest.approx((0.22, 0.23, 0.24)) and b.e2e_ms == pytest.approx(120.0)
+    s = summarize([a, b], duration_s=0.24, slo_ttft_ms=None, slo_tpot_ms=None, slo_tbt_ms=50.0)
+    assert s.tbt_ms.p50 == pytest.approx(10.0) and s.tbt_ms.p90 == pytest.approx(70.0)
+    assert s.tbt_ms.p99 == pytest.approx(106.0)  # gaps 10, 10, 10, 10, 110
+    assert s.e2e_ms.p50 == pytest.approx(175.0) and s.slo_attainment == 0.5  # A's 110 ms gap
+    assert summarize([a, b], duration_s=1, slo_ttft_ms=1e3, slo_tpot_ms=1e3,
+                     slo_e2e_ms=200.0).slo_attainment == 0.5
+    rec = records([a, b], [0.0, 0.12])
+    assert rec[0] == {"rid": "A", "arrival_s": 0.0, "prompt_len": 1, "ids": [2, 3, 4, 5],
+                      "finish": "length", "ttft_ms": a.ttft_ms, "tbt_ms": list(a.tbt_ms),
+                      "e2e_ms": a.e2e_ms, "error": None}
+    json.dumps(rec)
+
+
+def _res(ttft, times, *, arrival=0.0, finish="length"):
+    return Result(rid=None, ids=(1,) * len(times), finish=finish, ttft_ms=ttft,
+                  tpot_ms=float(np.mean(np.diff(times))) * 1e3 if len(times) > 1 else 0.0,
+                  arrival_s=arrival, finish_s=times[-1] if times else 0.0, prompt_len=1,
+                  token_times=tuple(times))
+
+
+def test_slowdown_against_each_requests_alone_figures():
+    base = Baseline(ttft_ms=100.0, tbt_ms=10.0, e2e_ms=200.0)
+    rs = [_res(150.0, [0.15, 0.16, 0.172]),  # TTFT 1.5x, gaps 1x and 1.2x, E2E 172/200
+          _res(100.0, [0.1, 0.11, 0.12]),  # as alone
+          _res(0.0, [], finish="error"),  # left out
+          _res(500.0, [0.5, 0.6])]  # no baseline: left out
+    s = slowdowns(rs, [base, base, base, None])
+    assert s.compared == 2 and s.met  # 1.5x TTFT <= 2x, TBT <= 1.25x, E2E <= 1.25x
+    assert s.ttft.p50 == pytest.approx(1.25) and s.e2e.p50 == pytest.approx((0.86 + 0.6) / 2)
+    assert s.tbt.p90 == pytest.approx(1.14)  # gaps 1, 1.2, 1, 1: 1 + 0.7 * 0.2
+    slow = slowdowns([_res(150.0, [0.15, 0.2])], [base])  # one 50 ms gap: 5x > Table VI's 1.25x
+    assert not slow.met and slow.tbt.p50 == pytest.approx(5.0)
+    assert set(TABLE_VI) == {"ttft", "tbt", "e2e"} and TABLE_VI["ttft"] == (2.0, 3.0, 6.0)
+
+
+def test_alone_baselines_run_each_shape_once_on_an_idle_engine():
+    now = [0.0]
+    ex = _TimedExecutor(now, max_seq=8)
+    engine = Engine(ex, clock=lambda: now[0])
+    reqs = [Request(prompt=(1, 2), max_new_tokens=3), Request(prompt=(7, 8), max_new_tokens=3),
+            Request(prompt=(1,), max_new_tokens=1), Request(prompt=(1,) * 9, max_new_tokens=1)]
+    got = alone_baselines(engine, reqs)
+    assert len(ex.starts) == 2  # (2, 3) once, (1, 1) once; the too-long prompt fails
+    assert got[0] == got[1] == Baseline(pytest.approx(100.0), pytest.approx(10.0), pytest.approx(120.0))
+    assert got[2].tbt_ms is None and got[3] is None
+
+
+def test_goodput_bisects_the_rate_with_a_fake_attainment():
+    calls = []
+
+    def attain(rate):
+        calls.append(rate)
+        return 1.0 if rate <= 5.0 else 0.5
+
+    g = find_goodput(attain, lo=1.0, hi=16.0, steps=4)
+    assert calls == pytest.approx([1.0, 16.0, 4.0, 8.0, math.sqrt(32), math.sqrt(4 * math.sqrt(32))])
+    assert g.rate == pytest.approx(math.sqrt(4 * math.sqrt(32))) and not g.capped
+    assert [a for _, a in g.probes] == [1.0, 0.5, 1.0, 0.5, 0.5, 1.0]
+    assert find_goodput(lambda r: 0.95, lo=1, hi=2).capped
+    assert find_goodput(lambda r: 0.89, lo=1, hi=2, steps=9).rate == 0.0
+    with pytest.raises(ConfigError, match="0 < LO < HI"):
+        find_goodput(attain, lo=2, hi=1)
+
+
+def test_serve_bench_cli_on_an_azure_trace_with_a_fake_engine(tmp_path, monkeypatch, capsys):
+    """The command's wiring without kernels: an Azure CSV, a prompt beyond max_seq (that
+    request fails, the others finish), --slowdown-slo, --goodput, and the JSON records."""
+    from sandwich.cli import serve
+
+    monkeypatch.setattr(serve, "_engine", lambda args, max_batch, max_seq, clock=None:
+                        Engine(FakeExecutor(max_batch=max_batch, max_seq=max_seq)))
+    trace = tmp_path / "AzureLLMInferenceTrace_code.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.00,3,2\n"
+                     "2023-11-16 18:15:46.01,40,2\n2023-11-16 18:15:46.02,2,3\n")
+    out = tmp_path / "bench.json"
+    assert main(["serve-bench", "--model", "fake", "--trace", str(trace), "--max-seq", "16",
+                 "--slowdown-slo", "--goodput", "10:1000", "--goodput-steps", "1",
+                 "--slo-ttft-ms", "1e6", "--slo-tpot-ms", "1e6", "--json", str(out)]) == 0
+    cap = capsys.readouterr()
+    assert "1 requests failed; first: prompt of 40 tokens is longer than max_seq=16" in cap.err
+    assert "Table VI SLOs" in cap.out and "goodput" in cap.out
+    doc = json.loads(out.read_text())
+    assert (doc["requests"], doc["completed"], doc["errors"]) == (3, 2, 1)
+    assert [r["arrival_s"] for r in doc["records"]] == pytest.approx([0.0, 0.01, 0.02])
+    assert [len(r["ids"]) for r in doc["records"]] == [2, 0, 3]  # random prompt ids: lengths
+    assert [len(r["tbt_ms"]) for r in doc["records"]] == [1, 0, 2]
+    assert doc["records"][1]["error"].startswith("prompt of 40 tokens")
+    assert doc["slowdown"]["compared"] == 2 and len(doc["goodput"]["probes"]) <= 3
+    assert doc["goodput"]["rate"] == 0.0 or doc["goodput"]["rate"] >= 10  # 1 of 3 always fails

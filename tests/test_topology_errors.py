@@ -85,7 +85,8 @@ def test_cpu_in_two_numa_nodes(tmp_path):
 
 
 def test_rule_numa_overlap_every_node_the_same_cpus(tmp_path):
-    """Issue 27 (hwloc's 8em64t-2s2ca2c-buggynuma): every node lists every cpu: one node."""
+    """Issue 27, rule numa-overlap (hwloc's 8em64t-2s2ca2c-buggynuma): every node lists every
+    cpu: one node."""
     root = F.write_sysfs(F.XEON_2S, tmp_path / "r")
     for node in (root / "sys/devices/system/node").glob("node*/cpulist"):
         node.write_text("0-95\n")
@@ -158,3 +159,37 @@ def test_cli_errors_are_sandwich_errors(tmp_path):
     with pytest.raises(ConfigError, match="trace"):
         _cli("search", "--sysfs-root", str(root), "--trim-asymmetric", "--trace", str(tmp_path / "missing.json"),
              "--out-dir", str(tmp_path / "out"), "--no-png")
+
+
+def _sibling_cycle(root):
+    """cpu 0 lists 0-1, cpu 1 lists 1-2, cpu 2 lists 0,2: each contains itself, none agree."""
+    for c, text in ((0, "0-1"), (1, "1-2"), (2, "0,2")):
+        (root / CPU / f"cpu{c}/topology/core_cpus_list").write_text(text + "\n")
+
+
+def _empty_tree(root):
+    """The cpu directory is there but holds nothing."""
+    import shutil
+
+    shutil.rmtree(root / CPU)
+    (root / CPU).mkdir()
+
+
+# issue 27: malformed snapshots, each one line naming the file (or the directory) at fault
+MALFORMED = [
+    ("truncated cpu list", lambda r: (r / CPU / "cpu2/topology/core_cpus_list").write_text("2,"),
+     ("cpu2/topology/core_cpus_list", "bad cpu list")),
+    ("truncated range", lambda r: (r / CPU / "online").write_text("0-\n"), ("cpu/online", "bad cpu list '0-'")),
+    ("truncated mask", lambda r: (r / "sys/devices/system/node/node0/cpumap").write_text("0000ff,\n"),
+     ("node0/cpumap", "bad cpu mask")),
+    ("cycle of siblings", _sibling_cycle, ("core sibling lists disagree", "core_cpus_list")),
+    ("empty tree", _empty_tree, ("missing sys/devices/system/cpu/online and no cpuN directories",)),
+]
+
+
+@pytest.mark.parametrize("name, damage, words", MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_snapshot_is_one_error_naming_the_file(desktop, name, damage, words):
+    damage(desktop)
+    _raises(lambda: parse_sysfs(desktop), *words)
+    with pytest.raises(TopologyError):  # the CLI lets it through as is, for main() to print
+        _cli("show", "--sysfs-root", str(desktop))

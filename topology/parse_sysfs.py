@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from sandwich.errors import TopologyError
@@ -20,11 +21,21 @@ RULES = {
     "mask-instead-of-list": "a kernel without the `*_list` files has only the hex masks "
                             "(`thread_siblings`, `core_siblings`, `shared_cpu_map`, node `cpumap`: "
                             "32-bit words, most significant first); the mask is read instead",
+    "mask-over-list": "where both a list and its mask exist, the mask is read, as hwloc reads only "
+                      "masks: a 3.x kernel on a 64-core Opteron 6276 wrote `shared_cpu_list` 0 "
+                      "beside `shared_cpu_map` 0x3 for an L2 that two cores share",
     "empty-online-list": "an empty `online` (or `present`) file lists no cpu; the cpuN "
                          "directories and their `online` flags are read instead, an empty "
                          "flag (a file unreadable when dumped) counting as online",
-    "empty-shared-map": "a cache whose shared-cpu mask is all zeros (old ia64 kernels) belongs "
-                        "to that cpu alone, as hwloc reads it",
+    "empty-shared-map": "a cache whose shared-cpu mask is all zeros (old ia64 kernels) is shared "
+                        "by the cpu's core (its thread siblings), as hwloc reads it",
+    "package-by-siblings": "a package is the set of cpus in `package_cpus` (`core_siblings` before "
+                           "5.9), as hwloc reads it; `physical_package_id` only when neither "
+                           "exists, since ids repeat across nodes on ia64 and are -1 on ppc and s390",
+    "missing-package": "a kernel with neither package masks nor `physical_package_id` (the PS3) "
+                       "says nothing of packages: one filled package holds every cpu",
+    "missing-core": "a kernel with package information but neither `core_cpus` nor "
+                    "`thread_siblings` says nothing of cores: each cpu is a filled core",
     "cgroup-cpuset": "only the cpus this process may use count: in a snapshot, the cpuset "
                      "cgroup named by proc/self/cpuset under the cpuset mount of proc/mounts "
                      "(`cpus`, `cpuset.cpus` or cgroup2's `cpuset.cpus.effective`); live, the "
@@ -32,12 +43,33 @@ RULES = {
     "numa-overlap": "NUMA nodes that all list the same cpus (a buggy BIOS lists every cpu in "
                     "every node) say nothing usable: the machine is read as one NUMA node, as "
                     "hwloc does; a partial overlap stays an error",
+    "cgroup-cpuset-mems": "only the memory this process may use counts: a node outside the "
+                          "cpuset cgroup's `mems` (`cpuset.mems`, `cpuset.mems.effective`) is no "
+                          "NUMA node; its allowed cpus keep it as a filled block",
+    "amd-compute-unit": "on AMD families 0x15/0x16 (Bulldozer to Jaguar, per proc/cpuinfo) the two "
+                        "cores of a compute unit are listed as thread siblings but keep their own "
+                        "`core_id`: each is a core, and they share the unit's L2, as hwloc reads them",
+    "missing-cache": "a cpu with no entry for a cache level other cpus have (hwloc's "
+                     "8em64t-2s4c-asymcaches: cpus 0 and 4 report only L1) is given a private "
+                     "block at that level, marked filled; hwloc puts it under no cache",
+    "redundant-cluster": "a cluster level each of whose blocks is a core, L2, L3 or package block "
+                         "says nothing (x86 writes cluster_cpus equal to the core on P-cores and "
+                         "to the L2 on E-cores): dropped, as hwloc merges identical groups",
+    "cpu-without-node": "online cpus in no node's cpulist (their node is offline: hwloc's "
+                        "offline-cpu0-node0) are grouped per package into filled NUMA blocks",
+    "numa-without-memory": "a node with cpus but no memory (not in node/has_memory: HMAT "
+                           "initiators) is no NUMA node; its cpus keep it as a filled block, and "
+                           "a node with neither cpus nor memory (a generic initiator) is dropped",
+    "nvidia-gpu-memory": "a node that proc/driver/nvidia/gpus/*/numa_status names is a GPU's "
+                         "memory, not a CPU memory node: dropped (hwloc drops it on POWER and "
+                         "shows it as GPUMemory elsewhere)",
 }
 _PADDING = "\x00 \t\n"  # rule trailing-padding
 # list file -> the mask file older kernels write instead (rule mask-instead-of-list)
 _MASK_OF = {"core_cpus_list": "core_cpus", "thread_siblings_list": "thread_siblings",
             "cluster_cpus_list": "cluster_cpus", "shared_cpu_list": "shared_cpu_map",
-            "cpulist": "cpumap"}
+            "cpulist": "cpumap", "package_cpus_list": "package_cpus",
+            "core_siblings_list": "core_siblings"}
 
 
 def parse_sysfs(root: str | Path = "/") -> RawTopology:
@@ -48,7 +80,7 @@ def parse_sysfs(root: str | Path = "/") -> RawTopology:
     if not cpu_dir.is_dir():
         raise TopologyError(f"{source}: missing {CPU_DIR}; {_HINT}")
     online = _online(root, source)
-    allowed = _allowed_cpus(root, source)
+    allowed, mems = _allowed(root, source)
     if allowed is not None:  # rule cgroup-cpuset
         if not online & allowed:
             raise TopologyError(f"{source}: none of the online cpus {format_cpulist(online)} is "
@@ -57,34 +89,98 @@ def parse_sysfs(root: str | Path = "/") -> RawTopology:
     present = _read_list(root, f"{CPU_DIR}/present", source) if (cpu_dir / "present").exists() else online
     keys: dict[str, dict[int, object]] = {"package": {}, "core": {}, "l2": {}, "l3": {}, "cluster": {}}
     sizes: dict[str, int] = {}
+    filled: dict[str, frozenset[int]] = {}
+    compute_units = _amd_with_compute_units(root)
     for cpu in sorted(online):
         topo = f"{CPU_DIR}/cpu{cpu}/topology"
-        keys["package"][cpu] = int(_read(root, f"{topo}/physical_package_id", source))
-        core_file = f"{topo}/core_cpus_list"
-        if not _has_cpus(root, core_file):
-            core_file = f"{topo}/thread_siblings_list"  # kernels before 5.9
-        keys["core"][cpu] = _read_list(root, core_file, source)
+        package_file = _first(root, f"{topo}/package_cpus_list", f"{topo}/core_siblings_list")
+        if package_file:  # rule package-by-siblings
+            keys["package"][cpu] = _read_list(root, package_file, source)
+        elif (root / topo / "physical_package_id").exists() or not (root / topo).is_dir():
+            keys["package"][cpu] = int(_read(root, f"{topo}/physical_package_id", source))
+        else:
+            filled["package"] = online  # rule missing-package
+        core_file = _first(root, f"{topo}/core_cpus_list", f"{topo}/thread_siblings_list")  # the latter before 5.9
+        if core_file:
+            keys["core"][cpu] = _read_list(root, core_file, source)
+        if compute_units and cpu in keys["core"] and _own_core_id(root, cpu, keys["core"][cpu] & online, source):
+            keys["core"][cpu] = frozenset({cpu})  # rule amd-compute-unit
         if _has_cpus(root, f"{topo}/cluster_cpus_list"):
             keys["cluster"][cpu] = _read_list(root, f"{topo}/cluster_cpus_list", source)
-        for level, shared, size in _caches(root, cpu, source):
+        for level, shared, size in _caches(root, cpu, keys["core"].get(cpu, frozenset({cpu})), source):
             keys[f"l{level}"][cpu] = shared
             sizes.setdefault(f"l{level}", size)
+    coreless = online - keys["core"].keys()
+    if coreless == online and keys["package"]:
+        filled["core"] = online  # rule missing-core
+    elif coreless:
+        _read(root, f"{CPU_DIR}/cpu{min(coreless)}/topology/thread_siblings_list", source)  # says which
     keys = {k: v for k, v in keys.items() if v}
-    for kind in ("cluster", "l2", "l3"):
-        if kind in keys and len(keys[kind]) < len(online):
-            missing = min(online - keys[kind].keys())
-            raise TopologyError(f"{source}: cpu {missing} has no {kind} entry while other cpus do; incomplete snapshot")
-    numa_of, memory_only = _numa(root, online, source)
-    return make_raw(
-        source=source,
-        name=_model_name(root),
-        cpus=online,
-        keys=keys,
-        numa_of=numa_of,
-        cache_bytes=sizes,
-        offline=present - online,
-        memory_only_numa=memory_only,
-    )
+    if "cluster" in keys and len(keys["cluster"]) < len(online):
+        missing = min(online - keys["cluster"].keys())
+        raise TopologyError(f"{source}: cpu {missing} has no cluster entry while other cpus do; incomplete snapshot")
+    for kind in ("l2", "l3"):
+        if kind in keys and len(keys[kind]) < len(online):  # rule missing-cache
+            filled[kind] = online - keys[kind].keys()
+            keys[kind].update({c: frozenset({c}) for c in filled[kind]})
+    numa_of, memory_only, filled["numa"] = _numa(root, online, keys.get("package", {}), mems, source)
+    try:
+        raw = make_raw(
+            source=source,
+            name=_model_name(root),
+            cpus=online,
+            keys=keys,
+            numa_of=numa_of,
+            cache_bytes=sizes,
+            offline=present - online,
+            memory_only_numa=memory_only,
+            filled=filled,
+        )
+    except TopologyError as e:  # name the files the disagreeing lists came from
+        kind = next((k for k in _FILES if f" {k} sibling" in str(e)), None)
+        raise TopologyError(f"{e} (in {CPU_DIR}/cpu*/{_FILES[kind]})" if kind else str(e)) from None
+    if "cluster" in raw.partitions and _redundant(raw, "cluster"):  # rule redundant-cluster
+        raw = replace(raw, partitions={k: v for k, v in raw.partitions.items() if k != "cluster"})
+    return raw
+
+
+# which file each kind's sibling lists come from, for error messages
+_FILES = {"core": "topology/core_cpus_list or thread_siblings_list", "package": "topology/package_cpus_list "
+          "or core_siblings_list", "cluster": "topology/cluster_cpus_list",
+          "l2": "cache/index*/shared_cpu_list (level 2)", "l3": "cache/index*/shared_cpu_list (level 3)"}
+
+
+def _redundant(raw: RawTopology, kind: str) -> bool:
+    others = {b for k, blocks in raw.partitions.items() if k in ("core", "l2", "l3", "package")
+              for b in blocks}
+    return set(raw.partitions[kind]) <= others
+
+
+def _cpuinfo(root: Path) -> dict[str, str]:
+    """The fields of the first processor in proc/cpuinfo ({} when there is none)."""
+    info = root / "proc" / "cpuinfo"
+    out: dict[str, str] = {}
+    if info.is_file():
+        for line in info.read_text(errors="replace").splitlines():
+            if not line.strip() and out:
+                break
+            key, _, value = line.partition(":")
+            out.setdefault(key.strip(), value.strip())
+    return out
+
+
+def _amd_with_compute_units(root: Path) -> bool:
+    info = _cpuinfo(root)
+    return info.get("vendor_id") == "AuthenticAMD" and info.get("cpu family") in ("21", "22")
+
+
+def _own_core_id(root: Path, cpu: int, siblings: frozenset[int], source: str) -> bool:
+    """A thread sibling has another core_id than `cpu` (rule amd-compute-unit)."""
+    others = siblings - {cpu}
+    if not others:
+        return False
+    mine = _read(root, f"{CPU_DIR}/cpu{cpu}/topology/core_id", source)
+    return _read(root, f"{CPU_DIR}/cpu{min(others)}/topology/core_id", source) != mine
 
 
 def _online(root: Path, source: str) -> frozenset[int]:
@@ -99,12 +195,28 @@ def _online(root: Path, source: str) -> frozenset[int]:
     return frozenset(int(d[3:]) for d in dirs if _is_online(root / CPU_DIR / d))
 
 
-def _allowed_cpus(root: Path, source: str) -> frozenset[int] | None:
-    """The cpus this process may use (rule cgroup-cpuset), or None when nothing says."""
+def _allowed(root: Path, source: str) -> tuple[frozenset[int] | None, frozenset[int] | None]:
+    """The cpus and memory nodes this process may use (rules cgroup-cpuset, cgroup-cpuset-mems);
+    None for either when nothing says."""
     import os
 
     if root.resolve() == Path("/"):
-        return frozenset(os.sched_getaffinity(0))
+        return frozenset(os.sched_getaffinity(0)), None
+    base = _cpuset_dir(root)
+    if base is None:
+        return None, None
+    found = []
+    for names in (("cpus", "cpuset.cpus", "cpuset.cpus.effective"),
+                  ("mems", "cpuset.mems", "cpuset.mems.effective")):
+        files = [base / n for n in names if (base / n).is_file()]
+        found.append(_read_list(root, str(files[0].relative_to(root)), source) if files else None)
+    if found[1] is not None and not found[1]:
+        found[1] = None  # cgroup2 leaves cpuset.mems empty when the parent's apply
+    return found[0], found[1]
+
+
+def _cpuset_dir(root: Path) -> Path | None:
+    """The cpuset cgroup directory of proc/self/cpuset under the mount proc/mounts names."""
     own = root / "proc/self/cpuset"
     mounts = root / "proc/mounts"
     if not own.is_file() or not mounts.is_file():
@@ -117,10 +229,8 @@ def _allowed_cpus(root: Path, source: str) -> frozenset[int] | None:
         point, fstype, opts = fields[1], fields[2], fields[3].split(",")
         if fstype == "cpuset" or (fstype == "cgroup" and "cpuset" in opts) or fstype == "cgroup2":
             base = root / point.lstrip("/") / group
-            for name in ("cpus", "cpuset.cpus", "cpuset.cpus.effective"):
-                if (base / name).is_file():
-                    rel = str((base / name).relative_to(root))
-                    return _read_list(root, rel, source)
+            if any((base / n).is_file() for n in ("cpus", "cpuset.cpus", "cpuset.cpus.effective")):
+                return base
     return None
 
 
@@ -132,7 +242,7 @@ def _is_online(cpu_path: Path) -> bool:
     return value in ("1", "")  # rule empty-online-list: an empty flag, like a missing one
 
 
-def _caches(root: Path, cpu: int, source: str) -> list[tuple[int, frozenset[int], int]]:
+def _caches(root: Path, cpu: int, core: frozenset[int], source: str) -> list[tuple[int, frozenset[int], int]]:
     """(level, shared cpus, bytes) of the unified or data caches of levels 2 and 3."""
     cache_dir = root / CPU_DIR / f"cpu{cpu}" / "cache"
     if not cache_dir.is_dir():
@@ -144,38 +254,66 @@ def _caches(root: Path, cpu: int, source: str) -> list[tuple[int, frozenset[int]
         kind = _read(root, f"{rel}/type", source)
         if level not in (2, 3) or kind == "Instruction":
             continue
-        shared = _read_list(root, f"{rel}/shared_cpu_list", source) or frozenset({cpu})  # rule empty-shared-map
+        shared = _read_list(root, f"{rel}/shared_cpu_list", source) or core  # rule empty-shared-map
         size_file = index / "size"
         size = _size(_read(root, f"{rel}/size", source), f"{source}: {rel}/size") if size_file.exists() else 0
         out.append((level, shared, size))
     return out
 
 
-def _numa(root: Path, online: frozenset[int], source: str) -> tuple[dict[int, int] | None, tuple[int, ...]]:
+def _numa(root: Path, online: frozenset[int], package_of: dict[int, object], mems: frozenset[int] | None,
+          source: str) -> tuple[dict[int, int] | None, tuple[int, ...], frozenset[int]]:
+    """(cpu -> node, memory-only nodes, cpus whose node block is filled)."""
     node_dir = root / NODE_DIR
     if not node_dir.is_dir():
-        return None, ()
+        return None, (), frozenset()
+    with_memory = _nodes_with_memory(root, source, mems)
     numa_of: dict[int, int] = {}
     memory_only = []
+    filled: set[int] = set()
     for d in sorted(node_dir.iterdir(), key=lambda p: p.name):
         if not re.fullmatch(r"node\d+", d.name):
             continue
         node = int(d.name[4:])
         cpus = _read_list(root, f"{NODE_DIR}/{d.name}/cpulist", source) & online
-        if not cpus:
+        has_memory = with_memory is None or node in with_memory
+        if not cpus and has_memory:
             memory_only.append(node)
+        if not has_memory:  # rules numa-without-memory, cgroup-cpuset-mems, nvidia-gpu-memory
+            filled |= cpus
         for c in cpus:
             if c in numa_of:
                 if _same_cpus_in_every_node(root, node_dir, online, source):  # rule numa-overlap
-                    return None, ()
+                    return None, (), frozenset()
                 raise TopologyError(f"{source}: cpu {c} is listed in NUMA nodes {numa_of[c]} and {node}; inconsistent ids")
             numa_of[c] = node
     if not numa_of:
-        return None, tuple(memory_only)
-    missing = online - numa_of.keys()
-    if missing:
-        raise TopologyError(f"{source}: online cpu {min(missing)} is in no {NODE_DIR}/node*/cpulist; inconsistent snapshot")
-    return numa_of, tuple(memory_only)
+        return None, tuple(memory_only), frozenset()
+    orphans = online - numa_of.keys()
+    for c in orphans:  # rule cpu-without-node: one filled block per package
+        numa_of[c] = -1 - sorted({package_of.get(o, 0) for o in orphans}, key=str).index(package_of.get(c, 0))
+    return numa_of, tuple(memory_only), frozenset(filled | orphans)
+
+
+def _nodes_with_memory(root: Path, source: str, mems: frozenset[int] | None) -> frozenset[int] | None:
+    """Nodes whose memory counts (None: all), by rules numa-without-memory, cgroup-cpuset-mems
+    and nvidia-gpu-memory."""
+    out = None
+    if (root / NODE_DIR / "has_memory").is_file():
+        out = _read_list(root, f"{NODE_DIR}/has_memory", source)
+    if mems is not None:
+        out = mems if out is None else out & mems
+    gpus = root / "proc/driver/nvidia/gpus"
+    if gpus.is_dir():
+        gpu_nodes = set()
+        for status in gpus.glob("*/numa_status"):
+            m = re.search(r"Node:\s*(\d+)", status.read_text(errors="replace"))
+            if m:
+                gpu_nodes.add(int(m.group(1)))
+        if gpu_nodes:
+            every = {int(d.name[4:]) for d in (root / NODE_DIR).iterdir() if re.fullmatch(r"node\d+", d.name)}
+            out = frozenset((every if out is None else out) - gpu_nodes)
+    return out
 
 
 def _same_cpus_in_every_node(root: Path, node_dir: Path, online: frozenset[int], source: str) -> bool:
@@ -211,6 +349,11 @@ def _mask_file(rel: str) -> str | None:
     return f"{head}/{mask}" if mask else None
 
 
+def _first(root: Path, *rels: str) -> str | None:
+    """The first list file that exists, or whose mask does."""
+    return next((rel for rel in rels if _has_cpus(root, rel)), None)
+
+
 def _has_cpus(root: Path, rel: str) -> bool:
     """The list file, or the mask an older kernel writes instead, exists."""
     mask = _mask_file(rel)
@@ -219,8 +362,8 @@ def _has_cpus(root: Path, rel: str) -> bool:
 
 def _read_list(root: Path, rel: str, source: str) -> frozenset[int]:
     mask = _mask_file(rel)
-    if not (root / rel).exists() and mask is not None and (root / mask).exists():
-        return parse_cpumask(_read(root, mask, source), source=f"{source}: {mask}")  # rule mask-instead-of-list
+    if mask is not None and (root / mask).exists():  # rules mask-instead-of-list, mask-over-list
+        return parse_cpumask(_read(root, mask, source), source=f"{source}: {mask}")
     return parse_cpulist(_read(root, rel, source), source=f"{source}: {rel}")
 
 

@@ -29,7 +29,18 @@ def _set_thread_env(argv: list[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from sandwich import __version__
-    from sandwich.cli import bench, chat, compare, dsl, plan, serve, serve_http, topo, tune
+    from sandwich.cli import (
+        bench,
+        chat,
+        compare,
+        dsl,
+        plan,
+        serve,
+        serve_bench,
+        serve_http,
+        topo,
+        tune,
+    )
 
     parser = argparse.ArgumentParser(
         prog="sandwichc",
@@ -37,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"sandwichc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (tune, plan, bench, topo, dsl, serve, serve_http, chat, compare):
+    for group in (tune, plan, bench, topo, dsl, serve, serve_bench, serve_http, chat, compare):
         group.register(sub)
     return parser
 

@@ -74,9 +74,10 @@ def register(sub) -> None:
     p.add_argument("--budget", choices=("tiny", "quick", "default", "full"), default="quick")
     p.add_argument("--seq-max", type=int, default=2048)
     p.add_argument("--top-k", type=int, default=3)
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars while tuning")
     p.add_argument("--no-fixtures", action="store_true",
                    help="leave out the simulated plans of the synthetic large machines")
     p.add_argument("--json", dest="json_out", default="results/sandwich_plan.json")
@@ -250,7 +251,8 @@ def _run_plan(args) -> int:
     settings = PlanSettings(top_k=args.top_k, seq_max=args.seq_max, budget=args.budget,
                             prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                             rounds=args.rounds)
-    plans = [make_plan(m, cache, settings) for m in args.model or ["llama-160m"]]
+    plans = [make_plan(m, cache, settings, progress=not args.no_progress)
+             for m in args.model or ["llama-160m"]]
     fixtures = ""
     if not args.no_fixtures:
         from sandwich.bench.plan_fixtures import fixture_plans_markdown

@@ -1,4 +1,4 @@
-"""`sandwichc init-model | generate | serve-bench`: checkpoints and the serving engine."""
+"""`sandwichc init-model | generate | tokenize | perplexity`: checkpoints and the serving engine."""
 
 from __future__ import annotations
 
@@ -148,22 +148,6 @@ def register_serving(sub) -> None:
     t.add_argument("--json", action="store_true", help='print {"ids": [...], "count": n}')
     t.set_defaults(func=cmd_tokenize)
 
-    b = sub.add_parser("serve-bench", help="replay a request trace in real time: TTFT/TPOT "
-                       "percentiles, SLO attainment, throughput")
-    _serving_args(b)
-    b.add_argument("--trace", required=True, help="JSON Lines file (arrival_s, prompt_len or "
-                   "prompt_ids, output_len) or 'synthetic' (Poisson arrivals)")
-    b.add_argument("--rate", type=float, default=1.0, help="synthetic arrivals per second")
-    b.add_argument("--duration", type=float, default=10.0,
-                   help="seconds of arrivals (synthetic; a file trace is cut at this time)")
-    b.add_argument("--prompt-mean", type=float, default=32.0, help="synthetic mean prompt length")
-    b.add_argument("--output-mean", type=float, default=16.0, help="synthetic mean output length")
-    b.add_argument("--max-batch", type=int, default=4)
-    b.add_argument("--slo-ttft-ms", type=float, default=1000.0)
-    b.add_argument("--slo-tpot-ms", type=float, default=100.0)
-    b.add_argument("--json", dest="json_out", help="also write the report as JSON to this file")
-    b.set_defaults(func=cmd_serve_bench)
-
 
 def _engine(args, *, max_batch: int, max_seq: int, clock=None):
     """Load the model on the kernel cache and wrap an executor in an engine."""
@@ -312,44 +296,6 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
         return 0
     for i in ids:
         print(f"{i:>8} -> {tok.decode([i], skip_special=False)!r}")
-    return 0
-
-
-def cmd_serve_bench(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
-
-    from tqdm import tqdm
-
-    from sandwich.runtime import serve_bench as sb
-    from sandwich.runtime import traces
-
-    max_seq = args.max_seq or 256
-    if args.trace == "synthetic":
-        entries = traces.synthetic_trace(rate=args.rate, duration_s=args.duration, seed=args.seed,
-                                         prompt_mean=args.prompt_mean, output_mean=args.output_mean,
-                                         max_seq=max_seq)
-    else:
-        entries = [e for e in traces.read_trace(args.trace) if e.arrival_s < args.duration]
-    if not entries:
-        raise ConfigError(f"the trace has no request arriving before --duration {args.duration} s; "
-                          f"raise --rate or --duration")
-    engine = _engine(args, max_batch=args.max_batch, max_seq=max_seq)
-    reqs = traces.to_requests(entries, vocab_size=engine.vocab_size or 1, seed=args.seed,
-                              temperature=args.temperature)
-    with tqdm(total=len(reqs), desc="serve-bench", unit="req", disable=None, file=sys.stderr) as bar:
-        results, wall = sb.replay(engine, [e.arrival_s for e in entries], reqs,
-                                  clock=engine.clock, on_done=lambda _: bar.update())
-    engine_stats = vars(engine.stats) | {"max_batch": args.max_batch, "max_seq": max_seq,
-                                         "ops": args.ops, "trace": args.trace}
-    stats = sb.summarize(results, duration_s=wall, slo_ttft_ms=args.slo_ttft_ms,
-                         slo_tpot_ms=args.slo_tpot_ms, engine=engine_stats)
-    print(sb.format_report(stats))
-    errors = [r.error for r in results if r.error]
-    if errors:
-        print(f"{len(errors)} requests failed; first: {errors[0]}", file=sys.stderr)
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(stats.to_dict(), indent=1))
     return 0
 
 

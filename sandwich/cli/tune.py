@@ -33,7 +33,7 @@ def register(sub) -> None:
                       "prefill/decode pair as the model's plan; off: one kernel set for "
                       "--threads (auto: on unless --tp, --threads or --ops is given)")
     tune.add_argument("--top-k", type=int, default=3, help="candidates per phase (plan)")
-    tune.add_argument("--rounds", type=int, default=5, help="measurement rounds (plan)")
+    tune.add_argument("--rounds", type=int, default=7, help="measurement rounds (plan)")
     tune.add_argument("--prompt-len", type=int, default=128,
                       help="prompt tokens of the measurement request (plan)")
     tune.add_argument("--new-tokens", type=int, default=32,
