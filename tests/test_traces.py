@@ -63,13 +63,17 @@ BAD_AZURE = [  # (file text, line, message)
 ]
 
 
-@pytest.mark.parametrize("text,line,msg", BAD_AZURE)
-def test_bad_azure_csv_stops_at_file_and_line(tmp_path, text, line, msg):
-    f = tmp_path / "t.csv"
+def _stops_at(f, text: str, line: int, msg: str) -> None:
+    """A bad trace is one line of error: `FILE:LINE: reason`."""
     f.write_text(text)
     with pytest.raises(TraceError, match=msg) as e:
         read_trace(f)
     assert str(e.value).startswith(f"{f}:{line}: ") and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("text,line,msg", BAD_AZURE)
+def test_bad_azure_csv_stops_at_file_and_line(tmp_path, text, line, msg):
+    _stops_at(tmp_path / "t.csv", text, line, msg)
 
 
 BAD_JSONL = [
@@ -84,11 +88,7 @@ BAD_JSONL = [
 
 @pytest.mark.parametrize("text,line,msg", BAD_JSONL)
 def test_bad_jsonl_stops_at_file_and_line(tmp_path, text, line, msg):
-    f = tmp_path / "t.jsonl"
-    f.write_text(text)
-    with pytest.raises(TraceError, match=msg) as e:
-        read_trace(f)
-    assert str(e.value).startswith(f"{f}:{line}: ")
+    _stops_at(tmp_path / "t.jsonl", text, line, msg)
 
 
 def _conv(*turns):
