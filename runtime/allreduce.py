@@ -78,6 +78,21 @@ def unlink_quietly(path: str) -> None:
         pass
 
 
+def new_segment(kind: str, nbytes: int) -> str:
+    """A new zeroed shared-memory file of `nbytes` (mode 0600, a name no other process holds);
+    its creator maps it and unlinks it when done."""
+    path = os.path.join(shm_dir(), f"sandwichc-{kind}-{os.getpid()}-{secrets.token_hex(6)}")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, nbytes)  # pages appear as they are written
+    except BaseException:
+        os.close(fd)
+        unlink_quietly(path)
+        raise
+    os.close(fd)
+    return path
+
+
 class ShmAllReduce:
     """One rank's handle on the segment: `comm(x)` sums x across ranks in place.
 
@@ -121,17 +136,12 @@ class ShmAllReduce:
         if world < 1 or capacity < 1 or gather < 0:
             raise ShapeError(f"all-reduce needs world >= 1 and capacity >= 1, got world={world}, "
                              f"capacity={capacity}, gather={gather}")
-        path = os.path.join(shm_dir(), f"sandwichc-tp-{os.getpid()}-{secrets.token_hex(6)}")
-        spec = SegmentSpec(path, world, capacity, gather)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.ftruncate(fd, spec.layout()["end"][0])
-        finally:
-            os.close(fd)
+        size = SegmentSpec("", world, capacity, gather).layout()["end"][0]
+        spec = SegmentSpec(new_segment("tp", size), world, capacity, gather)
         try:
             return cls(spec, 0, timeout=timeout, alive=alive, owner=True)
         except BaseException:
-            unlink_quietly(path)
+            unlink_quietly(spec.path)
             raise
 
     # -- synchronisation -----------------------------------------------------------------

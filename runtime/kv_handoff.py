@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import secrets
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sandwich.errors import ShapeError
-from sandwich.runtime.allreduce import shm_dir, unlink_quietly
+from sandwich.runtime.allreduce import new_segment, unlink_quietly
 from sandwich.runtime.kv_cache import KVCache
 
 Segment = tuple[int, int, int]  # (slot, first position, count)
@@ -63,17 +62,12 @@ class KVHandoff:
 
     @classmethod
     def create(cls, *, layers: int, max_seq: int, kv_heads: int, head_dim: int) -> KVHandoff:
-        path = os.path.join(shm_dir(), f"sandwichc-kv-{os.getpid()}-{secrets.token_hex(6)}")
-        spec = HandoffSpec(path, layers, max_seq, kv_heads, head_dim)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.ftruncate(fd, spec.nbytes)  # pages appear as they are written
-        finally:
-            os.close(fd)
+        shape = (layers, max_seq, kv_heads, head_dim)
+        spec = HandoffSpec(new_segment("kv", HandoffSpec("", *shape).nbytes), *shape)
         try:
             return cls(spec, owner=True)
         except BaseException:
-            unlink_quietly(path)
+            unlink_quietly(spec.path)
             raise
 
     def heads(self, rank: int, tp: int) -> slice:
