@@ -4,16 +4,16 @@ ones included), L2 and L3 caches and clusters. A snapshot where hwloc's answer c
 to a TopoTree is listed in DIFFERS with the exact difference, which the test pins."""
 
 import re
-import tarfile
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from sandwich.topology.parse_sysfs import parse_sysfs
+from sandwich.topology.snapshot import extract_snapshot, snapshot_names
 
 DATA = Path(__file__).parent / "data" / "hwloc"
-SNAPSHOTS = sorted(p.name[: -len(".tar.bz2")] for p in DATA.glob("*.tar.bz2"))
+SNAPSHOTS = snapshot_names(DATA)
 KINDS = {"PU": "pu", "Core": "core", "Package": "package", "NUMANode": "numa", "L2Cache": "l2",
          "L2dCache": "l2", "L3Cache": "l3", "Group(Cluster)": "cluster"}
 # Where hwloc's answer cannot apply to a TopoTree: the pinned difference (ours, hwloc's) and why.
@@ -65,10 +65,7 @@ def test_the_snapshot_list_is_complete():
 
 
 def _extract(tmp_path: Path, name: str) -> Path:
-    with tarfile.open(DATA / f"{name}.tar.bz2") as tf:
-        tf.extractall(tmp_path, filter="tar")
-    (root,) = [p for p in tmp_path.iterdir() if p.is_dir()]  # not always named as the file
-    return root
+    return extract_snapshot(DATA / f"{name}.tar.bz2", tmp_path)
 
 
 def test_128arm_without_cluster_files_the_search_still_finds_the_clusters(tmp_path):

@@ -1,10 +1,11 @@
-"""`sandwichc topo show|search|calibrate`: the main CLI calls `register(subparsers)`."""
+"""`sandwichc topo show|search|calibrate|fixture|hwloc-report`: the main CLI calls `register(subparsers)`."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -29,7 +30,7 @@ from sandwich.topology.tree import asymmetry, summary
 
 
 def register(subparsers) -> None:
-    """Add `topo` with its `show`, `search` and `calibrate` sub-commands."""
+    """Add `topo` with its `show`, `search`, `fixture`, `calibrate` and `hwloc-report` sub-commands."""
     topo = subparsers.add_parser("topo", help="CPU topology: TopoTree, group/remove search, service configs")
     sub = topo.add_subparsers(dest="topo_cmd", required=True)
 
@@ -63,6 +64,16 @@ def register(subparsers) -> None:
     cal.add_argument("--duration", type=float, default=0.3, help="seconds per measurement")
     cal.add_argument("--out", type=Path, help="write the calibration JSON here")
     cal.set_defaults(func=cmd_calibrate)
+
+    hw = sub.add_parser("hwloc-report", help="`topo search` on each of hwloc's Linux test snapshots, "
+                        "one row each (results/topology_hwloc.md)")
+    hw.add_argument("--model", default="llama-3-8b", help="embedded model name or path to config.json")
+    hw.add_argument("--trace", default="synthetic", help="'synthetic' or a JSON/JSONL/CSV of prompt,output")
+    hw.add_argument("--data", type=Path, default=None, help="the snapshots (default: tests/data/hwloc)")
+    hw.add_argument("--only", action="append", default=[], metavar="NAME", help="this snapshot only (repeatable)")
+    hw.add_argument("--md", type=Path, default=Path("results/topology_hwloc.md"))
+    hw.add_argument("--json", type=Path, default=Path("results/topology_hwloc.json"))
+    hw.set_defaults(func=cmd_hwloc_report)
 
 
 def _sources(p: argparse.ArgumentParser) -> None:
@@ -154,6 +165,44 @@ def cmd_calibrate(args) -> int:
             args.out.write_text(cal.to_json())
         except OSError as e:
             raise TopologyError(f"--out {args.out}: cannot write ({e.strerror})") from None
+    return 0
+
+
+def cmd_hwloc_report(args) -> int:
+    from tqdm import tqdm
+
+    from sandwich.bench.topology_hwloc import (
+        HWLOC_DATA,
+        run_snapshots,
+        select_snapshots,
+        summary_line,
+        write_report,
+    )
+    from sandwich.compiler.target import detect_cpu
+
+    data = args.data if args.data is not None else HWLOC_DATA
+    names = select_snapshots(data, args.only)
+    model = load_model_config(args.model)
+    trace = load_trace(args.trace)
+    cpu = detect_cpu()
+    machine = (f"{cpu.model} (mcpu {cpu.mcpu}, {cpu.cores} cores, as `sandwichc info` reports), "
+               f"load average {os.getloadavg()[0]:.1f} at the start")
+    with tqdm(total=len(names), unit="snapshot", disable=None, file=sys.stderr) as bar:
+        def step(name: str) -> None:
+            bar.set_postfix_str(name)
+            bar.update(1)
+
+        rows = run_snapshots(names=names, data=data, model=model, trace=trace, params=SimParams(), progress=step)
+    words = ["sandwichc", "topo", "hwloc-report", "--model", args.model, "--trace", args.trace]
+    if args.data is not None:
+        words += ["--data", str(args.data)]
+    for name in args.only:
+        words += ["--only", name]
+    words += ["--md", str(args.md), "--json", str(args.json)]
+    write_report(rows, md=args.md, json_path=args.json, command=shlex.join(words), machine=machine,
+                 model=args.model, trace=trace)
+    print(summary_line(rows).replace("**", ""))
+    print(f"wrote {args.md}, {args.json}")
     return 0
 
 
