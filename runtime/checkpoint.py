@@ -1,6 +1,6 @@
-"""Random-weight HF-format Llama checkpoints: there is no hub here, so tests and benchmarks
-make their own, in exactly the format (config.json + model.safetensors, HF tensor names)
-that a downloaded model has."""
+"""Random-weight HF-format Llama (and Mixtral) checkpoints: there is no hub here, so tests and
+benchmarks make their own, in exactly the format (config.json + model.safetensors, HF tensor
+names) that a downloaded model has."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from sandwich.runtime.safetensors_io import SINGLE_NAME, save_file, save_sharded
 
 
 def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every HF tensor of a Llama model with its (out, in) shape, in save_pretrained's order."""
-    h, d = cfg.hidden_size, cfg.head_dim
+    """Every HF tensor of a Llama model with its (out, in) shape, in save_pretrained's order;
+    an MoE layer has the hub's Mixtral names (`block_sparse_moe.gate` is the router, expert
+    w1/w3/w2 are gate/up/down), which transformers fuses into its expert tensors on load."""
+    h, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h)}
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
@@ -25,12 +27,19 @@ def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             p + "self_attn.k_proj.weight": (cfg.num_key_value_heads * d, h),
             p + "self_attn.v_proj.weight": (cfg.num_key_value_heads * d, h),
             p + "self_attn.o_proj.weight": (h, cfg.num_attention_heads * d),
-            p + "mlp.gate_proj.weight": (cfg.intermediate_size, h),
-            p + "mlp.up_proj.weight": (cfg.intermediate_size, h),
-            p + "mlp.down_proj.weight": (h, cfg.intermediate_size),
-            p + "input_layernorm.weight": (h,),
-            p + "post_attention_layernorm.weight": (h,),
         })
+        if cfg.is_moe:
+            shapes[p + "block_sparse_moe.gate.weight"] = (cfg.num_local_experts, h)
+            for e in range(cfg.num_local_experts):
+                x = f"{p}block_sparse_moe.experts.{e}."
+                shapes.update({x + "w1.weight": (inter, h), x + "w2.weight": (h, inter),
+                               x + "w3.weight": (inter, h)})
+        else:
+            shapes.update({p + "mlp.gate_proj.weight": (inter, h),
+                           p + "mlp.up_proj.weight": (inter, h),
+                           p + "mlp.down_proj.weight": (h, inter)})
+        shapes.update({p + "input_layernorm.weight": (h,),
+                       p + "post_attention_layernorm.weight": (h,)})
     shapes["model.norm.weight"] = (h,)
     if not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = (cfg.vocab_size, h)
@@ -68,7 +77,7 @@ def write_checkpoint(config: str | Path, out_dir: str | Path, *, seed: int = 0,
     cfg = parse_model_config(raw, source=source, name=Path(str(config)).stem)
     std = float(raw.get("initializer_range", 0.02))
     weights = random_weights(cfg, seed=seed, std=std, norm_std=norm_std)
-    raw.setdefault("architectures", ["LlamaForCausalLM"])
+    raw.setdefault("architectures", ["MixtralForCausalLM" if cfg.is_moe else "LlamaForCausalLM"])
     raw["torch_dtype"] = "bfloat16" if bf16 else "float32"
     raw["initializer_range"] = std
     out = Path(out_dir)

@@ -1,8 +1,10 @@
-"""Continuous batching over an executor: admit (prefill) between decode steps, decode every
-running sequence in one call per step, release a slot the moment its sequence finishes.
+"""Continuous batching over an executor: each iteration a scheduling policy (runtime/schedule/)
+decides the prefill work and decodes every running sequence in one call; a slot is released
+the moment its sequence finishes.
 
 The executor is duck-typed: `start(prompt) -> (slot, logits_row)`, `decode(slots, tokens) ->
-logits (B, vocab)`, `release(slot)`, `kv.max_batch`, `kv.max_seq`; the single-process
+logits (B, vocab)`, `release(slot)`, `kv.max_batch`, `kv.max_seq`; hybrid schedules also use
+`reserve()` and `iterate(slots, tokens, work)`, splitwise `adopt(n)`. The single-process
 `Executor` and the tensor-parallel one both qualify. A bad request becomes an error result
 and never stops the others; requests beyond max_batch wait in the queue.
 """
@@ -13,68 +15,16 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from itertools import pairwise
 
 import numpy as np
 
 from sandwich.errors import SandwichError
 from sandwich.runtime.phases import PhaseSwitcher
-from sandwich.runtime.sampling import Sampler, SamplingParams
-
-
-class RequestError(SandwichError):
-    """A request cannot be served (the engine reports it and keeps serving the others)."""
-
-
-@dataclass(frozen=True)
-class Request:
-    """One generation request; temperature 0 = greedy, else seeded sampling."""
-
-    prompt: tuple[int, ...]
-    max_new_tokens: int
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-    stop: tuple[int, ...] = ()
-    rid: int | str | None = None
-
-    @property
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
-
-
-@dataclass(frozen=True)
-class Result:
-    """What a finished request reports; times are engine-clock seconds, latencies ms.
-
-    finish is 'stop' (a stop token, kept as the last id), 'length' (max_new_tokens) or
-    'error' (then `error` says why). TTFT counts from arrival, so queueing is included;
-    TPOT is (finish - first token) / (tokens - 1), 0.0 for a single token. token_times
-    holds each token's engine-clock time, so every inter-token gap (TBT) is kept: a mean
-    hides the stall a prefill puts between two tokens."""
-
-    rid: int | str | None
-    ids: tuple[int, ...]
-    finish: str
-    ttft_ms: float
-    tpot_ms: float
-    arrival_s: float
-    finish_s: float
-    prompt_len: int
-    ticket: int = 0  # the engine's submission number
-    error: str | None = None
-    token_times: tuple[float, ...] = ()  # engine-clock seconds, one per id
-
-    @property
-    def tbt_ms(self) -> tuple[float, ...]:
-        """Every gap between consecutive tokens, in ms (len(ids) - 1 values)."""
-        return tuple((b - a) * 1e3 for a, b in pairwise(self.token_times))
-
-    @property
-    def e2e_ms(self) -> float:
-        """Arrival to the last token (queueing included)."""
-        return (self.finish_s - self.arrival_s) * 1e3
+from sandwich.runtime.prefill_work import PrefillWork
+from sandwich.runtime.request import Request, RequestError, Result
+from sandwich.runtime.sampling import Sampler
+from sandwich.runtime.schedule.base import Schedule
+from sandwich.runtime.schedule.sandwich import SandwichSchedule
 
 
 @dataclass
@@ -106,8 +56,10 @@ class Engine:
     def __init__(self, executor, *, phases: PhaseSwitcher | None = None,
                  vocab_size: int | None = None, max_queue: int | None = None,
                  clock: Callable[[], float] = time.perf_counter,
-                 on_token: Callable[[int, int], None] | None = None) -> None:
+                 on_token: Callable[[int, int], None] | None = None,
+                 schedule: Schedule | None = None) -> None:
         self.ex, self.clock = executor, clock
+        self.schedule = schedule or SandwichSchedule()
         self.on_token = on_token  # (ticket, token id) as each token is sampled: streaming
         self.max_batch, self.max_seq = executor.kv.max_batch, executor.kv.max_seq
         self.vocab_size = vocab_size or _vocab_of(executor)
@@ -124,7 +76,7 @@ class Engine:
     # -- public API ----------------------------------------------------------------------
     @property
     def busy(self) -> bool:
-        return bool(self._queue or self._running or self._done)
+        return bool(self._queue or self._running or self._done or self.schedule.busy)
 
     @property
     def running(self) -> int:
@@ -150,10 +102,9 @@ class Engine:
         return seq.ticket
 
     def step(self) -> list[Result]:
-        """Admit waiting requests into free slots (prefill), then one decode step for all."""
-        self._admit()
-        if self._running:
-            self._decode()
+        """One iteration of the schedule (by default: admit waiting requests into free slots,
+        each prefilled whole, then one decode step for all)."""
+        self.schedule.step(self)
         out, self._done = self._done, []
         return out
 
@@ -177,7 +128,7 @@ class Engine:
                 self._release(seq)
                 self._running.remove(seq)
                 return True
-        return False
+        return self.schedule.cancel(ticket)
 
     def warm_up(self) -> None:
         """Run one tiny request so lazy kernel loading stays out of the measurements, then
@@ -205,36 +156,78 @@ class Engine:
                     f"beyond max_seq={self.max_seq}; lower max_new_tokens or raise max_seq")
         return None
 
-    # -- the loop ------------------------------------------------------------------------
-    def _admit(self) -> None:
-        """Prefill waiting requests while a slot is free (FIFO)."""
-        while self._queue and len(self._running) < self.max_batch:
-            seq = self._queue.popleft()
-            self._enter("prefill")
-            try:
-                seq.slot, row = self.ex.start(list(seq.req.prompt))
-            except SandwichError as e:
-                self._fail(seq, str(e))
-                continue
-            self.stats.prefills += 1
-            self._running.append(seq)
-            self._append(seq, seq.sampler(row))  # type: ignore[misc]
-            seq.first = self.clock()
-            seq.times.append(seq.first)
-            self._retire()
-        self.stats.max_running = max(self.stats.max_running, len(self._running))
+    # -- what a schedule drives (runtime/schedule/) ----------------------------------------
+    @property
+    def waiting(self) -> deque[_Seq]:
+        """Requests not yet handed to the executor, oldest first."""
+        return self._queue
 
-    def _decode(self) -> None:
+    @property
+    def free_slots(self) -> int:
+        """Batch slots that no running sequence holds (a schedule subtracts its own)."""
+        return self.max_batch - len(self._running)
+
+    def prefill(self, seq: _Seq) -> None:
+        """Prefill a whole prompt in a free slot and sample its first token."""
+        self.enter("prefill")
+        try:
+            slot, row = self.ex.start(list(seq.req.prompt))
+        except SandwichError as e:
+            self.fail(seq, str(e))
+            return
+        self.begin(seq, slot, row)
+
+    def begin(self, seq: _Seq, slot: int, row: np.ndarray) -> None:
+        """A prompt is in `slot` with its last-token logits `row`: sample the first token."""
+        self.stats.prefills += 1
+        seq.slot = slot
+        self._running.append(seq)
+        self.stats.max_running = max(self.stats.max_running, len(self._running))
+        self._append(seq, seq.sampler(row))  # type: ignore[misc]
+        seq.first = self.clock()
+        seq.times.append(seq.first)
+        self._retire()
+
+    def decode(self) -> None:
         """One token for every running sequence, in one executor call."""
-        self._enter("decode")
+        self.enter("decode")
         run = self._running
         try:
             logits = self.ex.decode([s.slot for s in run], [s.ids[-1] for s in run])
         except SandwichError as e:
-            for s in run:
-                self._release(s)
-                self._fail(s, f"decode step failed: {e}")
-            self._running = []
+            self._fail_running(f"decode step failed: {e}")
+            return
+        self._sample(logits)
+
+    def hybrid(self, work: PrefillWork | None) -> np.ndarray | None:
+        """One iteration: a token for every running sequence and, in the same forward pass,
+        `work` (part of a prompt's prefill). Returns the prompt's last-token logits once it
+        has gone through every layer, else None. A failure fails every running sequence and
+        is raised for the schedule to fail its prompt."""
+        self.enter("decode" if work is None else "prefill")
+        run = self._running
+        try:
+            logits = self.ex.iterate([s.slot for s in run], [s.ids[-1] for s in run], work)
+        except SandwichError as e:
+            self._fail_running(f"iteration failed: {e}")
+            raise
+        self._sample(logits[: len(run)])
+        return logits[len(run)] if logits.shape[0] > len(run) else None
+
+    def fail(self, seq: _Seq, why: str) -> None:
+        """Answer a request with an error result (the others go on)."""
+        self._fail(seq, why)
+
+    def enter(self, phase: str) -> None:
+        self.phases.enter(phase)
+        self.stats.phase_switches = self.phases.switches
+        self.stats.phase_applied = self.phases.applied
+
+    # -- the loop ------------------------------------------------------------------------
+    def _sample(self, logits: np.ndarray) -> None:
+        """Sample the running sequences' tokens from their logits rows; retire the finished."""
+        run = self._running
+        if not run:
             return
         self.stats.steps += 1
         self.stats.decode_tokens += len(run)
@@ -244,6 +237,12 @@ class Engine:
         for s in run:
             s.times.append(now)
         self._retire(now)
+
+    def _fail_running(self, why: str) -> None:
+        for s in self._running:
+            self._release(s)
+            self._fail(s, why)
+        self._running = []
 
     def _append(self, seq: _Seq, token: int) -> None:
         seq.ids.append(token)
@@ -280,13 +279,11 @@ class Engine:
                                  prompt_len=len(seq.req.prompt), ticket=seq.ticket, error=why,
                                  token_times=tuple(seq.times)))
 
-    def _enter(self, phase: str) -> None:
-        self.phases.enter(phase)
-        self.stats.phase_switches = self.phases.switches
-        self.stats.phase_applied = self.phases.applied
-
 
 def _vocab_of(executor) -> int | None:
     """The vocabulary size if the executor exposes its model config (both executors do)."""
     cfg = getattr(executor, "cfg", None) or getattr(getattr(executor, "model", None), "config", None)
     return getattr(cfg, "vocab_size", None)
+
+
+__all__ = ["Engine", "EngineStats", "Request", "RequestError", "Result"]  # requests re-exported

@@ -23,7 +23,9 @@ from sandwich.compiler.buffers import aligned_copy, aligned_zeros
 from sandwich.errors import ConfigError, ShapeError
 from sandwich.runtime.kv_cache import CapacityError, KVCache
 from sandwich.runtime.loader import LlamaModel
+from sandwich.runtime.moe import MoeFfn
 from sandwich.runtime.ops_fallback import NumpyOps, Segment
+from sandwich.runtime.prefill_work import PrefillWork
 from sandwich.runtime.rope_tables import cos_sin
 
 
@@ -93,6 +95,14 @@ class Executor:
         self._bound: dict[tuple[bool, int, str, int], Callable[[], object]] = {}  # see _run
         self._decode = False  # whether the forward pass running is a decode step
         self._gemms = model.gemms
+        # MoE layers (runtime/moe.py) and the packed expert bytes they read: in all, and in the
+        # latest forward call (a dense model reads none)
+        self.moe = (MoeFfn(experts=cfg.num_local_experts, hidden=h, max_tokens=t, ops=self.ops,
+                           run=self._run, gate_up=self.buffers["gate_up"], act=self.buffers["act"])
+                    if cfg.is_moe else None)
+        if self.moe is not None:
+            self.buffers.update(self.moe.buffers)
+        self.expert_bytes = self.last_expert_bytes = 0
 
     # -- public API ----------------------------------------------------------------------
     def addresses(self) -> dict[str, int]:
@@ -144,6 +154,28 @@ class Executor:
             self.kv.check_room(s, 1)
         return self.forward([(s, int(self.kv.lens[s]), 1) for s in slots], tokens)
 
+    def reserve(self) -> int:
+        """Take an empty slot for a prompt that a hybrid schedule prefills over several
+        `iterate` calls."""
+        return self.kv.alloc()
+
+    def iterate(self, slots: Sequence[int], tokens: Sequence[int],
+                work: PrefillWork | None = None) -> np.ndarray:
+        """One iteration of a hybrid schedule (chunked or layered prefill): a decode token for
+        every slot and, beside them in the same GEMMs, a part of one prompt's prefill.
+        Returns logits rows, one per slot, then the prompt's last row once `work` has gone
+        through the last layer (a view of the permanent buffer)."""
+        if len(slots) != len(tokens):
+            raise ShapeError(f"iterate got {len(slots)} slots and {len(tokens)} tokens")
+        for s in slots:
+            self.kv.check_room(s, 1)
+        segments = [(int(s), int(self.kv.lens[s]), 1) for s in slots]
+        if work is None:
+            return self.forward(segments, tokens)
+        work.check(self.kv, self.cfg.num_hidden_layers, busy=slots)
+        return self.forward([*segments, (work.slot, work.start, len(work.tokens))],
+                            [*tokens, *work.tokens], span=work.layers)
+
     def score(self, tokens: Sequence[int]) -> np.ndarray:
         """Log-probability of each of tokens[1:] given the tokens before it, in a fresh slot
         (perplexity). The head runs on every row of each chunk, into a fresh array: this is
@@ -171,8 +203,14 @@ class Executor:
         return np.concatenate(out)
 
     # -- the forward pass ----------------------------------------------------------------
-    def forward(self, segments: Sequence[Segment], tokens: Sequence[int]) -> np.ndarray:
-        """Run every layer on the segments' tokens, write K/V, return each segment's last logits."""
+    def forward(self, segments: Sequence[Segment], tokens: Sequence[int], *,
+                span: tuple[int, int] | None = None) -> np.ndarray:
+        """Run every layer on the segments' tokens, write K/V, return the last logits of each
+        segment that went through the last layer.
+
+        With `span` (first, end) the last segment runs only those decoder layers (layered
+        prefill): its hidden states wait in the `carry` buffer between calls, and its length
+        counts only once it has passed the last layer."""
         b = self.buffers
         n_tok = sum(n for _, _, n in segments)
         if n_tok != len(tokens) or n_tok > self.max_tokens or len(segments) > self.kv.max_batch:
@@ -187,17 +225,42 @@ class Executor:
         for _, start, n in segments:
             pos[t0: t0 + n] = np.arange(start, start + n)
             t0 += n
-        # a decode step (one token per sequence) runs decode's kernels when it has its own
+        n_layers = self.cfg.num_hidden_layers
+        lo, hi = span or (0, n_layers)
+        self.last_expert_bytes = 0
+        whole = list(segments) if span is None else list(segments[:-1])  # through every layer
+        n_whole = sum(n for _, _, n in whole)
+        x = b["x"][:n_tok]
+        if lo > 0:  # a layered prefill resumes where its previous group left its rows
+            x[n_whole:] = self._carry()[: n_tok - n_whole]
+            np.take(self.model.embed, ids[:n_whole], axis=0, out=x[:n_whole])
+        else:
+            np.take(self.model.embed, ids, axis=0, out=x)
+        for layer in range(n_layers):
+            if lo <= layer < hi:
+                self._layer_on(layer, segments, n_tok, pos)
+            elif whole:
+                self._layer_on(layer, whole, n_whole, pos[:n_whole])
+        if hi < n_layers:
+            self._carry()[: n_tok - n_whole] = x[n_whole:]
+        finished = list(segments) if hi == n_layers else whole
+        for slot, start, n in finished:
+            self.kv.lens[slot] = start + n
+        return self._head(finished)
+
+    def _layer_on(self, layer: int, segments: Sequence[Segment], n_tok: int, pos: np.ndarray) -> None:
+        """One layer; a decode step (one token per sequence) runs decode's kernels when the
+        model has its own for decode."""
         self._decode = all(n == 1 for _, _, n in segments)
         self._gemms = (self.model.decode_gemms if self._decode and self.model.decode_gemms
                        else self.model.gemms)
-        x = b["x"][:n_tok]
-        np.take(self.model.embed, ids, axis=0, out=x)
-        for layer in range(self.cfg.num_hidden_layers):
-            self._layer(layer, segments, n_tok, pos)
-        for slot, start, n in segments:
-            self.kv.lens[slot] = start + n
-        return self._head(segments)
+        self._layer(layer, segments, n_tok, pos)
+
+    def _carry(self) -> np.ndarray:
+        """The rows of a layered prefill between its layer groups (allocated on first use)."""
+        if "carry" not in self.buffers:
+            self.buffers["carry"] = aligned_zeros((self.max_tokens, self.cfg.hidden_size))
+        return self.buffers["carry"]
 
     def _layer(self, layer: int, segments: Sequence[Segment], n_tok: int, pos: np.ndarray) -> None:
         b, ops, g = self.buffers, self.ops, self._gemms
@@ -226,10 +289,15 @@ class Executor:
             self.allreduce(proj)
         np.add(x, proj, out=x)
         run(layer, "norm2", n_tok, lambda: ops.bind("rmsnorm", x, w.post_norm, eps, out=h))
-        gu, act = b["gate_up"][:n_tok], b["act"][:n_tok]
-        run(layer, "gate_up", n_tok, lambda: g.gate_up.bind(h, w.gate_up, gu))
-        run(layer, "silu", n_tok, lambda: ops.bind("silu_mul", gu, out=act))
-        run(layer, "down", n_tok, lambda: g.down.bind(act, w.down, proj))
+        if w.moe is not None and self.moe is not None:  # router and top-k experts
+            read = self.moe(layer, w.moe, h, proj, g)
+            self.expert_bytes += read
+            self.last_expert_bytes += read
+        else:
+            gu, act = b["gate_up"][:n_tok], b["act"][:n_tok]
+            run(layer, "gate_up", n_tok, lambda: g.gate_up.bind(h, w.gate_up, gu))
+            run(layer, "silu", n_tok, lambda: ops.bind("silu_mul", gu, out=act))
+            run(layer, "down", n_tok, lambda: g.down.bind(act, w.down, proj))
         if self.allreduce is not None:
             self.allreduce(proj)
         np.add(x, proj, out=x)
@@ -251,6 +319,8 @@ class Executor:
         """Final norm and lm_head on the last token of each segment only."""
         b = self.buffers
         s = len(segments)
+        if s == 0:  # a layered prefill's inner group with no decodes beside it
+            return b["logits"][:0]
         last, normed, logits = b["last"][:s], b["h"][:s], b["logits"][:s]
         t0 = 0
         for i, (_, _, n) in enumerate(segments):

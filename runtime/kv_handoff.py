@@ -1,7 +1,9 @@
 """Handing a prefilled sequence's KV cache from the prefill process layout to the decode one
 (Sandwich: each phase its own TP degree and cores) through one shared-memory segment.
 
-The segment holds one sequence: per layer, K and V at [max_seq, all KV heads, head_dim].
+The segment holds `count` sequences (Splitwise's prompt pool fills one while the token pool
+adopts another; `index` says which one a writer fills or a reader copies): per layer, K and V
+at [max_seq, all KV heads, head_dim].
 Each prefill rank writes its own heads of a layer right after computing them (layer by layer,
 as they are produced: the ranks pass every layer's all-reduce only after all of them wrote),
 and each decode rank then copies its own heads into a slot of its cache. The prompt is never
@@ -34,10 +36,11 @@ class HandoffSpec:
     max_seq: int
     kv_heads: int  # all of the model's KV heads
     head_dim: int
+    count: int = 1  # sequences the segment holds
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return (self.layers, 2, self.max_seq, self.kv_heads, self.head_dim)
+        return (self.count, self.layers, 2, self.max_seq, self.kv_heads, self.head_dim)
 
     @property
     def nbytes(self) -> int:
@@ -58,11 +61,13 @@ class KVHandoff:
         finally:
             os.close(fd)
         self.kv = np.ndarray(spec.shape, np.float32, buffer=self._mm)
+        self.index = 0  # the sequence that writers fill and readers copy
         self._finalizer = weakref.finalize(self, unlink_quietly, spec.path) if owner else None
 
     @classmethod
-    def create(cls, *, layers: int, max_seq: int, kv_heads: int, head_dim: int) -> KVHandoff:
-        shape = (layers, max_seq, kv_heads, head_dim)
+    def create(cls, *, layers: int, max_seq: int, kv_heads: int, head_dim: int,
+               count: int = 1) -> KVHandoff:
+        shape = (layers, max_seq, kv_heads, head_dim, count)
         spec = HandoffSpec(new_segment("kv", HandoffSpec("", *shape).nbytes), *shape)
         try:
             return cls(spec, owner=True)
@@ -87,7 +92,7 @@ class KVHandoff:
             if start + n > self.spec.max_seq:
                 raise ShapeError(f"prefill reaches position {start + n}, beyond the hand-off "
                                  f"segment's {self.spec.max_seq}")
-            dst = self.kv[layer]
+            dst = self.kv[self.index, layer]
             dst[0, start:start + n, heads] = kv.k(layer)[start:start + n, slot]
             dst[1, start:start + n, heads] = kv.v(layer)[start:start + n, slot]
         return write
@@ -96,7 +101,7 @@ class KVHandoff:
         """Copy positions [0, n) of this rank's heads into `slot` of a decode rank's cache."""
         heads = self.heads(rank, tp)
         for layer in range(self.spec.layers):
-            src = self.kv[layer]
+            src = self.kv[self.index, layer]
             kv.k(layer)[:n, slot] = src[0, :n, heads]
             kv.v(layer)[:n, slot] = src[1, :n, heads]
         kv.lens[slot] = n

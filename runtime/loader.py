@@ -1,7 +1,8 @@
 """Load an HF Llama-family directory or a GGUF file and pack its weights once into the cached GEMMs' layouts.
 
 QKV and gate/up are fused along N (column blocks [q | k | v] and [gate | up]), matching the
-payload the tuner tuned, so each layer runs four GEMMs.
+payload the tuner tuned, so each layer runs four GEMMs. An MoE layer (Mixtral) has a packed
+router and each expert's fused gate/up and down instead of the MLP (runtime/moe.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from sandwich.gguf_config import gguf_path, is_gguf
 from sandwich.models import ModelConfig, parse_model_config, read_raw_config
 from sandwich.runtime.checkpoint import tensor_shapes
 from sandwich.runtime.gguf_file import GGUFCheckpoint, GGUFTensor
+from sandwich.runtime.moe import MoeWeights, pack_moe
 from sandwich.runtime.rope_tables import RopeSpec, rope_spec
 from sandwich.runtime.safetensors_io import Checkpoint
 from sandwich.tuner.kernel_cache import GemmKernel, KernelCache, PackedWeight
@@ -24,13 +26,19 @@ from sandwich.tuner.kernel_cache import GemmKernel, KernelCache, PackedWeight
 
 @dataclass(frozen=True)
 class ModelGemms:
-    """The tuned GEMM of each projection (ops sharing (N, K) share a kernel)."""
+    """The tuned GEMM of each projection (ops sharing (N, K) share a kernel); in an MoE model
+    gate_up and down are every expert's (same shapes as a dense MLP of the expert's width)."""
 
     qkv: GemmKernel
     o: GemmKernel
     gate_up: GemmKernel
     down: GemmKernel
     lm_head: GemmKernel
+    router: GemmKernel | None = None  # MoE: K=hidden, N=experts
+
+
+# payload op names whose kernels ModelGemms holds under another name
+GEMM_FIELDS = {"expert_gate_up": "gate_up", "expert_down": "down"}
 
 
 @dataclass(frozen=True)
@@ -39,8 +47,9 @@ class LayerWeights:
     qkv: PackedWeight  # K=hidden, N=(H + 2 KVH) D
     o: PackedWeight  # K=H D, N=hidden
     post_norm: np.ndarray  # (hidden,)
-    gate_up: PackedWeight  # K=hidden, N=2 inter
-    down: PackedWeight  # K=inter, N=hidden
+    gate_up: PackedWeight | None = None  # K=hidden, N=2 inter (None in an MoE layer)
+    down: PackedWeight | None = None  # K=inter, N=hidden
+    moe: MoeWeights | None = None  # router and experts in place of the MLP
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,7 @@ def model_gemms(cfg: ModelConfig, cache: KernelCache, *, threads: int | None = N
         gate_up=cache.gemm(n=2 * cfg.intermediate_size, k=h, threads=threads),
         down=cache.gemm(n=h, k=cfg.intermediate_size, threads=threads),
         lm_head=cache.gemm(n=cfg.vocab_size, k=h, threads=threads),
+        router=cache.gemm(n=cfg.num_local_experts, k=h, threads=threads) if cfg.is_moe else None,
     )
 
 
@@ -144,8 +154,10 @@ def load_model(model: str | Path, cache: KernelCache, *, threads: int | None = N
 
 def check_same_layouts(a: ModelGemms, b: ModelGemms) -> None:
     """Both phases read one copy of the packed weights: their kernels must share a layout."""
-    for name in ("qkv", "o", "gate_up", "down", "lm_head"):
+    for name in ("qkv", "o", "gate_up", "down", "lm_head", "router"):
         ga, gb = getattr(a, name), getattr(b, name)
+        if ga is None or gb is None:
+            continue
         if ga.pack_n != gb.pack_n:
             raise ConfigError(f"{name} (N={ga.n_out} K={ga.k}): the kernels tuned for the two "
                               f"phases' thread counts pack the weights differently ({ga.pack_n} "
@@ -171,15 +183,12 @@ def pack_model(read: WeightReader, cfg: ModelConfig, rope: RopeSpec, gemms: Mode
         qkv = np.concatenate([read(p + "self_attn.q_proj.weight")[q],  # rows: contiguous reads
                               read(p + "self_attn.k_proj.weight")[kv],
                               read(p + "self_attn.v_proj.weight")[kv]])
-        gate_up = np.concatenate([read(p + "mlp.gate_proj.weight")[mlp],
-                                  read(p + "mlp.up_proj.weight")[mlp]])
         layers.append(LayerWeights(
             input_norm=aligned_copy(read(p + "input_layernorm.weight")),
             qkv=gemms.qkv.pack(qkv.T),
             o=gemms.o.pack(read(p + "self_attn.o_proj.weight")[:, q].T),
             post_norm=aligned_copy(read(p + "post_attention_layernorm.weight")),
-            gate_up=gemms.gate_up.pack(gate_up.T),
-            down=gemms.down.pack(read(p + "mlp.down_proj.weight")[:, mlp].T),
+            **_ffn(read, p, cfg, gemms, mlp),
         ))
     embed = read("model.embed_tokens.weight")
     head = embed if cfg.tie_word_embeddings else read("lm_head.weight")
@@ -188,3 +197,20 @@ def pack_model(read: WeightReader, cfg: ModelConfig, rope: RopeSpec, gemms: Mode
     return LlamaModel(config=local, rope=rope, embed=embed, layers=tuple(layers),
                       norm=aligned_copy(read("model.norm.weight")), lm_head=gemms.lm_head.pack(head.T),
                       gemms=gemms)
+
+
+def _ffn(read: WeightReader, p: str, cfg: ModelConfig, gemms: ModelGemms,
+         mlp: slice) -> dict[str, PackedWeight | MoeWeights]:
+    """One layer's MLP (fused gate/up, down), or its router and experts; `mlp` selects the
+    intermediate columns (a TP rank's, or all)."""
+    if cfg.is_moe:
+        if gemms.router is None:
+            raise ConfigError(f"{cfg.name}: an MoE model needs the router GEMM (N="
+                              f"{cfg.num_local_experts}); tune the model's payload")
+        return {"moe": pack_moe(read, p, router=gemms.router, gate_up=gemms.gate_up,
+                                down=gemms.down, top_k=cfg.num_experts_per_tok,
+                                experts=cfg.num_local_experts, cols=mlp)}
+    gate_up = np.concatenate([read(p + "mlp.gate_proj.weight")[mlp],
+                              read(p + "mlp.up_proj.weight")[mlp]])
+    return {"gate_up": gemms.gate_up.pack(gate_up.T),
+            "down": gemms.down.pack(read(p + "mlp.down_proj.weight")[:, mlp].T)}

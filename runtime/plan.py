@@ -135,6 +135,9 @@ def model_digest(cfg: ModelConfig) -> str:
     """The shapes that decide kernels and timings (not the name, not the weights)."""
     d = asdict(cfg)
     d.pop("name", None)
+    if not cfg.is_moe:  # a dense model's digest stays what it was before MoE fields existed
+        d.pop("num_local_experts", None)
+        d.pop("num_experts_per_tok", None)
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

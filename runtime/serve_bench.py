@@ -270,6 +270,9 @@ def format_report(s: BenchStats) -> str:
         f"SLO attainment {s.slo_attainment:.1%} ({' and '.join(slos) or 'no SLO'})",
         f"throughput {s.tokens_per_s:.1f} generated tokens/s, {s.requests_per_s:.2f} requests/s",
     ]
+    if s.engine.get("expert_bytes_per_request"):
+        lines.append(f"expert weights read: {s.engine['expert_bytes_per_request'] / 1e6:.1f} MB "
+                     f"per request (schedule {s.engine.get('schedule', '?')})")
     if s.slowdown:
         d = s.slowdown
         parts = [f"{k.upper()} {d[k]['p50']:.2f}/{d[k]['p90']:.2f}/{d[k]['p99']:.2f}x"

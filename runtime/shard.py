@@ -7,6 +7,8 @@ need no communication; o and down yield partial sums that the all-reduce adds. l
 split by vocabulary rows when tp divides the vocabulary (the payload tunes that shape; the
 logits of one step are small to gather, the lm_head weights are the largest GEMM of a small
 model), else replicated. Embedding and norms are replicated: the residual stream is whole.
+An MoE layer's experts are split like the MLP (each expert's intermediate columns), its router
+replicated: every rank routes the same whole hidden states alike.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from sandwich.errors import CacheError, ConfigError
 from sandwich.models import ModelConfig
 from sandwich.payload import make_payload
 from sandwich.runtime.loader import (
+    GEMM_FIELDS,
     LlamaModel,
     ModelGemms,
     WeightReader,
@@ -59,7 +62,7 @@ def shard_gemms(cfg: ModelConfig, cache: KernelCache, *, tp: int,
     found = {}
     for op in make_payload(cfg, tp=tp, seq_max=1).ops:
         try:
-            found[op.name] = cache.gemm(n=op.n, k=op.k, threads=threads)
+            found[GEMM_FIELDS.get(op.name, op.name)] = cache.gemm(n=op.n, k=op.k, threads=threads)
         except CacheError as e:
             raise CacheError(f"{e} (GEMM {op.name} at tensor-parallel degree {tp}: "
                              f"tune with `--tp {tp}`)") from None

@@ -26,11 +26,11 @@ from sandwich.runtime.allreduce import AllReduceError, SegmentSpec, ShmAllReduce
 from sandwich.runtime.executor import Executor
 from sandwich.runtime.kv_handoff import HandoffSpec, KVHandoff
 from sandwich.runtime.loader import read_config
+from sandwich.runtime.prefill_work import PrefillWork
 from sandwich.runtime.shard import check_tp, load_shard, vocab_sharded
+from sandwich.runtime.workers import one_line, spawn_worker, wait_ready
 from sandwich.tuner.kernel_cache import KernelCache
 from sandwich.types import ServiceConfig
-
-START_TIMEOUT_S = 600.0  # loading, packing and compiling the DSL kernels in a worker
 
 
 class TPError(SandwichError):
@@ -78,11 +78,6 @@ def resolve_cpu_sets(tp: int, cpu_sets: ServiceConfig | Sequence[Sequence[int]] 
     return sets
 
 
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"
-
-
 def _build_rank(spec: RankSpec, comm: ShmAllReduce, logits: np.ndarray | None) -> Executor:
     """Load this rank's shard and wire the all-reduce (and, on rank 0, the logits gather)."""
     cache = KernelCache(spec.cache_dir)
@@ -116,7 +111,7 @@ def _worker_main(conn, spec: RankSpec) -> None:
         try:
             ex = _build_rank(spec, comm, None)
         except BaseException as e:
-            conn.send(("error", _one_line(e)))
+            conn.send(("error", one_line(e)))
             return
         conn.send(("ready",))
         while True:
@@ -131,7 +126,7 @@ def _worker_main(conn, spec: RankSpec) -> None:
                 if cmd == "adopt":  # rank 0 may overwrite the hand-off segment once all copied
                     conn.send(("done",))
             except BaseException as e:
-                conn.send(("error", _one_line(e)))
+                conn.send(("error", one_line(e)))
                 comm.abort()
                 return
     finally:
@@ -183,36 +178,17 @@ class TPExecutor:
 
     # -- processes -----------------------------------------------------------------------
     def _spawn(self, specs: Sequence[RankSpec]) -> None:
-        """Spawn (never fork: TVM's thread pool does not survive it) with TVM_NUM_THREADS set
-        in the child's environment, which is copied when the process starts."""
-        ctx = mp.get_context("spawn")
-        old = os.environ.get("TVM_NUM_THREADS")
-        try:
-            for spec in specs:
-                os.environ["TVM_NUM_THREADS"] = str(len(spec.cpus))
-                mine, theirs = ctx.Pipe()
-                p = ctx.Process(target=_worker_main, args=(theirs, spec), daemon=True,
-                                name=f"sandwichc-tp-rank{spec.rank}")
-                p.start()
-                theirs.close()
-                self._procs.append(p)
-                self._conns.append(mine)
-        finally:
-            if old is None:
-                os.environ.pop("TVM_NUM_THREADS", None)
-            else:
-                os.environ["TVM_NUM_THREADS"] = old
+        for spec in specs:
+            p, conn = spawn_worker(_worker_main, (spec,), threads=len(spec.cpus),
+                                   name=f"sandwichc-tp-rank{spec.rank}")
+            self._procs.append(p)
+            self._conns.append(conn)
 
     def _wait_ready(self) -> None:
         for r, conn in enumerate(self._conns, start=1):
-            try:  # a worker that dies closes its pipe end: recv raises EOFError, no hang
-                msg = conn.recv() if conn.poll(START_TIMEOUT_S) else ("error", "no answer")
-            except (EOFError, OSError):
-                self._procs[r - 1].join(timeout=1)
-                msg = ("error", f"exited with code {self._procs[r - 1].exitcode} (a script that "
-                                f"spawns TP workers needs `if __name__ == '__main__':`)")
-            if msg[0] != "ready":
-                raise TPError(f"tensor-parallel rank {r} failed to start: {msg[1]}")
+            why = wait_ready(conn, self._procs[r - 1], "TP workers")
+            if why is not None:
+                raise TPError(f"tensor-parallel rank {r} failed to start: {why}")
 
     def _worker_message(self, i: int) -> str:
         try:
@@ -257,6 +233,29 @@ class TPExecutor:
         self._check_ids(tokens)
         self._send(("decode", slots, tokens))
         return self._run(self.ex.decode, slots, tokens)
+
+    def reserve(self) -> int:
+        """Every rank takes the same empty slot for a prompt prefilled over several iterations."""
+        self._usable()
+        self.kv.free(self.kv.alloc())  # raises when every slot is taken; order unchanged
+        self._send(("reserve",))
+        return self._run(self.ex.reserve)
+
+    def iterate(self, slots: Sequence[int], tokens: Sequence[int],
+                work: PrefillWork | None = None) -> np.ndarray:
+        """`Executor.iterate` on every rank (decodes beside a part of one prompt's prefill)."""
+        slots, tokens = [int(s) for s in slots], [int(t) for t in tokens]
+        self._usable()
+        if len(slots) != len(tokens):
+            raise ShapeError(f"iterate got {len(slots)} slots and {len(tokens)} tokens")
+        for s in slots:
+            self.kv.check_room(s, 1)
+        if work is not None:
+            work.check(self.kv, self.cfg.num_hidden_layers, busy=slots)
+            self._check_ids(work.tokens)
+        self._check_ids(tokens)
+        self._send(("iterate", slots, tokens, work))
+        return self._run(self.ex.iterate, slots, tokens, work)
 
     def release(self, slot: int) -> None:
         self._usable()
@@ -312,7 +311,7 @@ class TPExecutor:
             self.comm.abort()
             raise TPError(problem) from None
         except BaseException as e:  # rank 0 failed mid-step: release the workers from barriers
-            self._broken = _one_line(e)
+            self._broken = one_line(e)
             self.comm.abort()
             raise
 

@@ -1,5 +1,5 @@
-"""Llama-family model configs: the embedded ones by name, any HF `config.json` by path, and
-GGUF files (a path, or an installed model such as `smollm2`)."""
+"""Llama-family model configs (Mixtral's MoE variant included): the embedded ones by name, any
+HF `config.json` by path, and GGUF files (a path, or an installed model such as `smollm2`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from sandwich.errors import ConfigError
 from sandwich.gguf_config import INSTALLED_MODELS, is_gguf, read_gguf_config
 
 DEFAULT_MODEL = "llama-160m"
-LLAMA_FAMILY = {"llama", "mistral", "qwen2"}
+LLAMA_FAMILY = {"llama", "mistral", "qwen2", "mixtral"}
+MOE_TYPES = {"mixtral"}  # a router and top-k SwiGLU experts in place of the MLP
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,14 @@ class ModelConfig:
     rope_theta: float
     tie_word_embeddings: bool
     rope_scaling: dict[str, Any] | None = field(default=None, compare=False, hash=False)
+    # Mixtral-style MoE: every layer's MLP is `num_local_experts` SwiGLU experts of width
+    # intermediate_size, `num_experts_per_tok` of them per token; 0 = a dense model
+    num_local_experts: int = 0
+    num_experts_per_tok: int = 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_local_experts > 0
 
 
 def embedded_models() -> list[str]:
@@ -102,7 +111,8 @@ def _positive_float(raw: dict[str, Any], key: str, source: str, default: float) 
 READ_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_attention_heads",
              "num_key_value_heads", "num_hidden_layers", "vocab_size", "head_dim",
              "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
-             "rope_parameters", "tie_word_embeddings")
+             "rope_parameters", "tie_word_embeddings", "num_local_experts",
+             "num_experts_per_tok")
 
 
 def _warn_near_misses(raw: dict[str, Any], source: str) -> None:
@@ -137,6 +147,7 @@ def parse_model_config(raw: dict[str, Any], *, source: str, name: str) -> ModelC
     head_dim = raw.get("head_dim") or (hidden // heads if hidden % heads == 0 else None)
     if head_dim is None:
         raise ConfigError(f"{source}: hidden_size {hidden} is not divisible by num_attention_heads {heads}; set head_dim")
+    experts, top_k = _experts(raw, model_type, source)
     return ModelConfig(
         name=str(raw.get("_name_or_path") or name),
         hidden_size=hidden,
@@ -152,7 +163,22 @@ def parse_model_config(raw: dict[str, Any], *, source: str, name: str) -> ModelC
             raw, "rope_parameters", source).get("rope_theta", 10000.0)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         rope_scaling=_dict(raw, "rope_scaling", source) or None,
+        num_local_experts=experts,
+        num_experts_per_tok=top_k,
     )
+
+
+def _experts(raw: dict[str, Any], model_type: str, source: str) -> tuple[int, int]:
+    """(experts, experts per token) of an MoE type, with HF MixtralConfig's defaults (8, 2);
+    (0, 0) for a dense one."""
+    if model_type not in MOE_TYPES:
+        return 0, 0
+    experts = _int(raw, "num_local_experts", source, default=8)
+    top_k = _int(raw, "num_experts_per_tok", source, default=2)
+    if top_k > experts:
+        raise ConfigError(f"{source}: num_experts_per_tok {top_k} exceeds num_local_experts "
+                          f"{experts}; a token cannot pick more experts than the layer has")
+    return experts, top_k
 
 
 def _dict(raw: dict[str, Any], key: str, source: str) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The payload: every GEMM of one decoder layer plus lm_head, with (N, K) under a TP degree."""
+"""The payload: every GEMM of one decoder layer plus lm_head, with (N, K) under a TP degree
+(an MoE layer's router and per-expert GEMMs in place of the MLP's)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,11 @@ def _shard(value: int, tp: int, what: str) -> int:
 
 
 def make_payload(cfg: ModelConfig, *, tp: int = 1, seq_max: int = 2048) -> Payload:
-    """QKV and gate/up are fused (column-parallel); O and down are row-parallel (K sharded)."""
+    """QKV and gate/up are fused (column-parallel); O and down are row-parallel (K sharded).
+
+    An MoE model has, per layer, the router (N = experts; replicated under TP) and each
+    expert's fused gate/up and down, sharded like the dense MLP; their count is the
+    expert GEMMs one token runs (layers x experts per token)."""
     if tp <= 0:
         raise ConfigError(f"--tp must be >= 1, got {tp}")
     if seq_max <= 0:
@@ -39,8 +44,18 @@ def make_payload(cfg: ModelConfig, *, tp: int = 1, seq_max: int = 2048) -> Paylo
     ops = (
         GemmOp("qkv", n=(heads + 2 * kv_heads) * d, k=cfg.hidden_size, count=layers),
         GemmOp("o", n=cfg.hidden_size, k=heads * d, count=layers),
-        GemmOp("gate_up", n=2 * inter, k=cfg.hidden_size, count=layers),
-        GemmOp("down", n=cfg.hidden_size, k=inter, count=layers),
+        *_ffn(cfg, inter),
         GemmOp("lm_head", n=cfg.vocab_size if cfg.vocab_size % tp else cfg.vocab_size // tp, k=cfg.hidden_size),
     )
     return Payload(model=cfg.name, tp=tp, seq_max=seq_max, ops=ops)
+
+
+def _ffn(cfg: ModelConfig, inter: int) -> tuple[GemmOp, ...]:
+    layers, h = cfg.num_hidden_layers, cfg.hidden_size
+    if not cfg.is_moe:
+        return (GemmOp("gate_up", n=2 * inter, k=h, count=layers),
+                GemmOp("down", n=h, k=inter, count=layers))
+    per_token = layers * cfg.num_experts_per_tok
+    return (GemmOp("router", n=cfg.num_local_experts, k=h, count=layers),
+            GemmOp("expert_gate_up", n=2 * inter, k=h, count=per_token),
+            GemmOp("expert_down", n=h, k=inter, count=per_token))

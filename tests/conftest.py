@@ -9,9 +9,11 @@ import pytest
 os.environ.setdefault("TVM_NUM_THREADS", "2")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cache(tmp_path_factory):
-    """A kernel cache per test module; SANDWICHC_TEST_CACHE_DIR keeps its kernels across runs."""
+    """One kernel cache for the whole run: modules that tune the same shapes resume from the
+    records another module stored instead of tuning again (tests that need an empty or a
+    broken cache make their own). SANDWICHC_TEST_CACHE_DIR keeps its kernels across runs."""
     from sandwich.runtime import KernelCache
 
     return KernelCache(os.environ.get("SANDWICHC_TEST_CACHE_DIR") or tmp_path_factory.mktemp("kernels"))

@@ -158,8 +158,10 @@ def test_records_of_another_weight_layout_are_retuned_not_mixed(tuned, tmp_path)
     d = tmp_path / "cache"
     shutil.copytree(tuned[0], d)
     cache = KernelCache(d)
-    for r in cache.records(N, K, threads=2)[1:]:  # the first M range keeps the real layout
-        stale = dataclasses.replace(r.record.schedule, pack_n=128)  # valid, but not 64
+    records = cache.records(N, K, threads=2)
+    real = records[0].record.schedule.pack_n  # the ISA's panel width (64 on AVX-512, 32 on AVX2)
+    for r in records[1:]:  # the first M range keeps the real layout
+        stale = dataclasses.replace(r.record.schedule, pack_n=2 * real)  # valid, but not real
         cache.db.put_record(dataclasses.replace(r.record, schedule=stale), threads=2)
     with pytest.raises(CacheError, match="weight layout"):  # a mix is refused at load ...
         KernelCache(d).gemm(n=N, k=K)
@@ -167,7 +169,7 @@ def test_records_of_another_weight_layout_are_retuned_not_mixed(tuned, tmp_path)
                   budget=get_budget("tiny"), cache=KernelCache(d))
     assert rep.cached == 0 and rep.searched == len(get_budget("tiny").m_samples(SEQ))
     packs = {r.record.schedule.pack_n for r in KernelCache(d).records(N, K, threads=2)}
-    assert packs == {64}
+    assert packs == {real}
     assert verify_numerics(KernelCache(d), n=N, k=K, ms=[1, 7, 19]) == []  # ... and re-tuned
 
 

@@ -131,3 +131,18 @@ def test_cli_show_json_and_search_report(tmp_path, capsys):
     assert (out / "topology_desktop_8_core_16pu.png").stat().st_size > 1000
     saved = json.loads((out / "topology_desktop_8_core_16pu.json").read_text())
     assert len(saved["decode"]) == 3 and ServiceConfig.from_dict(saved["decode"][0]).phase == "decode"
+
+
+def test_core_cpus_take_one_pu_per_core_in_tree_order():
+    """Issue 28: Splitwise's pools take the first P and last D of this order."""
+    from sandwich.topology.fixtures import MACHINES, raw_from_spec
+    from sandwich.topology.pools import core_cpus
+    from sandwich.topology.tree import build_tree, leaf_cpus
+
+    tree = build_tree(raw_from_spec(MACHINES["xeon-2s"]))  # 2 threads per core
+    order = core_cpus(tree)
+    assert len(order) == len(set(order)) == len([n for n, d in tree.nodes(data=True)
+                                                 if d["kind"] == "core"])
+    assert order == sorted(order, key=leaf_cpus(tree, tree.graph["root"]).index)
+    assert core_cpus(tree, allowed=order[3:5]) == order[3:5]
+    assert len(order) * 2 == len(leaf_cpus(tree, tree.graph["root"]))  # SMT siblings left out

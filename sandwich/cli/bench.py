@@ -109,6 +109,10 @@ def register(sub) -> None:
     add_cache_arg(r)
     r.set_defaults(func=_run_reference)
 
+    from sandwich.cli import bench_scheduling
+
+    bench_scheduling.register(bsub)
+
 
 def _run(args) -> int:
     from tqdm import tqdm
@@ -202,7 +206,7 @@ def _run_http(args) -> int:
     import argparse as _argparse
 
     from sandwich.bench.http_serving import run_http_bench, write_report
-    from sandwich.cli.serve import _engine
+    from sandwich.cli.engines import make_engine as _engine
     from sandwich.compiler.target import describe_machine
     from sandwich.runtime.http_server import served_name
 

@@ -24,7 +24,7 @@ def register(sub) -> None:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from sandwich.cli.serve import _engine
+    from sandwich.cli.engines import make_engine as _engine
     from sandwich.models import load_model_config
     from sandwich.runtime.chat_session import ChatSession
     from sandwich.runtime.engine import Request, RequestError

@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sandwich.cli.engines import ensure_tuned, schedule_arg
+from sandwich.cli.engines import make_engine as _engine
 from sandwich.errors import ConfigError
 from sandwich.models import DEFAULT_MODEL
 
 
 def register(sub) -> None:
-    p = sub.add_parser("init-model", help="write a random-weight HF-format Llama checkpoint "
-                       "(config.json + model.safetensors) for the loader, tests and benchmarks")
+    p = sub.add_parser("init-model", help="write a random-weight HF-format Llama (or Mixtral) "
+                       "checkpoint (config.json + model.safetensors) for the loader, tests and "
+                       "benchmarks")
     p.add_argument("--config", default=DEFAULT_MODEL,
                    help="embedded model name or path to an HF config.json (or its directory)")
     p.add_argument("--seed", type=int, default=0)
@@ -67,6 +70,12 @@ def _serving_args(p: argparse.ArgumentParser, *, sampling: bool = True) -> None:
                    help="auto: run the plan `sandwichc tune` stored for this model (prefill and "
                    "decode each on its configuration and kernels; a stale plan is re-planned); "
                    "off, or any of --prefill-config/--decode-config/--tp/--threads: as given")
+    p.add_argument("--schedule", type=schedule_arg, default="sandwich",
+                   help="sandwich: each new prompt prefilled whole, then every sequence decodes "
+                   "(default); chunked:C: a C-token prompt chunk beside the decodes each "
+                   "iteration; layered[:G]: the prompt through one of G layer groups per "
+                   "iteration (default G = ceil(prompt / 512)); splitwise:P,D: prefill on a "
+                   "P-core prompt pool process while D cores decode")
     _tune_args(p)
 
 
@@ -87,29 +96,6 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
                    help="fail on GEMMs missing from the kernel cache instead of tuning them first")
     p.add_argument("--tune-budget", choices=list(BUDGETS), default="quick",
                    help="budget of the tuning on first use (default quick: a few minutes)")
-
-
-def _ensure_tuned(args, cache, threads: int) -> None:
-    """Tune, on first use, the model's GEMMs that the cache lacks (M up to 2048 or the
-    model's context), so a new model's first command produces text."""
-    from sandwich.models import load_model_config
-    from sandwich.payload import make_payload
-    from sandwich.tuner.budget import get_budget
-    from sandwich.tuner.shared_tuning import tune_shapes
-    from sandwich.tuner.tune import unique_shapes
-
-    if args.no_tune:
-        return
-    cfg = load_model_config(args.model)
-    seq_max = min(2048, cfg.max_position_embeddings)
-    shapes = unique_shapes(make_payload(cfg, tp=1, seq_max=seq_max))
-    missing = [(names, op) for names, op in shapes  # kernels run only with their own threads
-               if not cache.records(op.n, op.k, op.dtype, threads)]
-    if missing:
-        print(f"tuning {len(missing)} GEMM shape(s) of {cfg.name} for this machine on first use "
-              f"({args.tune_budget} budget; --no-tune to refuse)", file=sys.stderr)
-        tune_shapes(missing, seq_max=seq_max, threads=threads, budget=get_budget(args.tune_budget),
-                    cache=cache)
 
 
 def register_serving(sub) -> None:
@@ -147,93 +133,6 @@ def register_serving(sub) -> None:
     t.add_argument("--text", required=True)
     t.add_argument("--json", action="store_true", help='print {"ids": [...], "count": n}')
     t.set_defaults(func=cmd_tokenize)
-
-
-def _engine(args, *, max_batch: int, max_seq: int, clock=None):
-    """Load the model on the kernel cache and wrap an executor in an engine."""
-    import atexit
-    import os
-    import time
-
-    from sandwich.cli.common import cache_dir_arg
-    from sandwich.models import load_model_config
-    from sandwich.runtime.engine import Engine
-    from sandwich.runtime.executor import Executor
-    from sandwich.runtime.loader import load_model
-    from sandwich.runtime.phases import PhaseSwitcher, load_service_config
-    from sandwich.tuner.kernel_cache import KernelCache
-
-    if max_batch < 1 or max_seq < 1:
-        raise ConfigError(f"--max-batch and --max-seq must be >= 1, got {max_batch} and {max_seq}")
-    if args.tp < 1:
-        raise ConfigError(f"--tp must be >= 1, got {args.tp}")
-    ctx = load_model_config(args.model).max_position_embeddings
-    if max_seq > ctx:  # positions the model never saw: RoPE extrapolates, the text degrades
-        raise ConfigError(f"{max_seq} positions (prompt + new tokens, or --max-seq) are beyond "
-                          f"the model's context of {ctx}; shorten the prompt or lower the limit")
-    cache = KernelCache(cache_dir_arg(args))
-    planned = _planned_engine(args, cache, max_batch=max_batch, max_seq=max_seq, clock=clock)
-    if planned is not None:
-        return planned
-    if args.tp > 1:
-        from sandwich.runtime.tp import TPExecutor
-
-        if args.prefill_config:
-            raise ConfigError("--prefill-config with --tp > 1: the ranks keep one CPU set for both "
-                              "phases (give it with --decode-config)")
-        sets = load_service_config(args.decode_config, "decode") if args.decode_config else None
-        ex = TPExecutor(args.model, cache, tp=args.tp, max_batch=max_batch, max_seq=max_seq,
-                        ops=args.ops, cpu_sets=sets)
-        atexit.register(ex.close)  # stop the workers however the command ends
-        phases = PhaseSwitcher()  # both phases as the ranks were pinned: no switching
-    else:
-        phases = PhaseSwitcher(
-            load_service_config(args.prefill_config, "prefill") if args.prefill_config else None,
-            load_service_config(args.decode_config, "decode") if args.decode_config else None)
-        threads = args.threads or len(os.sched_getaffinity(0))
-        # each phase runs the kernels tuned for its own thread count once a service
-        # configuration sets one; without any, the cache's most-tuned thread count serves both
-        per_phase = args.prefill_config or args.decode_config
-        pre, dec = (phases.plans[p].threads for p in ("prefill", "decode"))
-        for t in sorted({pre, dec} if per_phase else {threads}):
-            _ensure_tuned(args, cache, t)
-        model = (load_model(args.model, cache, threads=pre, decode_threads=dec) if per_phase
-                 else load_model(args.model, cache, threads=threads))
-        ex = Executor(model, max_batch=max_batch, max_seq=max_seq, ops=args.ops, threads=threads)
-    engine = Engine(ex, phases=phases, clock=clock or time.perf_counter)
-    if not args.no_warmup:
-        engine.warm_up()
-    return engine
-
-
-def _planned_engine(args, cache, *, max_batch: int, max_seq: int, clock=None):
-    """The engine of the model's stored plan, or None (no plan, --plan off, or the command
-    line places the phases itself). A stale plan is re-planned first, or, with --no-tune,
-    left unused with a warning."""
-    import atexit
-    import warnings
-
-    from sandwich.errors import ConfigWarning
-    from sandwich.runtime.planner import make_plan, plan_engine, settings_of, stored_plan
-
-    explicit = args.prefill_config or args.decode_config or args.tp > 1 or args.threads
-    if getattr(args, "plan", "auto") == "off" or explicit:
-        return None
-    plan, why, path = stored_plan(args.model, cache)
-    if plan is None:
-        return None
-    if why:
-        if args.no_tune:
-            warnings.warn(ConfigWarning(f"{path}: stale plan ({why}); not used. `sandwichc tune "
-                                        f"--model {args.model}` plans again"), stacklevel=1)
-            return None
-        print(f"re-planning {args.model}: the stored plan is stale ({why})", file=sys.stderr)
-        plan = make_plan(args.model, cache, settings_of(plan),
-                         log=lambda msg: print(msg, file=sys.stderr))
-    runner = plan_engine(plan, args.model, cache, max_batch=max_batch, max_seq=max_seq,
-                         ops=args.ops, warm_up=not args.no_warmup, clock=clock)
-    atexit.register(runner.close)
-    return runner.engine
 
 
 def _prompt(args):
@@ -321,7 +220,7 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     spans = windows(len(ids), args.ctx)
     cache = KernelCache(cache_dir_arg(args))
     threads = args.threads or len(os.sched_getaffinity(0))
-    _ensure_tuned(args, cache, threads)
+    ensure_tuned(args, cache, threads)
     model = load_model(args.model, cache, threads=threads)
     if args.ctx > model.config.max_position_embeddings:
         raise ConfigError(f"--ctx {args.ctx} is beyond the model's context of "

@@ -135,9 +135,13 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
         engine.stats = type(engine.stats)()
         engine.phases.switches = engine.phases.applied = 0
     with tqdm(total=len(reqs), desc="serve-bench", unit="req", disable=None, file=sys.stderr) as bar:
+        expert0 = getattr(engine.ex, "expert_bytes", 0)
         results, wall = sb.replay(engine, arrivals, reqs, clock=engine.clock,
                                   on_done=lambda _: bar.update())
-    engine_stats = vars(engine.stats) | {"max_batch": args.max_batch, "max_seq": max_seq,
+    experts = getattr(engine.ex, "expert_bytes", 0) - expert0  # an MoE model's expert reads
+    engine_stats = vars(engine.stats) | {"schedule": engine.schedule.name,
+                                         "expert_bytes_per_request": experts / len(reqs),
+                                         "max_batch": args.max_batch, "max_seq": max_seq,
                                          "ops": args.ops, "trace": args.trace,
                                          "arrivals": args.arrivals.kind,
                                          "arrivals_cv": args.arrivals.cv,
@@ -149,7 +153,8 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
     if baselines is not None:
         stats = replace(stats, slowdown=sb.slowdowns(results, baselines).to_dict())
     if args.goodput:
-        stats = replace(stats, goodput=_goodput(args, engine, entries, reqs, base_rate).to_dict())
+        stats = replace(stats, goodput=_goodput(args, engine, entries, reqs, base_rate,
+                                                baselines).to_dict())
     print(sb.format_report(stats))
     errors = [r.error for r in results if r.error]
     if errors:
@@ -160,9 +165,10 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _goodput(args, engine, entries, reqs, base: float):
+def _goodput(args, engine, entries, reqs, base: float, baselines=None):
     """Bisect the rate with replays of the same requests, arrivals rescaled to each rate
-    (base: the trace's own mean rate)."""
+    (base: the trace's own mean rate). With slowdown baselines a rate is good only when
+    Table VI's slowdown limits hold as well (its attainment counts as 0 otherwise)."""
     from sandwich.runtime import serve_bench as sb
     from sandwich.runtime import traces
 
@@ -172,7 +178,10 @@ def _goodput(args, engine, entries, reqs, base: float):
         scaled = traces.scale(entries, rate_scale=rate / base)
         results, _ = sb.replay(engine, [e.arrival_s for e in scaled], reqs, clock=engine.clock)
         a = sb.attainment(results, slo)
-        print(f"goodput probe: {rate:.3g} req/s -> attainment {a:.1%}", file=sys.stderr)
+        why = ""
+        if baselines is not None and not sb.slowdowns(results, baselines).met:
+            a, why = 0.0, " (slowdown limits missed)"
+        print(f"goodput probe: {rate:.3g} req/s -> attainment {a:.1%}{why}", file=sys.stderr)
         return a
 
     lo, hi = args.goodput

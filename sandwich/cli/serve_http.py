@@ -31,7 +31,7 @@ def register(sub) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from sandwich.cli.serve import _engine
+    from sandwich.cli.engines import make_engine as _engine
     from sandwich.models import load_model_config
     from sandwich.runtime.engine_loop import EngineLoop
     from sandwich.runtime.http_server import (

@@ -25,7 +25,8 @@ def register(sub) -> None:
     tune.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (shards N or K)")
     add_threads_arg(tune)
     tune.add_argument("--budget", choices=list(BUDGETS), default="default")
-    tune.add_argument("--ops", help="comma-separated subset of qkv,o,gate_up,down,lm_head")
+    tune.add_argument("--ops", help="comma-separated subset of qkv,o,gate_up,down,lm_head (an MoE model: "
+                      "qkv,o,router,expert_gate_up,expert_down,lm_head)")
     tune.add_argument("--no-progress", action="store_true")
     tune.add_argument("--plan", choices=("auto", "on", "off"), default="auto",
                       help="on: search this machine's topology, tune each candidate service "

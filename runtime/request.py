@@ -1,0 +1,65 @@
+"""What a client asks of the engine and what it gets back (the engine, the schedules, the
+benchmarks and the HTTP server all speak these)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import pairwise
+
+from sandwich.errors import SandwichError
+from sandwich.runtime.sampling import SamplingParams
+
+
+class RequestError(SandwichError):
+    """A request cannot be served (the engine reports it and keeps serving the others)."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation request; temperature 0 = greedy, else seeded sampling."""
+
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    stop: tuple[int, ...] = ()
+    rid: int | str | None = None
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a finished request reports; times are engine-clock seconds, latencies ms.
+
+    finish is 'stop' (a stop token, kept as the last id), 'length' (max_new_tokens) or
+    'error' (then `error` says why). TTFT counts from arrival, so queueing is included;
+    TPOT is (finish - first token) / (tokens - 1), 0.0 for a single token. token_times
+    holds each token's engine-clock time, so every inter-token gap (TBT) is kept: a mean
+    hides the stall a prefill puts between two tokens."""
+
+    rid: int | str | None
+    ids: tuple[int, ...]
+    finish: str
+    ttft_ms: float
+    tpot_ms: float
+    arrival_s: float
+    finish_s: float
+    prompt_len: int
+    ticket: int = 0  # the engine's submission number
+    error: str | None = None
+    token_times: tuple[float, ...] = ()  # engine-clock seconds, one per id
+
+    @property
+    def tbt_ms(self) -> tuple[float, ...]:
+        """Every gap between consecutive tokens, in ms (len(ids) - 1 values)."""
+        return tuple((b - a) * 1e3 for a, b in pairwise(self.token_times))
+
+    @property
+    def e2e_ms(self) -> float:
+        """Arrival to the last token (queueing included)."""
+        return (self.finish_s - self.arrival_s) * 1e3
