@@ -55,7 +55,7 @@ def _cpuset(root: Path, cpus: str, mems: str) -> None:
     (root / "proc/self").mkdir(parents=True, exist_ok=True)
     (root / "proc/self/cpuset").write_text("/jail\n")
     (root / "proc/mounts").write_text("none /dev/cpuset cpuset rw 0 0\n")
-    (root / "dev/cpuset/jail").mkdir(parents=True)
+    (root / "dev/cpuset/jail").mkdir(parents=True, exist_ok=True)
     (root / "dev/cpuset/jail/cpus").write_text(cpus + "\n")
     (root / "dev/cpuset/jail/mems").write_text(mems + "\n")
 
@@ -72,6 +72,24 @@ def test_rule_cgroup_cpuset_mems(tmp_path):
     assert raw.memory_only_numa == (3,)  # node 3: memory allowed, cpus not
     assert counts(raw)["numa"] + len(raw.memory_only_numa) == 3
     assert summary(build_tree(raw))["pus"] == 6
+
+
+def test_rule_memory_only_package(tmp_path):
+    """Rule memory-only-package (hwloc's 16amd64-8n2c-cpusets keeps package P#4 for node 4):
+    a package whose cpus are all outside the cpuset but whose node's memory is allowed is
+    counted as a package with memory and no PU; the tree holds only the usable PUs."""
+    spec = F.MachineSpec("4 nodes", 4, 1, 1, 1, 2)  # package n = node n = cpus 2n, 2n+1
+    root = F.write_sysfs(spec, tmp_path / "r")
+    _cpuset(root, "0-3,6", "0,1,3")  # node 2: neither; node 3: memory, and cpu 6 allowed
+    assert parse_sysfs(root).memory_only_packages == ()  # package 3 still has a usable cpu
+    _cpuset(root, "0-3", "0,1,3")
+    raw = parse_sysfs(root)
+    assert raw.memory_only_numa == (3,)
+    assert raw.memory_only_packages == (frozenset({6, 7}),)
+    assert counts(raw)["package"] + len(raw.memory_only_packages) == 3  # as hwloc counts
+    assert summary(build_tree(raw))["pus"] == 4
+    (root / CPU / "cpu6/topology").rename(root / CPU / "cpu6/gone")  # offline cpus lose it
+    assert parse_sysfs(root).memory_only_packages == (frozenset({7}),)
 
 
 def test_rule_amd_compute_unit(desktop):

@@ -7,12 +7,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from sandwich.errors import TopologyError
-from sandwich.topology.cpulist import format_cpulist, parse_cpulist, parse_cpumask
+from sandwich.topology.cpulist import format_cpulist
 from sandwich.topology.raw import RawTopology, make_raw
-
-CPU_DIR = "sys/devices/system/cpu"
-NODE_DIR = "sys/devices/system/node"
-_HINT = "point --sysfs-root at a directory laid out like / (sys/devices/system/cpu/...)"
+from sandwich.topology.sysfs_files import CPU_DIR, HINT, PADDING, first, has_cpus, read, read_list
+from sandwich.topology.sysfs_memory import allowed_cpus_and_mems, memory_only_packages, numa_nodes
 
 # What real sysfs dumps do that a tidy one does not; each tolerance is one named rule.
 RULES = {
@@ -60,16 +58,14 @@ RULES = {
     "numa-without-memory": "a node with cpus but no memory (not in node/has_memory: HMAT "
                            "initiators) is no NUMA node; its cpus keep it as a filled block, and "
                            "a node with neither cpus nor memory (a generic initiator) is dropped",
+    "memory-only-package": "a memory-only node (its memory allowed, none of its cpus) whose "
+                           "package holds no usable cpu keeps that package as an object with "
+                           "memory and no PU, as hwloc shows it (hwloc's 16amd64-8n2c-cpusets); "
+                           "it is counted, not put in the tree, which places only PUs",
     "nvidia-gpu-memory": "a node that proc/driver/nvidia/gpus/*/numa_status names is a GPU's "
                          "memory, not a CPU memory node: dropped (hwloc drops it on POWER and "
                          "shows it as GPUMemory elsewhere)",
 }
-_PADDING = "\x00 \t\n"  # rule trailing-padding
-# list file -> the mask file older kernels write instead (rule mask-instead-of-list)
-_MASK_OF = {"core_cpus_list": "core_cpus", "thread_siblings_list": "thread_siblings",
-            "cluster_cpus_list": "cluster_cpus", "shared_cpu_list": "shared_cpu_map",
-            "cpulist": "cpumap", "package_cpus_list": "package_cpus",
-            "core_siblings_list": "core_siblings"}
 
 
 def parse_sysfs(root: str | Path = "/") -> RawTopology:
@@ -78,35 +74,33 @@ def parse_sysfs(root: str | Path = "/") -> RawTopology:
     source = f"sysfs root {root}"
     cpu_dir = root / CPU_DIR
     if not cpu_dir.is_dir():
-        raise TopologyError(f"{source}: missing {CPU_DIR}; {_HINT}")
+        raise TopologyError(f"{source}: missing {CPU_DIR}; {HINT}")
     online = _online(root, source)
-    allowed, mems = _allowed(root, source)
+    allowed, mems = allowed_cpus_and_mems(root, source)
     if allowed is not None:  # rule cgroup-cpuset
         if not online & allowed:
             raise TopologyError(f"{source}: none of the online cpus {format_cpulist(online)} is "
                                 f"allowed by the cpuset ({format_cpulist(allowed)})")
         online = online & allowed
-    present = _read_list(root, f"{CPU_DIR}/present", source) if (cpu_dir / "present").exists() else online
+    present = read_list(root, f"{CPU_DIR}/present", source) if (cpu_dir / "present").exists() else online
     keys: dict[str, dict[int, object]] = {"package": {}, "core": {}, "l2": {}, "l3": {}, "cluster": {}}
     sizes: dict[str, int] = {}
     filled: dict[str, frozenset[int]] = {}
     compute_units = _amd_with_compute_units(root)
     for cpu in sorted(online):
         topo = f"{CPU_DIR}/cpu{cpu}/topology"
-        package_file = _first(root, f"{topo}/package_cpus_list", f"{topo}/core_siblings_list")
-        if package_file:  # rule package-by-siblings
-            keys["package"][cpu] = _read_list(root, package_file, source)
-        elif (root / topo / "physical_package_id").exists() or not (root / topo).is_dir():
-            keys["package"][cpu] = int(_read(root, f"{topo}/physical_package_id", source))
+        package = _package_key(root, cpu, source)
+        if package is not None:
+            keys["package"][cpu] = package
         else:
             filled["package"] = online  # rule missing-package
-        core_file = _first(root, f"{topo}/core_cpus_list", f"{topo}/thread_siblings_list")  # the latter before 5.9
+        core_file = first(root, f"{topo}/core_cpus_list", f"{topo}/thread_siblings_list")  # the latter before 5.9
         if core_file:
-            keys["core"][cpu] = _read_list(root, core_file, source)
+            keys["core"][cpu] = read_list(root, core_file, source)
         if compute_units and cpu in keys["core"] and _own_core_id(root, cpu, keys["core"][cpu] & online, source):
             keys["core"][cpu] = frozenset({cpu})  # rule amd-compute-unit
-        if _has_cpus(root, f"{topo}/cluster_cpus_list"):
-            keys["cluster"][cpu] = _read_list(root, f"{topo}/cluster_cpus_list", source)
+        if has_cpus(root, f"{topo}/cluster_cpus_list"):
+            keys["cluster"][cpu] = read_list(root, f"{topo}/cluster_cpus_list", source)
         for level, shared, size in _caches(root, cpu, keys["core"].get(cpu, frozenset({cpu})), source):
             keys[f"l{level}"][cpu] = shared
             sizes.setdefault(f"l{level}", size)
@@ -114,7 +108,7 @@ def parse_sysfs(root: str | Path = "/") -> RawTopology:
     if coreless == online and keys["package"]:
         filled["core"] = online  # rule missing-core
     elif coreless:
-        _read(root, f"{CPU_DIR}/cpu{min(coreless)}/topology/thread_siblings_list", source)  # says which
+        read(root, f"{CPU_DIR}/cpu{min(coreless)}/topology/thread_siblings_list", source)  # says which
     keys = {k: v for k, v in keys.items() if v}
     if "cluster" in keys and len(keys["cluster"]) < len(online):
         missing = min(online - keys["cluster"].keys())
@@ -123,7 +117,10 @@ def parse_sysfs(root: str | Path = "/") -> RawTopology:
         if kind in keys and len(keys[kind]) < len(online):  # rule missing-cache
             filled[kind] = online - keys[kind].keys()
             keys[kind].update({c: frozenset({c}) for c in filled[kind]})
-    numa_of, memory_only, filled["numa"] = _numa(root, online, keys.get("package", {}), mems, source)
+    numa_of, memory_only, filled["numa"] = numa_nodes(root, online, keys.get("package", {}), mems, source)
+    held = set(keys.get("package", {}).values())
+    memory_packages = memory_only_packages(root, memory_only, held, source,
+                                           package_of=lambda c: _package_key(root, c, source))
     try:
         raw = make_raw(
             source=source,
@@ -134,6 +131,7 @@ def parse_sysfs(root: str | Path = "/") -> RawTopology:
             cache_bytes=sizes,
             offline=present - online,
             memory_only_numa=memory_only,
+            memory_only_packages=memory_packages,
             filled=filled,
         )
     except TopologyError as e:  # name the files the disagreeing lists came from
@@ -148,6 +146,19 @@ def parse_sysfs(root: str | Path = "/") -> RawTopology:
 _FILES = {"core": "topology/core_cpus_list or thread_siblings_list", "package": "topology/package_cpus_list "
           "or core_siblings_list", "cluster": "topology/cluster_cpus_list",
           "l2": "cache/index*/shared_cpu_list (level 2)", "l3": "cache/index*/shared_cpu_list (level 3)"}
+
+
+def _package_key(root: Path, cpu: int, source: str) -> object | None:
+    """The cpu's package: its sibling list (rule package-by-siblings), else its
+    `physical_package_id`; None when the kernel says nothing of packages (rule missing-package).
+    A cpu without a topology directory names the missing id file in the error."""
+    topo = f"{CPU_DIR}/cpu{cpu}/topology"
+    package_file = first(root, f"{topo}/package_cpus_list", f"{topo}/core_siblings_list")
+    if package_file:
+        return read_list(root, package_file, source)
+    if (root / topo / "physical_package_id").exists() or not (root / topo).is_dir():
+        return int(read(root, f"{topo}/physical_package_id", source))
+    return None
 
 
 def _redundant(raw: RawTopology, kind: str) -> bool:
@@ -179,66 +190,27 @@ def _own_core_id(root: Path, cpu: int, siblings: frozenset[int], source: str) ->
     others = siblings - {cpu}
     if not others:
         return False
-    mine = _read(root, f"{CPU_DIR}/cpu{cpu}/topology/core_id", source)
-    return _read(root, f"{CPU_DIR}/cpu{min(others)}/topology/core_id", source) != mine
+    mine = read(root, f"{CPU_DIR}/cpu{cpu}/topology/core_id", source)
+    return read(root, f"{CPU_DIR}/cpu{min(others)}/topology/core_id", source) != mine
 
 
 def _online(root: Path, source: str) -> frozenset[int]:
     for name in ("online", "present"):
         if (root / CPU_DIR / name).exists():
-            cpus = _read_list(root, f"{CPU_DIR}/{name}", source)
+            cpus = read_list(root, f"{CPU_DIR}/{name}", source)
             if cpus:
                 return cpus  # else rule empty-online-list: try the next source
     dirs = [p.name for p in (root / CPU_DIR).iterdir() if re.fullmatch(r"cpu\d+", p.name)]
     if not dirs:
-        raise TopologyError(f"{source}: missing {CPU_DIR}/online and no cpuN directories; {_HINT}")
+        raise TopologyError(f"{source}: missing {CPU_DIR}/online and no cpuN directories; {HINT}")
     return frozenset(int(d[3:]) for d in dirs if _is_online(root / CPU_DIR / d))
-
-
-def _allowed(root: Path, source: str) -> tuple[frozenset[int] | None, frozenset[int] | None]:
-    """The cpus and memory nodes this process may use (rules cgroup-cpuset, cgroup-cpuset-mems);
-    None for either when nothing says."""
-    import os
-
-    if root.resolve() == Path("/"):
-        return frozenset(os.sched_getaffinity(0)), None
-    base = _cpuset_dir(root)
-    if base is None:
-        return None, None
-    found = []
-    for names in (("cpus", "cpuset.cpus", "cpuset.cpus.effective"),
-                  ("mems", "cpuset.mems", "cpuset.mems.effective")):
-        files = [base / n for n in names if (base / n).is_file()]
-        found.append(_read_list(root, str(files[0].relative_to(root)), source) if files else None)
-    if found[1] is not None and not found[1]:
-        found[1] = None  # cgroup2 leaves cpuset.mems empty when the parent's apply
-    return found[0], found[1]
-
-
-def _cpuset_dir(root: Path) -> Path | None:
-    """The cpuset cgroup directory of proc/self/cpuset under the mount proc/mounts names."""
-    own = root / "proc/self/cpuset"
-    mounts = root / "proc/mounts"
-    if not own.is_file() or not mounts.is_file():
-        return None
-    group = own.read_text(errors="replace").strip(_PADDING).lstrip("/")
-    for line in mounts.read_text(errors="replace").splitlines():
-        fields = line.split()
-        if len(fields) < 4:
-            continue
-        point, fstype, opts = fields[1], fields[2], fields[3].split(",")
-        if fstype == "cpuset" or (fstype == "cgroup" and "cpuset" in opts) or fstype == "cgroup2":
-            base = root / point.lstrip("/") / group
-            if any((base / n).is_file() for n in ("cpus", "cpuset.cpus", "cpuset.cpus.effective")):
-                return base
-    return None
 
 
 def _is_online(cpu_path: Path) -> bool:
     flag = cpu_path / "online"
     if not flag.exists():
         return True
-    value = flag.read_text(errors="replace").strip(_PADDING)
+    value = flag.read_text(errors="replace").strip(PADDING)
     return value in ("1", "")  # rule empty-online-list: an empty flag, like a missing one
 
 
@@ -250,76 +222,15 @@ def _caches(root: Path, cpu: int, core: frozenset[int], source: str) -> list[tup
     out = []
     for index in sorted(cache_dir.glob("index*")):
         rel = index.relative_to(root)
-        level = int(_read(root, f"{rel}/level", source))
-        kind = _read(root, f"{rel}/type", source)
+        level = int(read(root, f"{rel}/level", source))
+        kind = read(root, f"{rel}/type", source)
         if level not in (2, 3) or kind == "Instruction":
             continue
-        shared = _read_list(root, f"{rel}/shared_cpu_list", source) or core  # rule empty-shared-map
+        shared = read_list(root, f"{rel}/shared_cpu_list", source) or core  # rule empty-shared-map
         size_file = index / "size"
-        size = _size(_read(root, f"{rel}/size", source), f"{source}: {rel}/size") if size_file.exists() else 0
+        size = _size(read(root, f"{rel}/size", source), f"{source}: {rel}/size") if size_file.exists() else 0
         out.append((level, shared, size))
     return out
-
-
-def _numa(root: Path, online: frozenset[int], package_of: dict[int, object], mems: frozenset[int] | None,
-          source: str) -> tuple[dict[int, int] | None, tuple[int, ...], frozenset[int]]:
-    """(cpu -> node, memory-only nodes, cpus whose node block is filled)."""
-    node_dir = root / NODE_DIR
-    if not node_dir.is_dir():
-        return None, (), frozenset()
-    with_memory = _nodes_with_memory(root, source, mems)
-    numa_of: dict[int, int] = {}
-    memory_only = []
-    filled: set[int] = set()
-    for d in sorted(node_dir.iterdir(), key=lambda p: p.name):
-        if not re.fullmatch(r"node\d+", d.name):
-            continue
-        node = int(d.name[4:])
-        cpus = _read_list(root, f"{NODE_DIR}/{d.name}/cpulist", source) & online
-        has_memory = with_memory is None or node in with_memory
-        if not cpus and has_memory:
-            memory_only.append(node)
-        if not has_memory:  # rules numa-without-memory, cgroup-cpuset-mems, nvidia-gpu-memory
-            filled |= cpus
-        for c in cpus:
-            if c in numa_of:
-                if _same_cpus_in_every_node(root, node_dir, online, source):  # rule numa-overlap
-                    return None, (), frozenset()
-                raise TopologyError(f"{source}: cpu {c} is listed in NUMA nodes {numa_of[c]} and {node}; inconsistent ids")
-            numa_of[c] = node
-    if not numa_of:
-        return None, tuple(memory_only), frozenset()
-    orphans = online - numa_of.keys()
-    for c in orphans:  # rule cpu-without-node: one filled block per package
-        numa_of[c] = -1 - sorted({package_of.get(o, 0) for o in orphans}, key=str).index(package_of.get(c, 0))
-    return numa_of, tuple(memory_only), frozenset(filled | orphans)
-
-
-def _nodes_with_memory(root: Path, source: str, mems: frozenset[int] | None) -> frozenset[int] | None:
-    """Nodes whose memory counts (None: all), by rules numa-without-memory, cgroup-cpuset-mems
-    and nvidia-gpu-memory."""
-    out = None
-    if (root / NODE_DIR / "has_memory").is_file():
-        out = _read_list(root, f"{NODE_DIR}/has_memory", source)
-    if mems is not None:
-        out = mems if out is None else out & mems
-    gpus = root / "proc/driver/nvidia/gpus"
-    if gpus.is_dir():
-        gpu_nodes = set()
-        for status in gpus.glob("*/numa_status"):
-            m = re.search(r"Node:\s*(\d+)", status.read_text(errors="replace"))
-            if m:
-                gpu_nodes.add(int(m.group(1)))
-        if gpu_nodes:
-            every = {int(d.name[4:]) for d in (root / NODE_DIR).iterdir() if re.fullmatch(r"node\d+", d.name)}
-            out = frozenset((every if out is None else out) - gpu_nodes)
-    return out
-
-
-def _same_cpus_in_every_node(root: Path, node_dir: Path, online: frozenset[int], source: str) -> bool:
-    lists = {_read_list(root, f"{NODE_DIR}/{d.name}/cpulist", source) & online
-             for d in node_dir.iterdir() if re.fullmatch(r"node\d+", d.name)}
-    return len(lists - {frozenset()}) == 1
 
 
 def _model_name(root: Path) -> str:
@@ -330,41 +241,6 @@ def _model_name(root: Path) -> str:
             if key.strip() in ("model name", "Model name", "cpu model") and value.strip():
                 return value.strip()
     return "unknown cpu"
-
-
-def _read(root: Path, rel: str, source: str) -> str:
-    path = root / rel
-    if not path.exists():
-        raise TopologyError(f"{source}: missing {rel}; {_HINT}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise TopologyError(f"{source}: cannot read {rel} as text ({e})") from None
-    return text.strip(_PADDING)  # rule trailing-padding (and leading, for symmetry)
-
-
-def _mask_file(rel: str) -> str | None:
-    head, _, name = rel.rpartition("/")
-    mask = _MASK_OF.get(name)
-    return f"{head}/{mask}" if mask else None
-
-
-def _first(root: Path, *rels: str) -> str | None:
-    """The first list file that exists, or whose mask does."""
-    return next((rel for rel in rels if _has_cpus(root, rel)), None)
-
-
-def _has_cpus(root: Path, rel: str) -> bool:
-    """The list file, or the mask an older kernel writes instead, exists."""
-    mask = _mask_file(rel)
-    return (root / rel).exists() or (mask is not None and (root / mask).exists())
-
-
-def _read_list(root: Path, rel: str, source: str) -> frozenset[int]:
-    mask = _mask_file(rel)
-    if mask is not None and (root / mask).exists():  # rules mask-instead-of-list, mask-over-list
-        return parse_cpumask(_read(root, mask, source), source=f"{source}: {mask}")
-    return parse_cpulist(_read(root, rel, source), source=f"{source}: {rel}")
 
 
 def _size(text: str, source: str) -> int:

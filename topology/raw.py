@@ -24,6 +24,8 @@ class RawTopology:
     cache_bytes: Mapping[str, int] = field(default_factory=dict)
     offline: tuple[int, ...] = ()
     memory_only_numa: tuple[int, ...] = ()
+    # packages that hold memory-only nodes and no usable cpu (each as those nodes' cpus)
+    memory_only_packages: tuple[frozenset[int], ...] = ()
     # Per kind, the blocks no input file reports as an object of that kind (a cpu with no L2
     # entry, cpus whose NUMA node is offline or has no usable memory): kept so that every level
     # covers every cpu, but not counted as that kind's objects (hwloc shows none there).
@@ -40,6 +42,7 @@ def make_raw(
     cache_bytes: Mapping[str, int] | None = None,
     offline: set[int] | frozenset[int] = frozenset(),
     memory_only_numa: tuple[int, ...] = (),
+    memory_only_packages: tuple[frozenset[int], ...] = (),
     filled: Mapping[str, frozenset[int]] | None = None,
 ) -> RawTopology:
     """Validate per-cpu level keys and turn them into partitions.
@@ -75,6 +78,7 @@ def make_raw(
         cache_bytes=dict(cache_bytes or {}),
         offline=tuple(sorted(offline)),
         memory_only_numa=tuple(memory_only_numa),
+        memory_only_packages=tuple(memory_only_packages),
         filled={kind: tuple(b for b in partitions[kind] if b <= made_up)
                 for kind, made_up in (filled or {}).items() if made_up and kind in partitions},
     )
