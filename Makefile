@@ -1,6 +1,6 @@
 # Two commands on a fresh machine: `make tune` (set up, tune the default model, a short
 # comparison against the vendor libraries) and `make test` (set up, run the checks and the
-# test suite: what CI runs). `make bench` regenerates results/gemm_vs_vendor.* in full.
+# test suite: what CI runs). `make bench` regenerates results/cpus/<mcpu>/gemm_vs_vendor.* in full.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin

@@ -21,9 +21,22 @@ _X86_ATTRS = [
     ("avx512_bf16", "+avx512bf16"), ("avx512_fp16", "+avx512fp16"),
     ("amx_tile", "+amx-tile"), ("amx_bf16", "+amx-bf16"), ("amx_int8", "+amx-int8"),
 ]
-# flags LLVM's x86 backend calls by a CPU name when the hypervisor hides the model
-_FALLBACK_MCPU = [("amx_tile", "sapphirerapids"), ("avx512f", "skylake-avx512"),
-                  ("avx2", "haswell"), ("sse4_2", "nehalem")]
+# The widest vector family a CPU has, by its flags, widest first. A hypervisor may report a
+# model whose LLVM name contradicts the flags (an AMX Sapphire Rapids seen as family 6 model
+# 167, "rocketlake"); -mcpu then enables or omits whole families, so the name is checked.
+_FAMILIES = ("amx_tile", "avx512_bf16", "avx512f", "avx2")
+# LLVM x86 CPU names by the widest family they enable (a name not listed is taken as it is)
+_LLVM_FAMILY = {
+    "amx_tile": {"sapphirerapids", "emeraldrapids", "graniterapids", "graniterapids-d",
+                 "diamondrapids"},
+    "avx512_bf16": {"cooperlake", "znver4", "znver5"},
+    "avx512f": {"knl", "knm", "skylake-avx512", "cascadelake", "cannonlake", "icelake-client",
+                "icelake-server", "tigerlake", "rocketlake", "x86-64-v4"},
+    "avx2": {"haswell", "broadwell", "skylake", "alderlake", "raptorlake", "meteorlake",
+             "arrowlake", "arrowlake-s", "lunarlake", "gracemont", "sierraforest", "grandridge",
+             "clearwaterforest", "znver1", "znver2", "znver3", "bdver4", "x86-64-v3"},
+}
+_GENERIC = ("generic", "", "x86-64")
 
 
 @dataclass(frozen=True)
@@ -43,6 +56,7 @@ class CpuInfo:
     l3_bytes: int
     cores: int
     flags: tuple[str, ...]
+    mcpu_reported: str = ""  # LLVM's host name when it contradicted the flags and was replaced
 
     @property
     def lanes_f32(self) -> int:
@@ -69,12 +83,13 @@ class CpuInfo:
         return json.dumps(asdict(self), indent=2)
 
 
-def _cpuinfo(root: Path) -> tuple[str, set[str]]:
-    model, flags = "unknown", set()
+def _cpuinfo(root: Path) -> tuple[str, set[str], bool]:
+    """(model name, flags of the first processor, whether its vendor is AMD)."""
+    model, flags, amd = "unknown", set(), False
     try:
         text = (root / "proc/cpuinfo").read_text()
     except OSError:
-        return model, flags
+        return model, flags, amd
     for line in text.splitlines():
         key, _, val = line.partition(":")
         key = key.strip().lower()
@@ -82,7 +97,38 @@ def _cpuinfo(root: Path) -> tuple[str, set[str]]:
             model = val.strip()
         elif key in ("flags", "features") and not flags:
             flags = set(val.split())
-    return model, flags
+        elif key == "vendor_id":
+            amd = amd or val.strip() == "AuthenticAMD"
+    return model, flags, amd
+
+
+def llvm_cpu_for(reported: str, flags: set[str], *, amd: bool) -> str:
+    """The -mcpu to build for: LLVM's host name when the vector family it enables is the one
+    the flags show, else a name chosen by the flags. A name not in _LLVM_FAMILY (a newer CPU,
+    or one without AVX2) is kept: -mattr spells out every family the flags show anyway."""
+    have = next((f for f in _FAMILIES if f in flags), None)
+    named = next((f for f in _FAMILIES if reported in _LLVM_FAMILY[f]), None)
+    if reported not in _GENERIC and (named is None or named == have):
+        return reported
+    return _by_flags(have, flags, amd=amd)
+
+
+def _by_flags(have: str | None, flags: set[str], *, amd: bool) -> str:
+    """An LLVM name for the widest vector family the flags show."""
+    if have is None:
+        return "nehalem" if "sse4_2" in flags else "x86-64"
+    if amd and have != "amx_tile":  # Zen 5 has VP2INTERSECT and AVX-VNNI, Zen 4 neither
+        if have == "avx2":
+            return "znver3" if "vaes" in flags else "znver2"
+        return "znver5" if {"avx512_vp2intersect", "avx_vnni"} & flags else "znver4"
+    if have == "amx_tile":
+        return "graniterapids" if "amx_fp16" in flags else "sapphirerapids"
+    if have == "avx512_bf16":
+        return "cooperlake"
+    if have == "avx512f":
+        return ("icelake-server" if "avx512_vbmi2" in flags else
+                "cascadelake" if "avx512_vnni" in flags else "skylake-avx512")
+    return "haswell"
 
 
 def _size(text: str) -> int:
@@ -120,7 +166,7 @@ def _llvm_cpu() -> str:
 def detect_cpu(root: str | Path = "/", *, llvm_cpu: str | None = None) -> CpuInfo:
     """Read the host (or a snapshot laid out like `/`) and derive the kernel-relevant facts."""
     root = Path(root)
-    model, flags = _cpuinfo(root)
+    model, flags, amd = _cpuinfo(root)
     arch = platform.machine() if str(root) == "/" else ("aarch64" if "asimd" in flags else "x86_64")
     caches = _caches(root)
     cores = len(os.sched_getaffinity(0)) if str(root) == "/" else os.cpu_count() or 1
@@ -136,11 +182,11 @@ def detect_cpu(root: str | Path = "/", *, llvm_cpu: str | None = None) -> CpuInf
         isa, bits, regs = "avx2", 256, 16
     else:
         isa, bits, regs = "scalar", 128, 16
-    mcpu = llvm_cpu if llvm_cpu is not None else _llvm_cpu()
-    if mcpu in ("generic", "", "x86-64"):
-        mcpu = next((name for flag, name in _FALLBACK_MCPU if flag in flags), "x86-64")
+    reported = llvm_cpu if llvm_cpu is not None else _llvm_cpu()
+    mcpu = llvm_cpu_for(reported, flags, amd=amd)
     return CpuInfo(arch, model, mcpu, mattr, isa, bits, regs, caches["line"], caches["l1d"],
-                   caches["l2"], caches["l3"], cores, tuple(sorted(flags)))
+                   caches["l2"], caches["l3"], cores, tuple(sorted(flags)),
+                   mcpu_reported=reported if reported not in (mcpu, *_GENERIC) else "")
 
 
 def tvm_target(cpu: CpuInfo, threads: int):

@@ -10,16 +10,18 @@ import time
 
 import pytest
 
+from sandwich.compiler.target import detect_cpu
+
 TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
         "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 1,
         "vocab_size": 256, "max_position_embeddings": 64}
 
 
-def run(*args, cache=None, timeout=300):
+def run(*args, cache=None, timeout=300, cwd=None):
     cmd = [sys.executable, "-m", "sandwich.cli", *args]
     if cache is not None:
         cmd += ["--cache-dir", str(cache)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd,
                           env={**os.environ, "TVM_NUM_THREADS": "2"})
 
 
@@ -120,12 +122,13 @@ def test_bench_gemm_end_to_end(tmp_path, tiny_config):
     t = run("tune", "--model", str(tiny_config), "--seq-max", "8", "--budget", "tiny",
             "--no-progress", "--plan", "off", cache=cache)
     assert t.returncode == 0, t.stderr
-    out = tmp_path / "g"
     b = run("bench", "gemm", "--model", str(tiny_config), "--m", "1,3,8", "--peers", "numpy",
-            "--no-rotate", "--passes", "2", "--json", str(out) + ".json", "--md", str(out) + ".md",
-            "--png", str(out) + ".png", cache=cache)
+            "--no-rotate", "--passes", "2", cache=cache, cwd=tmp_path)
     assert b.returncode == 0, b.stderr
-    d = json.loads((tmp_path / "g.json").read_text())
+    # issue 30, item 4: each CPU's figures under its own LLVM name, side by side
+    out = tmp_path / "results" / "cpus" / detect_cpu().mcpu / "gemm_vs_vendor"
+    assert all(out.with_suffix(ext).stat().st_size > 0 for ext in (".json", ".md", ".png"))
+    d = json.loads(out.with_suffix(".json").read_text())
     # the bar: the machine probe, then every row x 2 runners x 2 passes, each named as it runs
     steps = 1 + len(d["rows"]) * 2 * 2
     assert f"{steps}/{steps}" in b.stderr and "pass 2/2 numpy" in b.stderr, b.stderr

@@ -1,4 +1,8 @@
+import json
+import re
 from pathlib import Path
+
+import pytest
 
 from sandwich.compiler.target import detect_cpu
 
@@ -52,3 +56,60 @@ def test_fingerprint_depends_on_flags(tmp_path):
 def test_live_host_has_a_vector_isa():
     cpu = detect_cpu()
     assert cpu.cores >= 1 and cpu.lanes_f32 >= 4
+
+
+# Flag lines of KVM guests of each kind the project's machines have been (vector families only,
+# as /proc/cpuinfo spells them), and what LLVM's host detection called the CPU there.
+SPR_AMX = ("fma avx avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_vnni avx512_bf16 "
+           "avx512_fp16 avx_vnni amx_bf16 amx_tile amx_int8 avx512_vbmi2 vaes", "GenuineIntel")
+ZEN4 = ("fma avx avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_vnni avx512_bf16 "
+        "avx512_vbmi2 vaes", "AuthenticAMD")
+ZEN5 = ZEN4[0] + " avx_vnni avx512_vp2intersect", "AuthenticAMD"
+ZEN3 = "fma avx avx2 vaes vpclmulqdq", "AuthenticAMD"
+
+
+def _kind(root: Path, kind: tuple[str, str]) -> Path:
+    _snapshot(root, kind[0])
+    info = root / "proc/cpuinfo"
+    info.write_text(info.read_text().replace("processor\t: 0\n",
+                                             f"processor\t: 0\nvendor_id\t: {kind[1]}\n"))
+    return root
+
+
+@pytest.mark.parametrize("kind, reported, want", [
+    (SPR_AMX, "rocketlake", "sapphirerapids"),  # issue 30: family 6 model 167 under KVM
+    (SPR_AMX, "sapphirerapids", "sapphirerapids"),
+    (SPR_AMX, "generic", "sapphirerapids"),
+    (ZEN4, "znver4", "znver4"),
+    (ZEN4, "znver3", "znver4"),  # an older LLVM's name would drop AVX-512
+    (ZEN4, "generic", "znver4"),
+    (ZEN5, "znver5", "znver5"),
+    (ZEN5, "generic", "znver5"),
+    (ZEN3, "znver3", "znver3"),
+    (ZEN3, "znver4", "znver3"),  # a name enabling AVX-512 the CPU lacks would fault
+    (ZEN3, "generic", "znver3"),
+    (ZEN3, "futurecpu", "futurecpu"),  # a name this table does not know is taken as it is
+])
+def test_the_target_is_named_by_the_flags_when_the_reported_name_contradicts_them(
+        tmp_path, kind, reported, want):
+    cpu = detect_cpu(_kind(tmp_path, kind), llvm_cpu=reported)
+    assert cpu.mcpu == want
+    assert cpu.mcpu_reported == ("" if reported in (want, "generic") else reported)
+
+
+def test_info_on_snapshots_names_the_target_and_what_was_reported(tmp_path, capsys):
+    from sandwich.cli import main
+
+    for name, kind, want in (("spr", SPR_AMX, "sapphirerapids"), ("zen4", ZEN4, "znver4"),
+                             ("zen5", ZEN5, "znver5")):
+        root = _kind(tmp_path / name, kind)
+        assert main(["info", "--root", str(root), "--json"]) == 0
+        d = json.loads(capsys.readouterr().out)
+        assert d["mcpu"] == want and d["target"]["mcpu"] == want and "mcpu_reported" not in d
+    assert main(["info", "--root", str(tmp_path / "spr"), "--llvm-cpu", "rocketlake"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^mcpu\s+sapphirerapids$", out, re.M)
+    assert re.search(r"^mcpu_reported\s+rocketlake \(.*not used\)$", out, re.M)
+    assert main(["info", "--root", str(tmp_path / "nothing")]) == 1  # one error line
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no proc/cpuinfo" in err[0]

@@ -11,6 +11,13 @@ from pathlib import Path
 from sandwich.cli.common import add_cache_arg, add_threads_arg, cache_dir_arg
 from sandwich.errors import ConfigError
 
+GEMM_RESULTS = "results/cpus/<mcpu>/gemm_vs_vendor"  # <mcpu>: LLVM's name of this CPU (`info`)
+
+
+def gemm_results(mcpu: str) -> str:
+    """Where `bench gemm` writes by default on a CPU of this LLVM name (no extension)."""
+    return GEMM_RESULTS.replace("<mcpu>", mcpu)
+
 
 def register(sub) -> None:
     bench = sub.add_parser("bench", help="benchmarks that write to results/")
@@ -22,9 +29,10 @@ def register(sub) -> None:
                    help="comma-separated M values")
     g.add_argument("--tp", type=int, default=1)
     g.add_argument("--peers", default="numpy,torch,openvino")
-    g.add_argument("--json", dest="json_out", default="results/gemm_vs_vendor.json")
-    g.add_argument("--md", default="results/gemm_vs_vendor.md")
-    g.add_argument("--png", default="results/gemm_vs_vendor.png")
+    g.add_argument("--json", dest="json_out", default=None,
+                   help=f"default {GEMM_RESULTS}.json: each CPU's figures kept side by side")
+    g.add_argument("--md", default=None, help=f"default {GEMM_RESULTS}.md")
+    g.add_argument("--png", default=None, help=f"default {GEMM_RESULTS}.png")
     g.add_argument("--no-rotate", action="store_true", help="skip the M <= 8 rows with weights beyond the LLC")
     g.add_argument("--passes", type=int, default=2, help="timings of every runner, minutes apart; "
                    "each reports its best (this VM slows down for seconds at a time)")
@@ -137,6 +145,12 @@ def _run(args) -> int:
                         cache=KernelCache(cache_dir_arg(args)), rotate=not args.no_rotate,
                         command=command, passes=args.passes, log=tqdm.write, progress=bar)
     res.machine += f", {platform.python_implementation()} {platform.python_version()}"
+    if None in (args.json_out, args.md, args.png):
+        from sandwich.compiler.target import detect_cpu
+
+        base = gemm_results(detect_cpu().mcpu)
+        args.json_out, args.md, args.png = (args.json_out or f"{base}.json",
+                                            args.md or f"{base}.md", args.png or f"{base}.png")
     for path in (args.json_out, args.md, args.png):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json_out).write_text(json.dumps(res.to_json(), indent=1))

@@ -17,6 +17,10 @@ from sandwich.tuner.budget import BUDGETS
 def register(sub) -> None:
     info = sub.add_parser("info", help="print the detected CPU, the TVM target and its fingerprint")
     info.add_argument("--json", action="store_true")
+    info.add_argument("--root", default="/", help="a snapshot laid out like / (proc/cpuinfo, "
+                      "sys/devices/system/cpu) instead of this machine")
+    info.add_argument("--llvm-cpu", help="the CPU name LLVM's host detection reports (default: "
+                      "this machine's; for a --root snapshot, none: the flags decide)")
     info.set_defaults(func=cmd_info)
 
     tune = sub.add_parser("tune", help="tune the GEMMs of a model over M in [1, seq_max]")
@@ -72,11 +76,21 @@ def _cache(args):
 
 
 def cmd_info(args) -> int:
+    from pathlib import Path
+
     from sandwich.compiler.target import detect_cpu
 
-    cpu = detect_cpu()
+    if not (Path(args.root) / "proc/cpuinfo").is_file():
+        raise ConfigError(f"--root {args.root}: no proc/cpuinfo there; point it at a directory "
+                          f"laid out like /")
+    live = Path(args.root).resolve() == Path("/")
+    cpu = detect_cpu(args.root, llvm_cpu=args.llvm_cpu if args.llvm_cpu or live else "generic")
     d = json.loads(cpu.to_json())
     d.pop("flags")
+    if not cpu.mcpu_reported:  # else say what LLVM's host detection said, and that it was not used
+        d.pop("mcpu_reported")
+    elif not args.json:
+        d["mcpu_reported"] += " (LLVM's host name; it contradicts the CPU flags, so not used)"
     d["lanes_f32"] = cpu.lanes_f32
     d["target"] = cpu.target_dict(_threads(args))
     d["fingerprint"] = cpu.fingerprint()
