@@ -111,7 +111,8 @@ def _expert_section(trace: str, rows: list[PolicyRow], tbt_ms: float) -> list[st
             f"- {c.policy}: {c.expert_bytes_per_request / 1e6:.1f} MB/request (TBT P99 "
             f"{c.tbt_ms.p99:.0f} ms); {g.policy}: {g.expert_bytes_per_request / 1e6:.1f} MB/request "
             f"(TBT P99 {g.tbt_ms.p99:.0f} ms)",
-            f"- layered reads {red:.0%} less expert weight than chunked"
+            f"- layered reads {f'{red:.0%} less' if red >= 0 else f'{-red:.0%} more'} expert "
+            f"weight than chunked"
             + (f"; 002 reports {paper:.0%} on its {trace.split(':')[-1]}-like workload"
                if paper is not None else "")]
 
