@@ -96,7 +96,7 @@ class Engine:
             except SandwichError as e:
                 why = str(e)
         if why is not None:
-            self._fail(seq, why)
+            self.fail(seq, why)
         else:
             self._queue.append(seq)
         return seq.ticket
@@ -214,10 +214,6 @@ class Engine:
         self._sample(logits[: len(run)])
         return logits[len(run)] if logits.shape[0] > len(run) else None
 
-    def fail(self, seq: _Seq, why: str) -> None:
-        """Answer a request with an error result (the others go on)."""
-        self._fail(seq, why)
-
     def enter(self, phase: str) -> None:
         self.phases.enter(phase)
         self.stats.phase_switches = self.phases.switches
@@ -241,7 +237,7 @@ class Engine:
     def _fail_running(self, why: str) -> None:
         for s in self._running:
             self._release(s)
-            self._fail(s, why)
+            self.fail(s, why)
         self._running = []
 
     def _append(self, seq: _Seq, token: int) -> None:
@@ -271,7 +267,8 @@ class Engine:
             self.ex.release(seq.slot)
             seq.slot = -1
 
-    def _fail(self, seq: _Seq, why: str) -> None:
+    def fail(self, seq: _Seq, why: str) -> None:
+        """Answer a request with an error result (the others go on)."""
         self.stats.errors += 1
         now = self.clock()
         self._done.append(Result(rid=seq.req.rid, ids=tuple(seq.ids), finish="error", ttft_ms=0.0,

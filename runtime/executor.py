@@ -148,11 +148,7 @@ class Executor:
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
         """One new token per slot; returns logits (B, vocab), a view of the permanent buffer."""
-        if len(slots) != len(tokens):
-            raise ShapeError(f"decode got {len(slots)} slots and {len(tokens)} tokens")
-        for s in slots:
-            self.kv.check_room(s, 1)
-        return self.forward([(s, int(self.kv.lens[s]), 1) for s in slots], tokens)
+        return self.forward(self._decode_segments("decode", slots, tokens), tokens)
 
     def reserve(self) -> int:
         """Take an empty slot for a prompt that a hybrid schedule prefills over several
@@ -165,16 +161,21 @@ class Executor:
         every slot and, beside them in the same GEMMs, a part of one prompt's prefill.
         Returns logits rows, one per slot, then the prompt's last row once `work` has gone
         through the last layer (a view of the permanent buffer)."""
-        if len(slots) != len(tokens):
-            raise ShapeError(f"iterate got {len(slots)} slots and {len(tokens)} tokens")
-        for s in slots:
-            self.kv.check_room(s, 1)
-        segments = [(int(s), int(self.kv.lens[s]), 1) for s in slots]
+        segments = self._decode_segments("iterate", slots, tokens)
         if work is None:
             return self.forward(segments, tokens)
         work.check(self.kv, self.cfg.num_hidden_layers, busy=slots)
         return self.forward([*segments, (work.slot, work.start, len(work.tokens))],
                             [*tokens, *work.tokens], span=work.layers)
+
+    def _decode_segments(self, what: str, slots: Sequence[int],
+                         tokens: Sequence[int]) -> list[Segment]:
+        """One token per slot, checked before anything runs: one segment each."""
+        if len(slots) != len(tokens):
+            raise ShapeError(f"{what} got {len(slots)} slots and {len(tokens)} tokens")
+        for s in slots:
+            self.kv.check_room(s, 1)
+        return [(int(s), int(self.kv.lens[s]), 1) for s in slots]
 
     def score(self, tokens: Sequence[int]) -> np.ndarray:
         """Log-probability of each of tokens[1:] given the tokens before it, in a fresh slot

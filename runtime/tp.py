@@ -224,15 +224,21 @@ class TPExecutor:
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
         """One token per slot on every rank; returns logits (B, vocab), a permanent buffer."""
+        slots, tokens = self._check_decodes("decode", slots, tokens)
+        self._send(("decode", slots, tokens))
+        return self._run(self.ex.decode, slots, tokens)
+
+    def _check_decodes(self, what: str, slots: Sequence[int],
+                       tokens: Sequence[int]) -> tuple[list[int], list[int]]:
+        """One token per slot, checked on rank 0 before any rank is sent the step."""
         slots, tokens = [int(s) for s in slots], [int(t) for t in tokens]
         self._usable()
         if len(slots) != len(tokens):
-            raise ShapeError(f"decode got {len(slots)} slots and {len(tokens)} tokens")
+            raise ShapeError(f"{what} got {len(slots)} slots and {len(tokens)} tokens")
         for s in slots:
             self.kv.check_room(s, 1)
         self._check_ids(tokens)
-        self._send(("decode", slots, tokens))
-        return self._run(self.ex.decode, slots, tokens)
+        return slots, tokens
 
     def reserve(self) -> int:
         """Every rank takes the same empty slot for a prompt prefilled over several iterations."""
@@ -244,16 +250,10 @@ class TPExecutor:
     def iterate(self, slots: Sequence[int], tokens: Sequence[int],
                 work: PrefillWork | None = None) -> np.ndarray:
         """`Executor.iterate` on every rank (decodes beside a part of one prompt's prefill)."""
-        slots, tokens = [int(s) for s in slots], [int(t) for t in tokens]
-        self._usable()
-        if len(slots) != len(tokens):
-            raise ShapeError(f"iterate got {len(slots)} slots and {len(tokens)} tokens")
-        for s in slots:
-            self.kv.check_room(s, 1)
+        slots, tokens = self._check_decodes("iterate", slots, tokens)
         if work is not None:
             work.check(self.kv, self.cfg.num_hidden_layers, busy=slots)
             self._check_ids(work.tokens)
-        self._check_ids(tokens)
         self._send(("iterate", slots, tokens, work))
         return self._run(self.ex.iterate, slots, tokens, work)
 
