@@ -102,7 +102,7 @@ def _decode_call(b: _Bench, f, case: DecodeCase, tun: dict, arrays):
 
 
 def _decode_case(b: _Bench, case: DecodeCase, kc, vc, best: dict | None) -> dict:
-    from sandwich.bench.machine import read_bandwidth_gbs
+    from sandwich.tuner.machine_bench import read_bandwidth_gbs
 
     fixed = dict(H=case.heads, KVH=case.kv_heads, D=case.head_dim)
     B = len(case.lens)
@@ -192,7 +192,7 @@ def _report(threads: int, out: str, cpu, decode: list[dict], prefill: list[dict]
         "this 2-core machine, so figures are noisy)", "",
         "## Decode attention (fp32), KV cache [max_seq, max_batch, KVH, D] far larger than the LLC",
         "", "GB/s counts the K and V rows read (sum of lengths x KVH x D x 4 B x 2). Streaming "
-        "bandwidth is `sandwich.bench.machine.read_bandwidth_gbs(threads)`, measured "
+        "bandwidth is `sandwich.tuner.machine_bench.read_bandwidth_gbs(threads)`, measured "
         f"alternately with the kernel ({ROUNDS} rounds, medians; % is the median of the "
         f"per-round ratios); tunables: the fastest of {len(DECODE_CANDIDATES)} candidates on "
         "the full batch.", "",

@@ -129,11 +129,12 @@ class Context:
     step: Callable[[str], None]
 
     def measure(self):
-        from sandwich.tuner.space import Isa, pack_width
+        from sandwich.tuner.budget import get_budget
+        from sandwich.tuner.tune import weight_pack
         from sandwich.tuner.tvm_measure import TvmMeasure
 
-        cpu = self.cache.cpu
-        pack_n = pack_width(self.op.n, Isa(cpu.lanes_f32, cpu.vector_registers))
+        cpu = self.cache.cpu  # the baselines run on the weight layout sandwich tunes
+        pack_n = weight_pack(self.cache, self.op.n, get_budget(self.cfg.budget))
         if not pack_n:
             raise ConfigError(f"GEMM {self.op.name}: N={self.op.n} is not a multiple of the vector width")
         return TvmMeasure(cpu, self.cfg.threads, self.op.n, self.op.k, pack_n, max(self.ms))

@@ -16,7 +16,8 @@ from sandwich.bench.baselines.measure import (
     random_gemm,
 )
 from sandwich.bench.baselines.vendor import make_peers
-from sandwich.bench.machine import measure_machine, read_bandwidth_gbs
+from sandwich.bench.machine import measure_machine
+from sandwich.tuner.machine_bench import read_bandwidth_gbs
 from sandwich.compiler.gemm_runner import aligned_empty
 from sandwich.compiler.target import describe_machine
 from sandwich.errors import ConfigError

@@ -2,27 +2,11 @@
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import hashlib
-import math
-import os
-import re
-import shutil
-import subprocess
-import tempfile
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-import numpy as np
-
-from sandwich.errors import BuildError, ConfigError
+from sandwich.tuner.machine_bench import (check_threads, default_read_bytes, isa_flags, peak_gflops,
+                                          read_bandwidth_gbs)
 from sandwich.tuner.streaming import llc_bytes
-from sandwich.tuner.timing import time_callable
-
-_SOURCE = Path(__file__).with_name("csrc") / "machine_bench.c"
-_MIB = 1 << 20
-_MAX_THREADS = 1024  # MAX_THREADS in csrc/machine_bench.c
 
 
 @dataclass(frozen=True)
@@ -44,143 +28,10 @@ class MachineLimits:
         return cls(**d)
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError as e:
-        raise BuildError(f"cannot read /proc/cpuinfo for the CPU flags: {e}") from e
-    m = re.search(r"^flags\s*:(.*)$", text, re.M)
-    return set(m.group(1).split()) if m else set()
-
-
-def isa_flags() -> tuple[str, list[str]]:
-    """The widest vector ISA of this CPU that the micro-benchmarks support, and its gcc flags."""
-    flags = _cpu_flags()
-    if "avx512f" in flags:
-        return "avx512", ["-mavx512f"]
-    if {"avx2", "fma"} <= flags:
-        return "avx2", ["-mavx2", "-mfma"]
-    raise BuildError("machine benchmark needs an x86 CPU with AVX2+FMA or AVX-512F")
-
-
-def _cache_dir() -> Path:
-    """A private (0700, ours, not a symlink) dir under the temp dir: we load code from it."""
-    root = Path(tempfile.gettempdir()) / f"sandwichc-{os.getuid()}"
-    for d in (root, root / "csrc"):
-        d.mkdir(exist_ok=True, mode=0o700)
-        st = d.lstat()
-        if d.is_symlink() or st.st_uid != os.getuid() or st.st_mode & 0o077:
-            raise BuildError(f"{d} is not a private directory of this user; remove it and retry")
-    return root / "csrc"
-
-
-@functools.lru_cache(maxsize=None)
-def _library() -> tuple[ctypes.CDLL, str]:
-    """Compile machine_bench.c once per (source, flags) into a private temp dir and load it."""
-    isa, flags = isa_flags()
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        raise BuildError("machine benchmark needs gcc (or cc) on PATH; install gcc")
-    args = ["-O2", "-shared", "-fPIC", "-pthread", *flags]
-    src = _SOURCE.read_bytes()
-    key = hashlib.sha256(src + " ".join([cc, *args]).encode()).hexdigest()[:16]
-    so = _cache_dir() / f"machine_bench-{key}.so"
-    if not so.exists():
-        tmp = so.with_suffix(f".{os.getpid()}.tmp")
-        proc = subprocess.run([cc, *args, str(_SOURCE), "-o", str(tmp)],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            tmp.unlink(missing_ok=True)
-            first = (proc.stderr.strip().splitlines() or ["no output"])[0]
-            raise BuildError(f"compiling {_SOURCE.name} with {cc} failed: {first}")
-        os.replace(tmp, so)  # atomic: a concurrent reader sees the old or the new file
-    lib = ctypes.CDLL(str(so))
-    lib.mb_fma.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.POINTER(ctypes.c_float)]
-    lib.mb_read.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
-                            ctypes.c_int, ctypes.POINTER(ctypes.c_float)]
-    for fn in (lib.mb_fma, lib.mb_read, lib.mb_lanes, lib.mb_fma_accs, lib.mb_read_block):
-        fn.restype = ctypes.c_int
-    return lib, isa
-
-
-def _check_threads(threads: int) -> None:
-    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= _MAX_THREADS:
-        raise ConfigError(f"threads must be an integer in 1..{_MAX_THREADS}, got {threads!r}")
-
-
-def default_read_bytes() -> int:
-    """Read-buffer size: 8x the LLC and at least 256 MiB, so the reads come from DRAM."""
-    return max(8 * llc_bytes(), 256 * _MIB)
-
-
-def _check_rc(rc: int, what: str) -> None:
-    if rc != 0:
-        raise BuildError(f"{what} micro-benchmark failed with code {rc} (bad arguments or pthread_create)")
-
-
-def peak_gflops(threads: int, *, iters: int = 3_000_000, repeat: int = 7) -> float:
-    """Peak fp32 GFLOPS of `threads` threads, each running independent FMA chains: the best
-    repeat, since another process only ever slows a repeat down (a median once read half
-    the peak here while something else ran for a moment)."""
-    _check_threads(threads)
-    lib, _ = _library()
-    out = ctypes.c_float()
-
-    def call() -> None:
-        _check_rc(lib.mb_fma(threads, iters, ctypes.byref(out)), "FMA")
-
-    t = time_callable(call, warmup=2, repeat=repeat, min_repeat_s=0.0)
-    flops = 2.0 * threads * iters * lib.mb_fma_accs() * lib.mb_lanes()
-    return flops / t.min_s / 1e9
-
-
-def _aligned_buffer(nbytes: int, block: int) -> np.ndarray:
-    """A 64-byte aligned float32 buffer of about nbytes, a multiple of `block` floats, all pages touched."""
-    n = max(block, nbytes // 4 // block * block)
-    raw = np.empty(n + 16, dtype=np.float32)
-    off = (-raw.ctypes.data % 64) // 4
-    buf = raw[off:off + n]
-    buf.fill(1.0)
-    return buf
-
-
-READ_STREAMS = (1, 2, 4)  # concurrent streams per thread tried by read_bandwidth_gbs
-
-
-def read_bandwidth_gbs(threads: int, *, size_bytes: int | None = None, repeat: int = 7,
-                       streams: tuple[int, ...] = READ_STREAMS) -> float:
-    """Streaming-read GB/s of `threads` threads over size_bytes (default: default_read_bytes()):
-    the best over `streams` concurrent streams per thread, since one core may keep more
-    loads in flight over several streams than over one."""
-    _check_threads(threads)
-    lib, _ = _library()
-    nbytes = size_bytes if size_bytes is not None else default_read_bytes()
-    if nbytes <= 0:
-        raise ConfigError(f"read buffer size must be positive, got {nbytes}")
-    if not streams or min(streams) < 1:
-        raise ConfigError(f"stream counts must be >= 1, got {streams}")
-    buf = _aligned_buffer(nbytes, lib.mb_read_block() * threads * math.lcm(*streams))
-    # Small (in-cache) buffers are read several times per call so one call is not all overhead.
-    passes = max(1, (64 * _MIB) // buf.nbytes)
-    out = ctypes.c_float()
-    best = 0.0
-    for n_streams in streams:
-        def call(n_streams: int = n_streams) -> None:
-            _check_rc(lib.mb_read(threads, buf.ctypes.data, buf.size, passes, n_streams,
-                                  ctypes.byref(out)), "read")
-
-        t = time_callable(call, warmup=2, repeat=repeat)
-        adds_per_lane = buf.size * passes // lib.mb_read_block()
-        if adds_per_lane < (1 << 23) and abs(out.value - buf.size * passes) > 1e-3 * buf.size * passes:
-            raise BuildError(f"read micro-benchmark summed {out.value}, expected {buf.size * passes}")
-        best = max(best, buf.nbytes * passes / t.median_s / 1e9)
-    return best
-
-
 def measure_machine(threads: int, *, read_size_bytes: int | None = None) -> MachineLimits:
     """Both limits for `threads` threads, as the benchmark JSON reports them."""
-    _check_threads(threads)
-    _, isa = _library()
+    check_threads(threads)
+    isa, _ = isa_flags()
     size = read_size_bytes if read_size_bytes is not None else default_read_bytes()
     return MachineLimits(threads=threads, isa=isa, peak_gflops=peak_gflops(threads),
                          read_gbs=read_bandwidth_gbs(threads, size_bytes=size),

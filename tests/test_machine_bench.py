@@ -3,6 +3,7 @@
 import pytest
 
 from sandwich.bench import machine as mb
+from sandwich.tuner import machine_bench as mbench
 from sandwich.errors import ConfigError
 from sandwich.tuner.streaming import llc_bytes
 
@@ -12,20 +13,20 @@ def test_llc_is_detected_and_plausible():
 
 
 def test_isa_is_a_supported_one():
-    isa, flags = mb.isa_flags()
+    isa, flags = mbench.isa_flags()
     assert isa in ("avx512", "avx2") and flags
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_peak_gflops_positive_and_plausible(threads):
-    g = mb.peak_gflops(threads, iters=20_000, repeat=3)
+    g = mbench.peak_gflops(threads, iters=20_000, repeat=3)
     # Any AVX2 core does >= 8 fp32 FMA lanes at >= 1 GHz; nothing here does 10 TFLOPS per core.
     assert 1.0 < g < 10_000.0 * threads
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_read_bandwidth_positive_and_plausible(threads):
-    gbs = mb.read_bandwidth_gbs(threads, size_bytes=1 << 20, repeat=3)  # in cache: fast path only
+    gbs = mbench.read_bandwidth_gbs(threads, size_bytes=1 << 20, repeat=3)  # in cache: fast path only
     assert 0.5 < gbs < 5_000.0
 
 
@@ -38,12 +39,12 @@ def test_measure_machine_round_trips_json():
 @pytest.mark.parametrize("threads", [0, -1, 1.5, True, 5000])
 def test_bad_thread_count_is_a_config_error(threads):
     with pytest.raises(ConfigError, match="threads"):
-        mb.peak_gflops(threads)
+        mbench.peak_gflops(threads)
 
 
 def test_read_bandwidth_over_several_streams_checks_its_sum():
     # the worker sums every float it reads (all ones): any stream count must read them all
     for streams in ((1,), (3,), (1, 2, 4)):
-        assert mb.read_bandwidth_gbs(1, size_bytes=1 << 20, repeat=2, streams=streams) > 0
+        assert mbench.read_bandwidth_gbs(1, size_bytes=1 << 20, repeat=2, streams=streams) > 0
     with pytest.raises(ConfigError):
-        mb.read_bandwidth_gbs(1, size_bytes=1 << 20, streams=(0,))
+        mbench.read_bandwidth_gbs(1, size_bytes=1 << 20, streams=(0,))

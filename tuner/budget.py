@@ -17,6 +17,8 @@ class Budget:
     mk_widths: int  # how many micro-kernel widths (1 = only the widest)
     dense_until: int  # every M up to here is searched, then `per_octave` points per doubling
     per_octave: int
+    machine_model: bool = True  # measure the machine model (once per CPU) and pack by it
+
 
     def m_samples(self, seq_max: int) -> list[int]:
         """Increasing M values to search; each covers M up to the next one."""
@@ -33,7 +35,7 @@ class Budget:
 
 BUDGETS = {
     "tiny": Budget("tiny", SearchSettings(sigma=2, mk_keep=1, finetune_steps=1, reuse_patience=1),
-                   mk_widths=1, dense_until=2, per_octave=1),
+                   mk_widths=1, dense_until=2, per_octave=1, machine_model=False),
     "quick": Budget("quick", SearchSettings(sigma=4, mk_keep=1, finetune_steps=1, reuse_patience=2,
                                                  max_seconds_per_m=6.0, skinny_rounds=3),
                     mk_widths=1, dense_until=4, per_octave=1),

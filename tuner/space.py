@@ -51,10 +51,20 @@ def kernel_n(n: int, lanes: int) -> int:
     return -(-n // lanes) * lanes
 
 
-def pack_width(n: int, isa: Isa, *, rows: int = 8) -> int:
-    """The packed weight panel width: the widest of 4, 3, 2 or 1 vectors that divides N,
-    unless a panel of at least 3/4 of that width (that also divides N) has a register tile
-    as tall as `rows`, a whole decode batch, and the widest has not.
+PANEL_TIE = 0.03  # panel probes this close count as a tie, which the wider panel wins
+
+
+def pack_width(n: int, isa: Isa, *, rows: int = 8, panel_gflops: dict[int, float] | None = None) -> int:
+    """The packed weight panel width in floats (0 when no whole vector divides N).
+
+    Without a measured machine model: the widest of 4, 3, 2 or 1 vectors that divides N.
+    With one (`panel_gflops`: the machine model's probe of each width's tallest register
+    tile, tuner/machine_model.py), the widest whose probe is within PANEL_TIE of the best
+    probe among those that divide N: on a 16-register AVX2 core the 4-vector panel's tallest
+    tile has 2 rows, and the probe says whether that feeds the FMA units as well as a
+    narrower, taller tile. Either way, a panel of at least 3/4 of that width (that also
+    divides N) whose register tile is as tall as `rows`, a whole decode batch, replaces it
+    when it is not.
 
     Every M of an (N, K) shares one packing. With 32 AVX-512 registers a 4-vector panel's
     tallest tile has 6 rows, so M = 7 and 8 need a tail pass that re-reads each weight panel
@@ -62,11 +72,15 @@ def pack_width(n: int, isa: Isa, *, rows: int = 8) -> int:
     Measured with the tuner's own timing in interleaved rounds, 3 against 4 vectors: o
     (768 x 768) streamed, M = 8: 149 against 139 GFLOPS (the 6-row tile and its tail), M = 1:
     17.4 / 17.2, M = 4: 69.2 / 68.5; qkv (2304 x 768) streamed, M = 8: 145 / 135; hot
-    weights, qkv M = 32: 227.3 / 227.1, o M = 512: 229.0 / 227.3. Panels narrower than 3/4
-    were not measured; they cut the reuse of each broadcast of A."""
+    weights, qkv M = 32: 227.3 / 227.1, o M = 512: 229.0 / 227.3."""
     widths = [v for v in (4, 3, 2, 1) if n % (v * isa.lanes) == 0]
     if not widths:
         return 0
+    probed = {v: g for v, g in (panel_gflops or {}).items() if v in widths and g > 0}
+    if probed:
+        best = max(probed.values())
+        widths = [v for v in widths if v <= max(u for u, g in probed.items()
+                                                if g >= (1 - PANEL_TIE) * best)]
     width = widths[0]
     if tallest_rows(isa, width) < rows:
         width = next((v for v in widths if tallest_rows(isa, v) >= rows and 4 * v >= 3 * widths[0]),

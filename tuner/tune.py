@@ -16,6 +16,7 @@ from sandwich.errors import BuildError, ConfigError
 from sandwich.payload import Payload
 from sandwich.tuner.budget import Budget
 from sandwich.tuner.kernel_cache import KernelCache
+from sandwich.tuner.machine_model import machine_model
 from sandwich.tuner.search import MResult, SandwichSearch
 from sandwich.tuner.space import Isa, micro_kernels, pack_width
 from sandwich.tuner.tvm_measure import TvmMeasure
@@ -74,6 +75,17 @@ def _append_trials(path, search: SandwichSearch, start: int) -> int:
     return len(search.trials)
 
 
+def weight_pack(cache: KernelCache, n: int, budget: Budget,
+                log: Callable[[str], None] = lambda _: None) -> int:
+    """The panel width an (N, K)'s weights are packed in for every M (space.pack_width),
+    from the machine model where the budget measures one (the tiny budget of the tests
+    packs by the register file alone)."""
+    cpu = cache.cpu
+    model = machine_model(cache.dir, cpu, cache.fingerprint, log=log) if budget.machine_model else None
+    return pack_width(n, Isa(cpu.lanes_f32, cpu.vector_registers), rows=budget.settings.skinny_m,
+                      panel_gflops=model.panel_gflops if model else None)
+
+
 def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget: Budget,
             cache: KernelCache, on_step: Callable[[int], None] = lambda _: None) -> OpReport:
     """Tune one (N, K) over the budget's M samples, resuming from committed records."""
@@ -81,7 +93,7 @@ def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget:
     cpu = cache.cpu
     isa = Isa(cpu.lanes_f32, cpu.vector_registers)
     op = replace(op, n=cache.kernel_n(op.n))  # a vocabulary of 49153 tunes 49168
-    pack_n = pack_width(op.n, isa, rows=budget.settings.skinny_m)
+    pack_n = weight_pack(cache, op.n, budget)
     if not pack_n:
         raise ConfigError(f"GEMM {op.name}: N={op.n} is not a multiple of the vector width "
                           f"{isa.lanes}; pad the model dimension")

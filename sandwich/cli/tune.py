@@ -21,6 +21,10 @@ def register(sub) -> None:
                       "sys/devices/system/cpu) instead of this machine")
     info.add_argument("--llvm-cpu", help="the CPU name LLVM's host detection reports (default: "
                       "this machine's; for a --root snapshot, none: the flags decide)")
+    info.add_argument("--measure", action="store_true", help="measure the machine model now (FMA "
+                      "latency and throughput, read bandwidth, the panel probe; about half a "
+                      "minute) and store it in the cache, replacing a stored one")
+    add_cache_arg(info)
     info.set_defaults(func=cmd_info)
 
     tune = sub.add_parser("tune", help="tune the GEMMs of a model over M in [1, seq_max]")
@@ -95,13 +99,43 @@ def cmd_info(args) -> int:
     d["target"] = cpu.target_dict(_threads(args))
     d["fingerprint"] = cpu.fingerprint()
     d["tvm_threads"] = int(args.env.get("TVM_NUM_THREADS", "0"))
+    model = _machine_model_info(args, cpu, d["fingerprint"]) if live else None
     if args.json:
+        if model is not None:
+            d["machine_model"] = model if isinstance(model, str) else model.to_json() | {
+                "accumulators": model.accumulators, "peak_gflops": model.peak_gflops,
+                "fma_latency_ns": round(model.fma_latency_ns, 3)}
         print(json.dumps(d, indent=2))
         return 0
     width = max(len(k) for k in d)
     for key, val in d.items():
         print(f"{key:<{width}}  {val}")
+    if model is not None and not isinstance(model, str):
+        print("machine model (measured, one core):")
+        summary = model.summary()
+        inner = max(len(k) for k in summary)
+        for key, val in summary.items():
+            print(f"  {key:<{inner}}  {val}")
+    elif model:
+        print(f"machine model{' ' * (width - 13)}  {model}")
     return 0
+
+
+def _machine_model_info(args, cpu, fingerprint: str):
+    """The stored machine model's figures (measured now with --measure), or why there are none."""
+    from sandwich.tuner.machine_model import load_model, machine_model
+
+    cache_dir = cache_dir_arg(args)
+    if args.measure:
+        model = machine_model(cache_dir, cpu, fingerprint, remeasure=True,
+                              log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    else:
+        model = load_model(cache_dir, fingerprint)
+    if model is None:
+        return ("not measured yet: `sandwichc info --measure`, or the first tune at the quick "
+                "budget or above, measures it" if not args.measure else
+                "could not be measured here (see the message above)")
+    return model
 
 
 def cmd_tune(args) -> int:
@@ -128,6 +162,11 @@ def cmd_tune(args) -> int:
         shapes = [(names, op) for names, op in shapes if wanted & set(names)]
     cache = _cache(args)
     warn_if_busy("the timings that rank schedules", lambda msg: print(msg, file=sys.stderr))
+    if budget.machine_model:  # measured once per CPU, before the tune, where it can say so
+        from sandwich.tuner.machine_model import machine_model
+
+        machine_model(cache.dir, cache.cpu, cache.fingerprint,
+                      log=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(f"tuning {cfg.name} (tp={args.tp}, seq_max={args.seq_max}, budget={budget.name}) "
           f"with {threads} threads on {cache.cpu.model} [{cache.fingerprint}], cache {cache.dir}")
     t0 = time.perf_counter()

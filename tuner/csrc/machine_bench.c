@@ -1,4 +1,5 @@
-/* Machine limits for the GEMM benchmark: fp32 FMA peak and streaming-read bandwidth.
+/* Machine micro-benchmarks: fp32 FMA peak, FMA chains (latency and the accumulators that
+ * reach the peak) and read bandwidth from any level of the memory hierarchy.
  *
  * Built at run time by sandwich.tuner.machine_bench with -mavx512f or -mavx2 -mfma and
  * loaded with ctypes. Each entry point runs `threads` workers (the caller is worker 0)
@@ -36,7 +37,10 @@ typedef __m256 vec;
 #define READ_ACCS 8
 #define MAX_THREADS 1024
 
+#define MAX_CHAINS 16
+
 int mb_lanes(void) { return LANES; }
+int mb_max_chains(void) { return MAX_CHAINS; }
 int mb_fma_accs(void) { return FMA_ACCS; }
 int mb_read_block(void) { return READ_ACCS * LANES; }
 
@@ -103,6 +107,35 @@ static void *read_worker(void *p) {
     vec s = VADD(VADD(VADD(a0, a1), VADD(a2, a3)), VADD(VADD(a4, a5), VADD(a6, a7)));
     job->result = hsum(s);
     return NULL;
+}
+
+/* One thread, N independent FMA chains: with one chain each FMA waits for the last (its
+ * latency); the rate stops growing at latency x throughput chains. The array is unrolled
+ * into registers (no loads or stores in the loop). */
+#define CHAIN_FN(N)                                                              \
+    static float chains_##N(long iters) {                                        \
+        const vec m = VSET1(0.999999f), c = VSET1(1e-3f);                        \
+        vec a[N];                                                                \
+        _Pragma("GCC unroll 16") for (int j = 0; j < N; j++) a[j] = VSET1(0.05f * j); \
+        for (long i = 0; i < iters; i++) {                                       \
+            _Pragma("GCC unroll 16") for (int j = 0; j < N; j++) a[j] = VFMA(a[j], m, c); \
+        }                                                                        \
+        vec s = a[0];                                                            \
+        _Pragma("GCC unroll 16") for (int j = 1; j < N; j++) s = VADD(s, a[j]); \
+        return hsum(s);                                                          \
+    }
+CHAIN_FN(1) CHAIN_FN(2) CHAIN_FN(3) CHAIN_FN(4) CHAIN_FN(5) CHAIN_FN(6) CHAIN_FN(7) CHAIN_FN(8)
+CHAIN_FN(9) CHAIN_FN(10) CHAIN_FN(11) CHAIN_FN(12) CHAIN_FN(13) CHAIN_FN(14) CHAIN_FN(15)
+CHAIN_FN(16)
+
+/* `iters` loop trips of `chains` dependent-per-chain vector FMAs on the calling thread. */
+int mb_fma_chains(int chains, long iters, float *out) {
+    static float (*const fns[MAX_CHAINS])(long) = {
+        chains_1, chains_2, chains_3, chains_4, chains_5, chains_6, chains_7, chains_8,
+        chains_9, chains_10, chains_11, chains_12, chains_13, chains_14, chains_15, chains_16};
+    if (chains < 1 || chains > MAX_CHAINS || iters < 1) return -1;
+    *out = fns[chains - 1](iters);
+    return 0;
 }
 
 /* Run worker(jobs[t]) on `threads` threads, the caller being thread 0. */
