@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 QUICK := results/quick/gemm_vs_vendor
 
-.PHONY: setup tune bench test lint clean
+.PHONY: setup tools tune bench test lint clean
 
 # pip shows downloads as they go but nothing while it unpacks (torch: about 40 s), so a
 # line every 15 s says the install is still running
@@ -22,7 +22,17 @@ $(STAMP): pyproject.toml
 	done; wait $$pid
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) tools
+
+# llvm-mca (Debian's llvm-19) for tests/test_static_loop.py, which skips without it:
+# installed only by root through apt-get, best effort (never fails for want of it)
+tools:
+	@command -v llvm-mca-19 >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+	  command -v apt-get >/dev/null 2>&1 && export DEBIAN_FRONTEND=noninteractive && \
+	  { apt-get install -y -q --no-install-recommends llvm-19 >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && \
+	      apt-get install -y -q --no-install-recommends llvm-19 >/dev/null 2>&1; }; }; } || \
+	  echo "   llvm-mca-19 not installed: tests/test_static_loop.py skips without llvm-mca"
 
 # quick tune of llama-160m (about 2 min), then its GEMMs against numpy, torch and OpenVINO
 # at a few M, one pass, decode rows also with weights streamed from DRAM (about 3 min)
@@ -41,7 +51,7 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check sandwich compiler dsl tuner topology runtime bench tests
 
-test: $(STAMP) lint
+test: $(STAMP) tools lint
 	$(BIN)/python -m pytest tests
 
 clean:

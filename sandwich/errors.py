@@ -29,6 +29,10 @@ class TopologyError(SandwichError):
     """A CPU topology description is missing, inconsistent or asymmetric."""
 
 
+class ToolError(SandwichError):
+    """An external tool a check needs (llvm-mca) is missing or does not know the target."""
+
+
 class ConfigWarning(UserWarning):
     """Something in a user's input that is probably a mistake but not an error (the CLI
     prints it as one `sandwichc: warning:` line)."""

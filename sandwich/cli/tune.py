@@ -99,7 +99,7 @@ def cmd_info(args) -> int:
     d["target"] = cpu.target_dict(_threads(args))
     d["fingerprint"] = cpu.fingerprint()
     d["tvm_threads"] = int(args.env.get("TVM_NUM_THREADS", "0"))
-    model = _machine_model_info(args, cpu, d["fingerprint"]) if live else None
+    model = _machine_model_info(args, cpu) if live else None
     if args.json:
         if model is not None:
             d["machine_model"] = model if isinstance(model, str) else model.to_json() | {
@@ -121,11 +121,13 @@ def cmd_info(args) -> int:
     return 0
 
 
-def _machine_model_info(args, cpu, fingerprint: str):
-    """The stored machine model's figures (measured now with --measure), or why there are none."""
+def _machine_model_info(args, cpu):
+    """The stored machine model (measured now with --measure), or why there is none. It is
+    keyed as the kernels are: its panel probe runs the GEMM family."""
+    from sandwich.tuner.kernel_cache import cache_fingerprint
     from sandwich.tuner.machine_model import load_model, machine_model
 
-    cache_dir = cache_dir_arg(args)
+    cache_dir, fingerprint = cache_dir_arg(args), cache_fingerprint(cpu)
     if args.measure:
         model = machine_model(cache_dir, cpu, fingerprint, remeasure=True,
                               log=lambda msg: print(msg, file=sys.stderr, flush=True))

@@ -1,0 +1,120 @@
+"""Issue 30, item 3: the chosen micro-kernels, cross-compiled for Intel, AMD and Arm CPUs,
+run their innermost loop within 10% of llvm-mca's FMA bound with no stack spill or reload
+(compiler/static_check.py). Nothing is run, so every host guards every target."""
+
+import os
+
+import pytest
+
+os.environ.setdefault("TVM_NUM_THREADS", "2")
+
+from sandwich.compiler.static_check import (  # noqa: E402
+    TOLERANCE,
+    check_kernel,
+    find_llvm_mca,
+    hot_loop,
+    stack_traffic,
+)
+from sandwich.errors import ToolError  # noqa: E402
+from sandwich.tuner.space import Isa, micro_kernels, pack_width  # noqa: E402
+from sandwich.types import ComputeSlice, KernelSchedule, MicroKernel, Polymerization  # noqa: E402
+
+pytestmark = pytest.mark.tvm
+
+K = 768
+# N of Llama-160M's o and down (768), qkv (2304) and intermediate size (3072), which pack
+# 48 wide on AVX-512, and Sheared-LLaMA's hidden size (2048), which packs 64 wide
+SHAPES = (768, 2304, 3072, 2048)
+TARGETS = {  # LLVM CPU -> (arch, what bounds its register tile)
+    "sapphirerapids": ("x86_64", Isa(lanes=16, registers=32)),
+    "znver4": ("x86_64", Isa(lanes=16, registers=32)),
+    "skylake-avx512": ("x86_64", Isa(lanes=16, registers=32)),
+    "neoverse-v1": ("aarch64", Isa(lanes=4, registers=32)),
+}
+# Where llvm-mca 19.1.7 (Debian llvm-19) puts a chosen tile's loop more than 10% over its FMA
+# bound (TVM 0.27's LLVM 22 builds, 2026-11-25): (the ratio measured then, why). Such a case
+# still fails on a spill or on a ratio worse than that, and reports xfail with today's figures.
+_ZEN4 = ("the znver4 model puts every vbroadcastss zmm from memory on FP1, one of the two "
+         "FMA pipes (FP1 busy 93% of cycles); on a real Zen 4 the 48- and 64-wide kernels "
+         "reach 97-99% of the measured FMA peak at M = 256 (results/cpus/znver4), so the "
+         "model is what is off")
+_V1 = ("the neoverse-v1 model runs ld1r on the V pipes the FMAs use, and the A pointer's "
+       "post-increment chain (ld1r [x24], #4; mov) adds register-dependency stalls")
+KNOWN_SLOW = {
+    ("znver4", "9x48"): (1.30, _ZEN4),  # 35.08 cycles/iter vs bound 27.02
+    ("znver4", "8x48"): (1.25, _ZEN4),  # 60.06 vs 48.02 (unrolled twice)
+    ("znver4", "6x64"): (1.21, _ZEN4),  # 58.05 vs 48.02 (unrolled twice)
+    ("neoverse-v1", "8x12"): (1.25, _V1),  # 7.56 vs 6.03, 2 ld1r
+    ("neoverse-v1", "6x16"): (1.17, _V1),  # 7.05 vs 6.03, 1 ld1r
+}
+
+
+def chosen_tiles(isa: Isa) -> list[tuple[MicroKernel, int, int]]:
+    """(tile, pack_n, N): for each shape, the tallest tile as wide as the panel pack_width
+    picks, and the 8-row decode tile where that panel has one."""
+    out: dict[MicroKernel, tuple[MicroKernel, int, int]] = {}
+    for n in SHAPES:
+        pack = pack_width(n, isa)
+        tiles = micro_kernels(isa, pack, widths=1)
+        for mk in [max(tiles, key=lambda t: t.mu_m)] + [t for t in tiles if t.mu_m == 8]:
+            out.setdefault(mk, (mk, pack, n))
+    return list(out.values())
+
+
+def _cases():
+    for target, (arch, isa) in TARGETS.items():
+        for mk, pack, n in chosen_tiles(isa):
+            yield pytest.param(target, arch, mk, pack, n, id=f"{target}-{mk.mu_m}x{mk.mu_n}")
+
+
+def _schedule(mk: MicroKernel, pack: int) -> KernelSchedule:
+    return KernelSchedule(mk, ComputeSlice(mk.mu_m, mk.mu_n, 16), Polymerization(1, 1, 1), pack)
+
+
+def _check(mk, pack, n, *, target, arch):
+    try:
+        find_llvm_mca()
+        return check_kernel(_schedule(mk, pack), mcpu=target, n=n, k=K, arch=arch)
+    except ToolError as e:  # no llvm-mca, or one (or a TVM) that does not know the CPU
+        pytest.skip(str(e))
+
+
+@pytest.mark.parametrize("target,arch,mk,pack,n", list(_cases()))
+def test_hot_loop_within_fma_bound(target, arch, mk, pack, n):
+    r = _check(mk, pack, n, target=target, arch=arch)
+    print(f"{target} {r.tile}: {r.cycles_per_iter:.2f} cycles/iter, FMA bound {r.fma_bound:.2f}, "
+          f"ratio {r.ratio:.3f}, {r.fmas} FMAs, {len(r.spills)} stack ops, "
+          f"{r.sign_extensions} sign-extensions, llvm-mca {r.mca_version}")
+    assert not r.spills, f"{target} {r.tile}: stack spill/reload in the hot loop: {r.spills}"
+    figures = (f"{r.cycles_per_iter:.2f} cycles/iter, {r.ratio:.2f}x the FMA bound "
+               f"{r.fma_bound:.2f} (llvm-mca {r.mca_version})")
+    known = KNOWN_SLOW.get((target, r.tile))
+    if known and r.ratio > TOLERANCE:
+        assert r.ratio <= known[0] + 0.02, f"{target} {r.tile}: {figures}, worse than {known[0]}x"
+        pytest.xfail(f"{figures}: {known[1]}")
+    assert r.ratio <= TOLERANCE, f"{target} {r.tile}: {figures}"
+
+
+def test_spilling_tile_fails():
+    """8x64 on AVX-512 needs 8*4 accumulators + 4 W vectors + 1 broadcast = 37 > 32
+    registers: the check must catch the spills (llvm-mca's cycles alone barely move)."""
+    r = _check(MicroKernel(8, 64), 64, 2048, target="sapphirerapids", arch="x86_64")
+    print(f"spilling 8x64: {r.cycles_per_iter:.2f} cycles/iter, bound {r.fma_bound:.2f}, "
+          f"stack ops: {r.spills}")
+    assert r.spills and not r.ok
+
+
+def test_loop_finder_and_stack_rules():
+    """No tools needed: the main tile's loop wins over an unrolled tail with more FMAs, and
+    %rbp is a stack slot only when the function keeps a frame pointer."""
+    main = [f"\tvfmadd231ps\t%zmm30, %zmm31, %zmm{i}" for i in range(9)]
+    tail = [f"\tvfmadd231ps\t%zmm30, %zmm31, %zmm{i % 4}" for i in range(12)]
+    asm = "\n".join(
+        [".LBB0_1:", *tail, "\tjne\t.LBB0_1",
+         ".LBB0_2:", "\tvbroadcastss\t(%rbp,%rax,4), %zmm31", "\tvmovups\t64(%rsp), %zmm9",
+         "\tleaq\t8(%rsp), %rcx", *main, "\tjne\t.LBB0_2  # loop"])
+    loop = hot_loop(asm)
+    assert loop[0] == ".LBB0_2:" and loop[-1].split() == ["jne", ".LBB0_2"]
+    assert stack_traffic(loop, asm=asm) == ("vmovups\t64(%rsp), %zmm9",)
+    framed = "\tmovq\t%rsp, %rbp\n" + asm
+    assert len(stack_traffic(hot_loop(framed), asm=framed)) == 2
