@@ -17,12 +17,12 @@ from sandwich.bench.baselines.measure import (
 )
 from sandwich.bench.baselines.vendor import make_peers
 from sandwich.bench.machine import measure_machine
-from sandwich.tuner.machine_bench import read_bandwidth_gbs
 from sandwich.compiler.gemm_runner import aligned_empty
 from sandwich.compiler.target import describe_machine
 from sandwich.errors import ConfigError
 from sandwich.models import load_model_config
 from sandwich.payload import make_payload
+from sandwich.tuner.machine_bench import read_bandwidth_gbs
 from sandwich.tuner.quiet import other_cpu_load, warn_if_busy
 from sandwich.tuner.streaming import rotation_copies
 from sandwich.tuner.tune import unique_shapes

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from sandwich.tuner.machine_bench import (check_threads, default_read_bytes, isa_flags, peak_gflops,
-                                          read_bandwidth_gbs)
+from sandwich.tuner.machine_bench import (
+    check_threads,
+    default_read_bytes,
+    isa_flags,
+    peak_gflops,
+    read_bandwidth_gbs,
+)
 from sandwich.tuner.streaming import llc_bytes
 
 

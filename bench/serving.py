@@ -238,9 +238,9 @@ PEERS = ("sandwichc", "hf-transformers", "llama.cpp", "openvino")
 def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: int, repeats: int,
                       threads: int, cache, work: Path, command: str, peers=PEERS,
                       log=print) -> ServingResult:
-    from sandwich.tuner.machine_bench import read_bandwidth_gbs
     from sandwich.compiler.target import describe_machine
     from sandwich.models import load_model_config
+    from sandwich.tuner.machine_bench import read_bandwidth_gbs
     from sandwich.tuner.quiet import other_cpu_load, warn_if_busy
 
     unknown = [p for p in peers if p not in PEERS]

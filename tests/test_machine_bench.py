@@ -3,8 +3,8 @@
 import pytest
 
 from sandwich.bench import machine as mb
-from sandwich.tuner import machine_bench as mbench
 from sandwich.errors import ConfigError
+from sandwich.tuner import machine_bench as mbench
 from sandwich.tuner.streaming import llc_bytes
 
 
