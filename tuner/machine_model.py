@@ -20,7 +20,7 @@ from pathlib import Path
 from sandwich.compiler.target import CpuInfo
 from sandwich.errors import BuildError, ConfigError
 
-MODEL_VERSION = 1  # bump when what is measured, or how, changes: older files are re-measured
+MODEL_VERSION = 2  # bump when what is measured, or how, changes: older files are re-measured
 PEAK_SHARE = 0.95  # a chain count within this of the best rate counts as reaching the peak
 PROBE_SHAPE = (256, 768, 768)  # (M, N, K) of the panel probe: N divides 1..4 vectors of 4..16 lanes
 
@@ -114,12 +114,16 @@ def measure_chains(registers: int, *, iters: int = 1_000_000) -> tuple[float, ..
 
 
 def probe_panels(cpu: CpuInfo, accumulators: int, *, budget: str = "quick",
-                 shape: tuple[int, int, int] = PROBE_SHAPE) -> dict[int, float]:
-    """The best GFLOPS a short search finds on one thread, per weight-panel width (1 to 4
-    vectors), each with its tallest register tile: which panel feeds the FMA units best is
-    what the loads per FMA, the L1/L2 traffic of a panel row and the prefetchers make of a
-    tile, so it is timed, not derived. A width whose tallest tile holds fewer accumulators
-    than the FMA units need is not tried."""
+                 shape: tuple[int, int, int] = PROBE_SHAPE, rounds: int = 7) -> dict[int, float]:
+    """GFLOPS of one thread per weight-panel width (1 to 4 vectors), each with its tallest
+    register tile: which panel feeds the FMA units best is what the loads per FMA, the
+    L1/L2 traffic of a panel row and the prefetchers make of a tile, so it is timed, not
+    derived. A short search finds each width's slice; then the winners are re-timed in
+    `rounds` interleaved rounds and each keeps its median, since on a shared machine one
+    search's figure moved by 20% between runs. A width whose tallest tile holds fewer
+    accumulators than the FMA units need is not tried."""
+    import statistics
+
     from sandwich.tuner.budget import get_budget
     from sandwich.tuner.search import SandwichSearch
     from sandwich.tuner.space import Isa, tallest_rows
@@ -128,7 +132,7 @@ def probe_panels(cpu: CpuInfo, accumulators: int, *, budget: str = "quick",
 
     isa = Isa(cpu.lanes_f32, cpu.vector_registers)
     m, n, k = shape
-    out: dict[int, float] = {}
+    found = {}
     for vec in (4, 3, 2, 1):
         rows = tallest_rows(isa, vec)
         if rows < 1 or rows * vec < accumulators or n % (vec * isa.lanes):
@@ -139,8 +143,12 @@ def probe_panels(cpu: CpuInfo, accumulators: int, *, budget: str = "quick",
                                 threads=1, measure=measure, settings=get_budget(budget).settings)
         res = search.tune_m(m)
         if res.gflops > 0:
-            out[vec] = round(res.gflops, 2)
-    return out
+            found[vec] = (measure, res.schedule)
+    samples: dict[int, list[float]] = {vec: [] for vec in found}
+    for _ in range(rounds):
+        for vec, (measure, schedule) in found.items():
+            samples[vec].append(measure(schedule, m).gflops)
+    return {vec: round(statistics.median(g), 2) for vec, g in samples.items()}
 
 
 def measure_model(cpu: CpuInfo, fingerprint: str, *, panels: bool = True,
