@@ -78,3 +78,36 @@ def test_a_failed_search_gives_its_lease_back(tmp_path, monkeypatch):
         shared_tuning.tune_shared([(["a"], GemmOp("a", 64, 64))], seq_max=8, threads=1,
                                   budget=get_budget("tiny"), cache=_Cache(db))
     assert db.conn.execute("SELECT count(*) FROM leases").fetchone() == (0,)
+
+
+def _open_db(path, barrier, errors):
+    from sandwich.errors import CacheError
+
+    barrier.wait()
+    try:
+        TuningDB(path)
+    except CacheError as e:
+        errors.put(str(e))
+
+
+def test_processes_opening_a_new_cache_at_once_all_get_it(tmp_path):
+    """CI: of two `tune` processes on one new cache, one failed with "database is locked":
+    switching a new database to WAL can fail at once, without SQLite's busy handler. Before
+    the retry, 6 processes x 20 new caches failed 7 times here."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    errors = ctx.Queue()
+    for trial in range(12):
+        barrier = ctx.Barrier(6)
+        procs = [ctx.Process(target=_open_db, args=(tmp_path / f"c{trial}.sqlite", barrier, errors))
+                 for _ in range(6)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        assert all(p.exitcode == 0 for p in procs)
+    found = []
+    while not errors.empty():
+        found.append(errors.get())
+    assert not found, found

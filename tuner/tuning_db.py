@@ -85,15 +85,31 @@ class TuningDB:
             # damaged text must not raise UnicodeDecodeError from deep inside sqlite3: it
             # decodes to U+FFFD and then fails the checks on what it should say
             self.conn.text_factory = lambda b: b.decode("utf-8", "replace")
-            self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA busy_timeout=60000")
-            self.conn.executescript(_SCHEMA)
-            columns = {r[1] for r in self.conn.execute("PRAGMA table_info(records)")}
-            if "digest" not in columns:  # a cache written before records carried a checksum
-                self.conn.execute("ALTER TABLE records ADD COLUMN digest TEXT")
+            self._init_schema()
         except _DB_ERRORS as e:
             raise CacheError(f"cache database {path} is unreadable ({e}); move it away or run "
                              f"`sandwichc cache clear` to start a new cache") from None
+
+    def _init_schema(self, *, wait_s: float = 60.0) -> None:
+        """WAL mode and the tables. Two tuners opening a new cache at once: switching the
+        journal mode can fail with "database is locked" at once, without SQLite's busy
+        handler waiting (seen in CI), so that step is retried until `wait_s` has passed."""
+        deadline = time.monotonic() + wait_s
+        pause = 0.01
+        while True:
+            try:
+                self.conn.execute("PRAGMA journal_mode=WAL")
+                self.conn.executescript(_SCHEMA)
+                columns = {r[1] for r in self.conn.execute("PRAGMA table_info(records)")}
+                if "digest" not in columns:  # a cache written before records carried a checksum
+                    self.conn.execute("ALTER TABLE records ADD COLUMN digest TEXT")
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(pause)
+                pause = min(0.5, 2 * pause)
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
