@@ -39,7 +39,7 @@ def test_the_panel_width_follows_the_probe():
     assert pack_width(768, AVX2, panel_gflops=probe) == 24  # 3 vectors: best, and the widest tie
     assert pack_width(32000, AVX2, panel_gflops=probe) == 16  # 24 does not divide 32000
     assert pack_width(768, AVX2, panel_gflops={4: 80.0, 3: 79.0, 2: 81.0}) == 32  # all tie: widest
-    assert pack_width(768, AVX2, panel_gflops={4: 70.0, 2: 81.0}) == 16
+    assert pack_width(768, AVX2, panel_gflops={4: 76.0, 2: 81.0}) == 16
     # the decode-batch rule still applies on top: AVX-512's probe ties 4 and 3 vectors, and a
     # 3-vector panel holds an 8-row tile where the 4-vector one holds 6
     assert pack_width(768, AVX512, panel_gflops={4: 180.0, 3: 178.0, 2: 150.0}) == 48
@@ -101,8 +101,8 @@ def test_the_panel_probe_times_every_width_that_holds_enough_accumulators():
 
     cpu = detect_cpu()
     lanes = cpu.lanes_f32
-    probe = mm.probe_panels(cpu, 8, budget="tiny", shape=(16, 24 * lanes, 64))
+    probe = mm.probe_panels(cpu, 8, shape=(16, 24 * lanes, 64), rounds=2, keep=1)
     # 1..4 vectors all divide 24 vectors; each width's tallest tile holds >= 8 accumulators
     # on 16 and on 32 registers except 4 vectors on 16 (2 rows: 8) - which still does
     assert set(probe) == {1, 2, 3, 4} and min(probe.values()) > 0
-    assert mm.probe_panels(cpu, 10_000, budget="tiny", shape=(16, 24 * lanes, 64)) == {}
+    assert mm.probe_panels(cpu, 10_000, shape=(16, 24 * lanes, 64)) == {}

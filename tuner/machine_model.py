@@ -19,8 +19,9 @@ from pathlib import Path
 
 from sandwich.compiler.target import CpuInfo
 from sandwich.errors import BuildError, ConfigError
+from sandwich.types import ComputeSlice, KernelSchedule, MicroKernel, Polymerization
 
-MODEL_VERSION = 2  # bump when what is measured, or how, changes: older files are re-measured
+MODEL_VERSION = 3  # bump when what is measured, or how, changes: older files are re-measured
 PEAK_SHARE = 0.95  # a chain count within this of the best rate counts as reaching the peak
 PROBE_SHAPE = (256, 768, 768)  # (M, N, K) of the panel probe: N divides 1..4 vectors of 4..16 lanes
 
@@ -113,42 +114,55 @@ def measure_chains(registers: int, *, iters: int = 1_000_000) -> tuple[float, ..
     return tuple(fma_chain_gflops(c, iters=iters) for c in range(1, max_chains(registers) + 1))
 
 
-def probe_panels(cpu: CpuInfo, accumulators: int, *, budget: str = "quick",
-                 shape: tuple[int, int, int] = PROBE_SHAPE, rounds: int = 7) -> dict[int, float]:
+def _probe_slices(mk: MicroKernel, shape: tuple[int, int, int]) -> list[ComputeSlice]:
+    """A fixed grid of one-thread cache blocks for a tile: row blocks of 4 and 16 tiles,
+    column blocks of 2 and 8 tiles, depths of 128, 256 and 512 (clamped to the shape)."""
+    from sandwich.tuner.space import clamp, slice_caps
+
+    m, n, k = shape
+    caps = slice_caps(m, n, k, mk, Polymerization(1, 1, 1))
+    return list(dict.fromkeys(clamp(ComputeSlice(mk.mu_m * bm, mk.mu_n * bn, bk), caps)
+                              for bm in (4, 16) for bn in (2, 8) for bk in (128, 256, 512)))
+
+
+def probe_panels(cpu: CpuInfo, accumulators: int, *, shape: tuple[int, int, int] = PROBE_SHAPE,
+                 rounds: int = 5, keep: int = 3) -> dict[int, float]:
     """GFLOPS of one thread per weight-panel width (1 to 4 vectors), each with its tallest
     register tile: which panel feeds the FMA units best is what the loads per FMA, the
     L1/L2 traffic of a panel row and the prefetchers make of a tile, so it is timed, not
-    derived. A short search finds each width's slice; then the winners are re-timed in
-    `rounds` interleaved rounds and each keeps its median, since on a shared machine one
-    search's figure moved by 20% between runs. A width whose tallest tile holds fewer
-    accumulators than the FMA units need is not tried."""
+    derived. Every width is timed on the same fixed grid of slices (a search per width
+    found other slices on each run and moved a width's figure by 20%); each width's `keep`
+    best go on to `rounds` interleaved rounds, and a width's figure is the best median. A
+    width whose tallest tile holds fewer accumulators than the FMA units need is not tried."""
     import statistics
 
-    from sandwich.tuner.budget import get_budget
-    from sandwich.tuner.search import SandwichSearch
     from sandwich.tuner.space import Isa, tallest_rows
     from sandwich.tuner.tvm_measure import TvmMeasure
-    from sandwich.types import MicroKernel
 
     isa = Isa(cpu.lanes_f32, cpu.vector_registers)
     m, n, k = shape
-    found = {}
+    finalists: list[tuple[int, TvmMeasure, KernelSchedule]] = []
     for vec in (4, 3, 2, 1):
         rows = tallest_rows(isa, vec)
         if rows < 1 or rows * vec < accumulators or n % (vec * isa.lanes):
             continue
         pack = vec * isa.lanes
         measure = TvmMeasure(cpu, 1, n, k, pack, m)
-        search = SandwichSearch(n=n, k=k, pack_n=pack, micro_kernels=[MicroKernel(rows, pack)],
-                                threads=1, measure=measure, settings=get_budget(budget).settings)
-        res = search.tune_m(m)
-        if res.gflops > 0:
-            found[vec] = (measure, res.schedule)
-    samples: dict[int, list[float]] = {vec: [] for vec in found}
+        mk = MicroKernel(rows, pack)
+        timed = [(measure(s, m).gflops, s) for s in
+                 (KernelSchedule(mk, sl, Polymerization(1, 1, 1), pack)
+                  for sl in _probe_slices(mk, shape))]
+        best = sorted((t for t in timed if t[0] > 0), key=lambda t: -t[0])[:keep]
+        finalists += [(vec, measure, s) for _, s in best]
+    samples: dict[int, list[list[float]]] = {}
+    runs = [[] for _ in finalists]
     for _ in range(rounds):
-        for vec, (measure, schedule) in found.items():
-            samples[vec].append(measure(schedule, m).gflops)
-    return {vec: round(statistics.median(g), 2) for vec, g in samples.items()}
+        for run, (_, measure, schedule) in zip(runs, finalists):
+            run.append(measure(schedule, m).gflops)
+    for run, (vec, _, _) in zip(runs, finalists):
+        samples.setdefault(vec, []).append(run)
+    return {vec: round(max(statistics.median(r) for r in runs_of), 2)
+            for vec, runs_of in samples.items()}
 
 
 def measure_model(cpu: CpuInfo, fingerprint: str, *, panels: bool = True,
@@ -172,7 +186,7 @@ def measure_model(cpu: CpuInfo, fingerprint: str, *, panels: bool = True,
         l2_bytes=l2, llc_bytes=cpu.l3_bytes or llc_bytes(), l1d_ways=_cache_ways(1),
         l2_ways=_cache_ways(2), cache_line=cpu.cache_line, date=datetime.date.today().isoformat())
     if panels:
-        log("machine model: the register tile of each weight-panel width (a short search each)")
+        log("machine model: the tallest register tile of each weight-panel width, on a grid of slices")
         model = replace(model, panel_gflops=probe_panels(cpu, model.accumulators))
     return model
 

@@ -51,10 +51,9 @@ def kernel_n(n: int, lanes: int) -> int:
     return -(-n // lanes) * lanes
 
 
-# panel probes this close count as a tie, which the wider panel wins: a narrower panel must
-# be clearly faster, since one width's probe moved by up to 20% between runs on a shared
-# Zen 3 (the search found another slice)
-PANEL_TIE = 0.10
+# panel probes this close count as a tie, which the wider panel wins: three probes of a
+# Zen 3 spread by up to 3% per width (fixed slice grid, interleaved rounds)
+PANEL_TIE = 0.05
 
 
 def pack_width(n: int, isa: Isa, *, rows: int = 8, panel_gflops: dict[int, float] | None = None) -> int:
