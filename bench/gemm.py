@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from sandwich.compiler.target import describe_machine
 from sandwich.errors import ConfigError
 from sandwich.models import load_model_config
 from sandwich.payload import make_payload
-from sandwich.tuner.machine_bench import read_bandwidth_gbs
+from sandwich.tuner.machine_bench import peak_gflops, read_bandwidth_gbs
 from sandwich.tuner.quiet import other_cpu_load, warn_if_busy
 from sandwich.tuner.streaming import rotation_copies
 from sandwich.tuner.tune import unique_shapes
@@ -183,6 +183,12 @@ def run_bench(*, models: list[str], ms: list[int], tp: int, peer_names: list[str
         for i, row in enumerate(rows):
             _time_peers(row, rotated.get(i), peers.peers, limits, step)
     assert peers is not None
+    # the peak again after the timings: a slow moment of this VM at the start once read 108
+    # GFLOPS for a 2-core peak of 160-180, and every row's % of peak came out above 100
+    peak_end = peak_gflops(threads)
+    log(f"machine peak measured again after the timings: {peak_end:.1f} GFLOPS (the larger of "
+        f"the two, {max(peak_end, limits.peak_gflops):.1f}, is the peak of this run)")
+    limits = replace(limits, peak_gflops=max(peak_end, limits.peak_gflops))
     res = BenchResult(command, datetime.date.today().isoformat(), describe_machine(), threads,
                       limits.peak_gflops, limits.read_gbs, list(peers.names), list(peers.messages),
                       passes=passes)

@@ -15,7 +15,7 @@ def write_markdown(res, path: Path) -> None:
         "",
         f"- machine: {res.machine}",
         f"- threads: {res.threads} for every library (same process, same run), fp32, date {res.date}",
-        f"- measured limits: FMA peak {res.peak_gflops:.1f} GFLOPS, streaming read {res.read_gbs:.1f} GB/s (the best of 1, 2 and 4 concurrent streams per thread; this VM's DRAM bandwidth drifts by tens of percent over minutes)",
+        f"- measured limits: FMA peak {res.peak_gflops:.1f} GFLOPS (the larger of a measurement before and one after the timings), streaming read {res.read_gbs:.1f} GB/s (the best of 1, 2 and 4 concurrent streams per thread; this VM's DRAM bandwidth drifts by tens of percent over minutes)",
         "- timings: warm-up, then 7 repeats, median; each result checked against numpy first;"
         " every runner sees the same weights repeated (same cache state)",
         f"- {res.passes} pass(es), minutes apart; each runner's figure is its best pass (the JSON"
