@@ -154,20 +154,20 @@ def probe_panels(cpu: CpuInfo, accumulators: int, *, shape: tuple[int, int, int]
                   for sl in _probe_slices(mk, shape))]
         best = sorted((t for t in timed if t[0] > 0), key=lambda t: -t[0])[:keep]
         finalists += [(vec, measure, s) for _, s in best]
-    samples: dict[int, list[list[float]]] = {}
-    runs = [[] for _ in finalists]
+    runs: list[list[float]] = [[] for _ in finalists]
     for _ in range(rounds):
-        for run, (_, measure, schedule) in zip(runs, finalists):
+        for run, (_, measure, schedule) in zip(runs, finalists, strict=True):
             run.append(measure(schedule, m).gflops)
-    for run, (vec, _, _) in zip(runs, finalists):
-        samples.setdefault(vec, []).append(run)
-    return {vec: round(max(statistics.median(r) for r in runs_of), 2)
-            for vec, runs_of in samples.items()}
+    out: dict[int, float] = {}
+    for run, (vec, _, _) in zip(runs, finalists, strict=True):
+        out[vec] = max(out.get(vec, 0.0), statistics.median(run))
+    return {vec: round(g, 2) for vec, g in out.items()}
 
 
-def measure_model(cpu: CpuInfo, fingerprint: str, *, panels: bool = True,
+def measure_model(cpu: CpuInfo, fingerprint: str, *,
                   log: Callable[[str], None] = lambda _: None) -> MachineModel:
-    """Measure every figure on one thread (about half a minute with the panel probe)."""
+    """Measure every figure on one thread (about 20 s on a 2-core Zen 3, most of it the
+    panel probe's builds)."""
     from sandwich.tuner.machine_bench import default_read_bytes, read_bandwidth_gbs
     from sandwich.tuner.streaming import llc_bytes
 
@@ -185,10 +185,8 @@ def measure_model(cpu: CpuInfo, fingerprint: str, *, panels: bool = True,
         l2_read_gbs=round(l2_gbs, 1), dram_read_gbs=round(dram_gbs, 2), l1d_bytes=l1,
         l2_bytes=l2, llc_bytes=cpu.l3_bytes or llc_bytes(), l1d_ways=_cache_ways(1),
         l2_ways=_cache_ways(2), cache_line=cpu.cache_line, date=datetime.date.today().isoformat())
-    if panels:
-        log("machine model: the tallest register tile of each weight-panel width, on a grid of slices")
-        model = replace(model, panel_gflops=probe_panels(cpu, model.accumulators))
-    return model
+    log("machine model: the tallest register tile of each weight-panel width, on a grid of slices")
+    return replace(model, panel_gflops=probe_panels(cpu, model.accumulators))
 
 
 def model_path(cache_dir: Path, fingerprint: str) -> Path:
@@ -201,9 +199,7 @@ def load_model(cache_dir: Path, fingerprint: str) -> MachineModel | None:
     path = model_path(cache_dir, fingerprint)
     try:
         model = MachineModel.from_json(json.loads(path.read_text()))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError):  # absent, unreadable or damaged
         return None
     if model.version != MODEL_VERSION or model.fingerprint != fingerprint:
         return None
