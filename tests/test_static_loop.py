@@ -29,6 +29,7 @@ TARGETS = {  # LLVM CPU -> (arch, what bounds its register tile)
     "sapphirerapids": ("x86_64", Isa(lanes=16, registers=32)),
     "znver4": ("x86_64", Isa(lanes=16, registers=32)),
     "skylake-avx512": ("x86_64", Isa(lanes=16, registers=32)),
+    "znver3": ("x86_64", Isa(lanes=8, registers=16)),  # AVX2: a 16-register file
     "neoverse-v1": ("aarch64", Isa(lanes=4, registers=32)),
 }
 # Where llvm-mca 19.1.7 (Debian llvm-19) puts a chosen tile's loop more than 10% over its FMA
