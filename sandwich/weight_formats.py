@@ -1,0 +1,227 @@
+"""Weight formats, defined in one place: their names, quantize and dequantize, and the bytes a
+decode step streams; the int formats reproduce llama.cpp's Q8_0, Q4_0 and Q4_1 bit for bit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sandwich.errors import ConfigError, ShapeError
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How a weight's values are stored. `group` is the number of values along K that share a
+    scale (None: one scale per output column); `ggml_type` names the GGUF type whose blocks
+    hold the same numbers, so a GGUF tensor of that type loads without re-quantizing."""
+
+    name: str
+    bits: int  # 32, 16, 8 or 4 per value
+    group: int | None = None
+    symmetric: bool = True  # False: a scale and a minimum per group (Q4_1)
+    scale_dtype: str | None = None  # "float16" where GGUF stores fp16 scales
+    ggml_type: str | None = None
+
+    @property
+    def quantized(self) -> bool:
+        """True for the int formats (values with scales), False for fp32 and bf16."""
+        return self.bits <= 8
+
+    def group_size(self, k: int) -> int:
+        """Values per scale along a column of K values."""
+        return self.group or k
+
+    def nbytes(self, k: int, n: int) -> int:
+        """Bytes of a (K, N) weight in this format: values, scales and minimums."""
+        values = k * n * self.bits // 8
+        if not self.quantized:
+            return values
+        per_group = np.dtype(self.scale_dtype).itemsize * (1 if self.symmetric else 2)
+        return values + n * (k // self.group_size(k)) * per_group
+
+
+FORMATS: tuple[WeightFormat, ...] = (
+    WeightFormat("fp32", 32, ggml_type="F32"),
+    WeightFormat("bf16", 16, ggml_type="BF16"),
+    WeightFormat("int8", 8, None, True, "float32"),
+    WeightFormat("int8-g32", 8, 32, True, "float16", "Q8_0"),
+    *(WeightFormat(f"int4-g{g}", 4, g, True, "float16", "Q4_0" if g == 32 else None)
+      for g in (32, 64, 128)),
+    *(WeightFormat(f"int4-g{g}-asym", 4, g, False, "float16", "Q4_1" if g == 32 else None)
+      for g in (32, 64, 128)),
+)
+ALIASES = {"int4": "int4-g32", "int4-asym": "int4-g32-asym"}
+_BY_NAME = {f.name: f for f in FORMATS}
+
+
+def parse_format(name: str | WeightFormat) -> WeightFormat:
+    """The format called `name` (one of FORMATS, or an alias such as "int4" for "int4-g32")."""
+    if isinstance(name, WeightFormat):
+        return name
+    key = str(name).strip().lower()
+    fmt = _BY_NAME.get(ALIASES.get(key, key))
+    if fmt is None:
+        valid = ", ".join([*_BY_NAME, *ALIASES])
+        raise ConfigError(f"unknown weight format '{name}' (valid: {valid})")
+    return fmt
+
+
+def layout(fmt: WeightFormat, k: int, n: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """(shape, dtype) of each array of a (K, N) weight in `fmt`: what a kernel allocates."""
+    out = {"q": ((n, k // 2 if fmt.bits == 4 else k),
+                 np.dtype({32: np.float32, 16: np.uint16, 8: np.int8, 4: np.uint8}[fmt.bits]))}
+    if fmt.quantized:
+        groups = (n, k // fmt.group_size(k))
+        out["scales"] = (groups, np.dtype(fmt.scale_dtype))
+        if not fmt.symmetric:
+            out["mins"] = (groups, np.dtype(fmt.scale_dtype))
+    return out
+
+
+@dataclass
+class QuantizedWeight:
+    """A weight W of shape (K, N) (the GEMMs compute A[M, K] @ W[K, N]) in one format, stored
+    column by column along K, so a kernel dequantizes a group of one column with vector ops:
+
+    - `q[n]`: column n's K values in order (float32 for fp32, the bf16 bits as uint16, int8),
+      or for int4, K/2 bytes: within each group of g values, byte j holds value j in its low
+      nibble and value j + g/2 in its high nibble (GGUF's order), each as 0..15;
+    - `scales[n, i]` (and `mins[n, i]` when asymmetric): group i of column n is
+      `(nibble - 8) * scale` (symmetric int4), `int8 * scale`, or `nibble * scale + min`."""
+
+    fmt: WeightFormat
+    shape: tuple[int, int]  # (K, N)
+    q: np.ndarray
+    scales: np.ndarray | None = None
+    mins: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        k, n = self.shape
+        for key, (shape, dtype) in layout(self.fmt, k, n).items():
+            a = getattr(self, key)
+            if a is None or a.shape != shape or a.dtype != dtype:
+                got = None if a is None else f"{a.dtype}{list(a.shape)}"
+                raise ShapeError(f"{self.fmt.name} weight of shape (K, N) = {self.shape}: "
+                                 f"'{key}' must be {dtype}{list(shape)}, got {got}")
+            setattr(self, key, np.ascontiguousarray(a))  # a kernel reads each row as a stream
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stored arrays: what one decode step streams from memory."""
+        return sum(a.nbytes for a in (self.q, self.scales, self.mins) if a is not None)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The stored arrays by name (`q`, then `scales` and `mins` where the format has them)."""
+        return {key: getattr(self, key) for key in layout(self.fmt, *self.shape)}
+
+
+def check_shape(fmt: WeightFormat, shape: tuple[int, ...]) -> tuple[int, int]:
+    """(K, N) of a weight that `fmt` can store, or a one-line ConfigError."""
+    if len(shape) != 2:
+        raise ConfigError(f"a weight must be 2-D (K, N), got shape {tuple(shape)}")
+    k, n = (int(d) for d in shape)
+    if fmt.group and k % fmt.group:
+        raise ConfigError(f"{fmt.name} needs K a multiple of {fmt.group}, got weight "
+                          f"(K, N) = ({k}, {n})")
+    return k, n
+
+
+def round_away(x: np.ndarray) -> np.ndarray:
+    """Round half away from zero (C's roundf, as ggml's Q8_0 does), exact in float32."""
+    a = np.abs(x)
+    floored = np.floor(a)
+    return np.sign(x) * (floored + np.floor(2 * (a - floored)))
+
+
+def _inverse(d: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return np.where(d == 0, 0, 1 / d)
+
+
+def _to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bits, round to nearest even, NaN kept quiet (ggml_compute_fp32_to_bf16)."""
+    n = x.view(np.uint32)
+    quiet = (n & np.uint32(0xFFFF0000)) | np.uint32(64 << 16)
+    n = np.where((n & 0x7FFFFFFF) > 0x7F800000, quiet, n)
+    n = (n.astype(np.uint64) + (0x7FFF + ((n >> 16) & 1))) >> np.uint64(16)
+    return n.astype(np.uint16)
+
+
+def _pack4(qs: np.ndarray) -> np.ndarray:
+    """(N, G, g) values 0..15 -> (N, G*g/2) bytes: j low, j + g/2 high in each group."""
+    half = qs.shape[-1] // 2
+    return (qs[..., :half] | (qs[..., half:] << np.uint8(4))).reshape(qs.shape[0], -1)
+
+
+def unpack4(q: np.ndarray, g: int) -> np.ndarray:
+    """(N, K/2) int4 bytes -> (N, K/g, g) values 0..15, the inverse of the packing above."""
+    b = q.reshape(q.shape[0], -1, g // 2)
+    return np.concatenate([b & np.uint8(0x0F), b >> np.uint8(4)], axis=-1)
+
+
+def _scales(fmt: WeightFormat, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """`x` in the format's scale dtype, or a ConfigError when a scale does not fit it."""
+    with np.errstate(over="ignore"):
+        out = x.astype(fmt.scale_dtype)
+    if not np.isfinite(out).all():
+        raise ConfigError(f"weight values up to |w| = {float(np.abs(w).max()):.4g} do not fit "
+                          f"{fmt.name}'s {fmt.scale_dtype} scales; use int8 or bf16")
+    return out
+
+
+def quantize(w: np.ndarray, fmt: WeightFormat | str) -> QuantizedWeight:
+    """A float32 (K, N) weight in `fmt`; the int formats round as ggml's reference quantizers."""
+    fmt = parse_format(fmt)
+    k, n = check_shape(fmt, np.shape(w))
+    cols = np.ascontiguousarray(np.asarray(w, np.float32).T)  # (N, K): one column per row
+    if fmt.bits == 32:
+        return QuantizedWeight(fmt, (k, n), cols)
+    if fmt.bits == 16:
+        return QuantizedWeight(fmt, (k, n), _to_bf16(cols))
+    if not np.isfinite(cols).all():
+        raise ConfigError(f"weight has NaN or infinite values; {fmt.name} cannot store them")
+    b = cols.reshape(n, k // fmt.group_size(k), fmt.group_size(k))
+    if fmt.bits == 8:  # Q8_0: d = max|x| / 127, q = round(x / d)
+        d = np.abs(b).max(axis=-1, keepdims=True) / 127
+        q = round_away(b * _inverse(d)).astype(np.int8).reshape(n, k)
+        return QuantizedWeight(fmt, (k, n), q, _scales(fmt, d[..., 0], cols))
+    if fmt.symmetric:  # Q4_0: d = (the value of largest magnitude) / -8, q = x / d + 8
+        big = np.take_along_axis(b, np.abs(b).argmax(axis=-1)[..., None], axis=-1)
+        d = big / -8
+        qs = np.trunc(b * _inverse(d) + np.float32(8.5), dtype=np.float32)
+        q = _pack4(qs.astype(np.uint8).clip(0, 15))
+        return QuantizedWeight(fmt, (k, n), q, _scales(fmt, d[..., 0], cols))
+    lo, hi = b.min(axis=-1, keepdims=True), b.max(axis=-1, keepdims=True)  # Q4_1
+    d = (hi - lo) / 15
+    qs = np.trunc((b - lo) * _inverse(d) + np.float32(0.5), dtype=np.float32)
+    q = _pack4(qs.astype(np.uint8).clip(0, 15))
+    return QuantizedWeight(fmt, (k, n), q, _scales(fmt, d[..., 0], cols),
+                           _scales(fmt, lo[..., 0], cols))
+
+
+def dequantize(qw: QuantizedWeight) -> np.ndarray:
+    """The float32 (K, N) weight `qw` stands for (as ggml dequantizes Q8_0, Q4_0, Q4_1)."""
+    fmt, (k, n) = qw.fmt, qw.shape
+    if fmt.bits == 32:
+        cols = qw.q
+    elif fmt.bits == 16:
+        cols = (qw.q.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    else:
+        g = fmt.group_size(k)
+        d = qw.scales.astype(np.float32)[..., None]
+        if fmt.bits == 8:
+            cols = qw.q.reshape(n, k // g, g).astype(np.float32) * d
+        elif fmt.symmetric:
+            cols = d * (unpack4(qw.q, g).astype(np.int8) - np.int8(8)).astype(np.float32)
+        else:
+            cols = d * unpack4(qw.q, g).astype(np.float32) + qw.mins.astype(np.float32)[..., None]
+    return np.ascontiguousarray(cols.reshape(n, k).T)
+
+
+def take_columns(qw: QuantizedWeight, index: np.ndarray) -> QuantizedWeight:
+    """The weight of columns `index` of `qw` (a permutation, e.g. GGUF's RoPE rows back to HF
+    order, or a tensor-parallel shard of N), still in its format: no re-quantizing."""
+    index = np.asarray(index)
+    pick = {key: np.ascontiguousarray(a[index]) for key, a in qw.arrays().items()}
+    return QuantizedWeight(qw.fmt, (qw.shape[0], len(index)), **pick)

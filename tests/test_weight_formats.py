@@ -1,0 +1,222 @@
+"""Weight formats (issue 26, item 1): names, round trips within each format's error bound,
+bit-exact agreement with the `gguf` package's Q8_0, Q4_0, Q4_1 and BF16, GGUF blocks loaded
+as stored, the bytes streamed, and bad names and shapes as one-line errors."""
+
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType as T
+from gguf.quants import dequantize as gg_dequantize
+from gguf.quants import quantize as gg_quantize
+
+from sandwich.errors import ConfigError, ShapeError
+from sandwich.gguf_blocks import from_gguf_blocks
+from sandwich.weight_formats import (
+    FORMATS,
+    QuantizedWeight,
+    dequantize,
+    parse_format,
+    quantize,
+    take_columns,
+)
+
+NAMES = [f.name for f in FORMATS]
+GGUF_TWINS = {"int8-g32": T.Q8_0, "int4-g32": T.Q4_0, "int4-g32-asym": T.Q4_1, "bf16": T.BF16}
+K, N = 256, 24
+
+
+def one_line(e: pytest.ExceptionInfo) -> str:
+    msg = str(e.value)
+    assert msg and "\n" not in msg
+    return msg
+
+
+def weights(seed: int = 0, k: int = K, n: int = N) -> np.ndarray:
+    """Random columns plus the hard cases: an all-zero group, a constant column, columns of
+    large and tiny values, and groups of exact halves (rounding ties)."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    w[32:64, 0] = 0  # one all-zero group (and half an int4-g128 group)
+    w[:, 1] = 0.75  # a constant column
+    w[:, 2] *= 1e4
+    w[:, 3] *= 1e-6
+    w[:, 4] = 0
+    w[:32, 5] = np.r_[127, np.arange(31) - 15.5]  # Q8_0 with d = 1: ties at .5
+    w[:32, 6] = np.r_[-8, np.arange(31) / 4 - 3.875]  # Q4_0 with d = 1: ties
+    return w
+
+
+def bound(fmt, w: np.ndarray) -> np.ndarray:
+    """The largest error each value of `w` may have in `fmt`: half a step (a whole step at the
+    clipped end of symmetric int4), plus the rounding of an fp16 scale or minimum."""
+    if fmt.bits == 32:
+        return np.zeros_like(w)
+    if fmt.bits == 16:
+        return np.abs(w) * 2.0**-8
+    k, n = w.shape
+    g = fmt.group_size(k)
+    b = w.T.reshape(n, k // g, g).astype(np.float64)
+    hi, lo = b.max(-1, keepdims=True), b.min(-1, keepdims=True)
+    big = np.maximum(np.abs(hi), np.abs(lo))
+    qmax, step, half = {(8, True): (127, big / 127, 0.5), (4, True): (8, big / 8, 1.0),
+                        (4, False): (15, (hi - lo) / 15, 0.5)}[(fmt.bits, fmt.symmetric)]
+    e = step * half + step * qmax * 1e-6  # float32 arithmetic
+    if fmt.scale_dtype == "float16":  # relative 2^-11, or 2^-25 among the subnormals
+        e = e + qmax * np.maximum(step * 2.0**-11, 2.0**-25)
+        if not fmt.symmetric:
+            e = e + np.maximum(np.abs(lo) * 2.0**-11, 2.0**-25)
+    return np.broadcast_to(e, b.shape).reshape(n, k).T
+
+
+def test_names_parse_and_unknown_ones_are_one_line_errors():
+    assert NAMES[:4] == ["fp32", "bf16", "int8", "int8-g32"]
+    for name in NAMES:
+        assert parse_format(name).name == name
+        assert parse_format(parse_format(name)) is parse_format(name)
+    assert parse_format(" INT4 ").name == "int4-g32"
+    assert parse_format("int4-asym").name == "int4-g32-asym"
+    g = {f.name: (f.bits, f.group, f.symmetric, f.ggml_type) for f in FORMATS}
+    assert g["int8"] == (8, None, True, None)
+    assert g["int4-g64-asym"] == (4, 64, False, None)
+    assert g["int4-g32"][3] == "Q4_0" and g["int8-g32"][3] == "Q8_0"
+    for bad in ("int3", "int4-g16", "fp8", ""):
+        with pytest.raises(ConfigError) as e:
+            parse_format(bad)
+        assert f"'{bad}'" in one_line(e) and "int4-g128-asym" in str(e.value)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_round_trip_within_the_format_error_bound(name):
+    fmt = parse_format(name)
+    w = weights()
+    qw = quantize(w, name)
+    back = dequantize(qw)
+    assert back.dtype == np.float32 and back.shape == w.shape
+    err = np.abs(back.astype(np.float64) - w)
+    assert (err <= bound(fmt, w)).all(), float((err - bound(fmt, w)).max())
+    assert (back[:, 4] == 0).all()  # zeros stay zeros, and in a symmetric format in any group
+    assert (back[32:64, 0] == 0).all() or not (fmt.symmetric or fmt.group == 32)
+    if fmt.bits != 8:  # a constant fp16 holds comes back exactly (int8: through a scale)
+        assert (back[:, 1] == 0.75).all()
+    if fmt.name == "fp32":
+        assert np.array_equal(back, w)
+    assert np.array_equal(dequantize(quantize(back, name)), back)  # idempotent
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_arrays_are_contiguous_per_column_and_nbytes_is_what_is_stored(name):
+    fmt = parse_format(name)
+    qw = quantize(weights(), fmt)
+    assert qw.shape == (K, N) and qw.q.shape[0] == N
+    for a in qw.arrays().values():
+        assert a.flags.c_contiguous and a.shape[0] == N
+    assert qw.nbytes == fmt.nbytes(K, N) == sum(a.nbytes for a in qw.arrays().values())
+
+
+def test_bytes_per_weight_match_the_gguf_blocks():
+    per = {f.name: f.nbytes(4096, 1024) / (4096 * 1024) for f in FORMATS}
+    assert per["fp32"] == 4 and per["bf16"] == 2
+    assert per["int8"] == 1 + 4 / 4096  # one float32 scale per column
+    assert per["int8-g32"] == 34 / 32  # Q8_0
+    assert per["int4-g32"] == 18 / 32 == 0.5625  # Q4_0
+    assert per["int4-g32-asym"] == 20 / 32  # Q4_1
+    assert per["int4-g64"] == 34 / 64 and per["int4-g128"] == 66 / 128
+    assert per["int4-g128-asym"] == 68 / 128
+
+
+@pytest.mark.parametrize("name", list(GGUF_TWINS))
+def test_the_gguf_twins_agree_bit_for_bit_with_the_gguf_package(name):
+    qtype = GGUF_TWINS[name]
+    for seed in range(3):
+        w = weights(seed)
+        blocks = gg_quantize(np.ascontiguousarray(w.T), qtype)  # GGUF rows are W's columns
+        theirs = gg_dequantize(blocks, qtype).T
+        ours = quantize(w, name)
+        assert np.array_equal(dequantize(ours), theirs)
+        stored = from_gguf_blocks(blocks, qtype, (N, K))  # the same bits, block by block
+        for key, a in ours.arrays().items():
+            assert np.array_equal(a.view(np.uint8), getattr(stored, key).view(np.uint8)), key
+
+
+def test_gguf_blocks_load_as_stored_whatever_names_the_type():
+    w = weights(5, k=64, n=8)
+    for qtype in (T.Q8_0, T.Q4_0, T.Q4_1, T.F32, T.BF16):
+        blocks = gg_quantize(np.ascontiguousarray(w.T), qtype)
+        want = np.asarray(gg_dequantize(blocks, qtype), np.float32).T
+        for ggml_type in (qtype, int(qtype), qtype.name):
+            qw = from_gguf_blocks(blocks, ggml_type, (8, 64))
+            assert qw.shape == (64, 8) and np.array_equal(dequantize(qw), want)
+            assert qw.nbytes == blocks.nbytes
+
+
+def test_gguf_blocks_that_cannot_load_are_one_line_errors():
+    blocks = gg_quantize(np.ones((8, 64), np.float32), T.Q4_0)
+    cases = {"F16 has no weight format": (blocks, T.F16, (8, 64)),
+             "Q4_K has no weight format": (blocks, "q4_k", (8, 64)),
+             "must hold 288 bytes, got 144": (blocks[:4], T.Q4_0, (8, 64)),
+             "K = 48 is not a multiple of 32": (blocks, T.Q4_0, (12, 48)),
+             "2-D": (blocks, T.Q4_0, (512,))}
+    for what, args in cases.items():
+        with pytest.raises(ConfigError) as e:
+            from_gguf_blocks(*args)
+        assert what in one_line(e)
+
+
+def test_bad_shapes_and_values_are_one_line_errors():
+    for name, shape, what in (("int4-g32", (48, 8), "K a multiple of 32"),
+                              ("int4-g128", (192, 8), "K a multiple of 128"),
+                              ("int8-g32", (100, 4), "K a multiple of 32"),
+                              ("int8", (5,), "must be 2-D")):
+        with pytest.raises(ConfigError) as e:
+            quantize(np.ones(shape, np.float32), name)
+        assert what in one_line(e)
+    assert dequantize(quantize(np.ones((5, 3), np.float32), "int8")).shape == (5, 3)
+    huge = np.full((32, 2), 1e6, np.float32)
+    for name in ("int4-g32", "int4-g32-asym", "int8-g32"):
+        with pytest.raises(ConfigError) as e:
+            quantize(huge * (1e2 if name == "int8-g32" else 1), name)
+        assert "float16 scales" in one_line(e)
+    for name in ("int8", "bf16", "fp32"):  # float32 scales, or none: huge values are fine
+        assert np.allclose(dequantize(quantize(huge * 1e20, name)), 1e26, rtol=1e-2)
+    nan = np.ones((32, 2), np.float32)
+    nan[3, 1] = np.nan
+    with pytest.raises(ConfigError) as e:
+        quantize(nan, "int4-g32")
+    assert "NaN" in one_line(e)
+    with pytest.raises(ShapeError) as e:
+        QuantizedWeight(parse_format("int4-g32"), (64, 8), np.zeros((8, 64), np.uint8))
+    assert "'q' must be uint8[8, 32]" in one_line(e)
+
+
+def test_bf16_rounds_to_nearest_even():
+    w = np.array([[1 + 2.0**-8, 1 + 3 * 2.0**-8, 1 + 2.0**-8 + 2.0**-20, -0.0]], np.float32).T
+    back = dequantize(quantize(w, "bf16"))[:, 0]
+    assert list(back) == [1.0, 1 + 2.0**-6, 1 + 2.0**-7, 0.0]
+    assert np.signbit(back[3])
+
+
+@pytest.mark.parametrize("name", ["int8", "int4-g64-asym", "bf16"])
+def test_take_columns_permutes_without_requantizing(name):
+    qw = quantize(weights(), name)
+    perm = np.random.default_rng(1).permutation(N)
+    assert np.array_equal(dequantize(take_columns(qw, perm)), dequantize(qw)[:, perm])
+    assert take_columns(qw, perm[:8]).shape == (K, 8)
+
+
+def test_a_gguf_files_tensors_load_as_stored_and_match_its_reader(tmp_path):
+    from gguf_tiny import write_tiny_gguf
+
+    from sandwich.runtime.gguf_file import GGUFCheckpoint, rope_unpermute
+
+    ck = GGUFCheckpoint(write_tiny_gguf(tmp_path / "tiny.gguf")[0])
+    seen = set()
+    for name in ck.keys():
+        t = ck.get(name)
+        if len(t.shape) != 2 or t.dtype == "F16":
+            continue
+        qw = from_gguf_blocks(t.raw.data, t.raw.tensor_type, t.shape)
+        if t.rope_heads:  # llama.cpp's RoPE row order back to HF's, still quantized
+            order = rope_unpermute(np.arange(t.shape[0])[:, None], t.rope_heads)[:, 0]
+            qw = take_columns(qw, order)
+        assert np.array_equal(dequantize(qw), t.to_f32().T), name
+        seen.add(t.dtype)
+    assert seen == {"Q8_0", "Q4_0", "Q4_1", "BF16", "F32"}
