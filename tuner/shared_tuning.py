@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from sandwich.tuner.budget import Budget
 from sandwich.tuner.kernel_cache import KernelCache
+from sandwich.tuner.rpc_measure import RpcTarget
 from sandwich.tuner.tune import OpReport, tune_op
 from sandwich.types import GemmOp
 
@@ -51,7 +52,8 @@ def tune_shared(shapes: list[tuple[list[str], GemmOp]], *, seq_max: int, threads
                 on_step: Callable[[int], None] = lambda _: None,
                 on_shape: Callable[[list[str], GemmOp], None] = lambda *_: None,
                 ttl_s: float = TTL_S, renew_s: float = RENEW_S, poll_s: float = 1.0,
-                sleep: Callable[[float], None] = time.sleep) -> list[OpReport]:
+                sleep: Callable[[float], None] = time.sleep,
+                remote: RpcTarget | None = None) -> list[OpReport]:
     """Tune every shape once between all tuners of this cache; reports in `shapes` order."""
     owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     # largest first (longest-processing-time order): the tuners finish close together
@@ -68,7 +70,8 @@ def tune_shared(shapes: list[tuple[list[str], GemmOp]], *, seq_max: int, threads
                 try:
                     on_shape(names, op)
                     reports[i] = tune_op(names=names, op=op, seq_max=seq_max, threads=threads,
-                                         budget=budget, cache=cache, on_step=on_step)
+                                         budget=budget, cache=cache, on_step=on_step,
+                                         remote=remote)
                 finally:
                     cache.db.release(key, owner)
                 pending.remove(i)
@@ -78,7 +81,8 @@ def tune_shared(shapes: list[tuple[list[str], GemmOp]], *, seq_max: int, threads
     return [reports[i] for i in range(len(shapes))]
 
 
-def tune_shapes(shapes, *, seq_max: int, threads: int, budget, cache, progress: bool = True):
+def tune_shapes(shapes, *, seq_max: int, threads: int, budget, cache, progress: bool = True,
+                remote: RpcTarget | None = None):
     """Tune each (names, op) over M in [1, seq_max] with a progress bar, sharing the work
     with other tuners of the same cache; the OpReports."""
     from tqdm import tqdm
@@ -86,5 +90,5 @@ def tune_shapes(shapes, *, seq_max: int, threads: int, budget, cache, progress: 
     with tqdm(total=len(shapes) * len(budget.m_samples(seq_max)), unit="M",
               disable=not progress, dynamic_ncols=True) as bar:
         return tune_shared(shapes, seq_max=seq_max, threads=threads, budget=budget, cache=cache,
-                           on_step=bar.update, on_shape=lambda names, op: bar.set_description(
+                           remote=remote, on_step=bar.update, on_shape=lambda names, op: bar.set_description(
                                f"{'+'.join(names)} {op.n}x{op.k}"))

@@ -17,6 +17,7 @@ from sandwich.payload import Payload
 from sandwich.tuner.budget import Budget
 from sandwich.tuner.kernel_cache import KernelCache
 from sandwich.tuner.machine_model import machine_model
+from sandwich.tuner.rpc_measure import RpcMeasure, RpcTarget
 from sandwich.tuner.search import MResult, SandwichSearch
 from sandwich.tuner.space import Isa, micro_kernels, pack_width
 from sandwich.tuner.tvm_measure import TvmMeasure
@@ -36,6 +37,7 @@ class OpReport:
     trials: int = 0
     seconds: float = 0.0
     compile_seconds: float = 0.0
+    rpc_retries: int = 0  # remote calls run again on another server (a server died or hung)
     results: list[MResult] = field(default_factory=list)
 
 
@@ -56,7 +58,7 @@ def _ranges(samples: list[int], seq_max: int) -> dict[int, int]:
     return {m: (samples[i + 1] - 1 if i + 1 < len(samples) else seq_max) for i, m in enumerate(samples)}
 
 
-def _ensure_kernel(cache: KernelCache, measure: TvmMeasure, op: GemmOp,
+def _ensure_kernel(cache: KernelCache, measure: TvmMeasure | RpcMeasure, op: GemmOp,
                    schedule: KernelSchedule) -> bool:
     """Make sure the schedule's `.so` is in the cache and intact; True if it had to be built."""
     kf = cache.db.kernel(cache.fingerprint, op.n, op.k, op.dtype, schedule)
@@ -87,8 +89,10 @@ def weight_pack(cache: KernelCache, n: int, budget: Budget,
 
 
 def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget: Budget,
-            cache: KernelCache, on_step: Callable[[int], None] = lambda _: None) -> OpReport:
-    """Tune one (N, K) over the budget's M samples, resuming from committed records."""
+            cache: KernelCache, on_step: Callable[[int], None] = lambda _: None,
+            remote: RpcTarget | None = None) -> OpReport:
+    """Tune one (N, K) over the budget's M samples, resuming from committed records;
+    with `remote`, every candidate is checked and timed on that tracker's servers."""
     t0 = time.perf_counter()
     cpu = cache.cpu
     isa = Isa(cpu.lanes_f32, cpu.vector_registers)
@@ -100,7 +104,8 @@ def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget:
     samples = budget.m_samples(seq_max)
     m_hi = _ranges(samples, seq_max)
     report = OpReport(names, op.n, op.k)
-    measure = TvmMeasure(cpu, threads, op.n, op.k, pack_n, seq_max)
+    measure = (TvmMeasure(cpu, threads, op.n, op.k, pack_n, seq_max) if remote is None else
+               RpcMeasure(cpu, threads, op.n, op.k, pack_n, seq_max, remote, cache.fingerprint))
     search = SandwichSearch(n=op.n, k=op.k, pack_n=pack_n,
                             micro_kernels=micro_kernels(isa, pack_n, widths=budget.mk_widths),
                             threads=threads, measure=measure, settings=budget.settings)
@@ -138,6 +143,7 @@ def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget:
     cache.db.checkpoint()  # this shape's records into the database file, out of the WAL
     report.seconds = time.perf_counter() - t0
     report.compile_seconds = measure.compile_seconds
+    report.rpc_retries = getattr(measure, "retries", 0)
     return report
 
 

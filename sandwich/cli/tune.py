@@ -49,8 +49,25 @@ def register(sub) -> None:
                       help="greedy tokens of the measurement request (plan)")
     tune.add_argument("--no-calibrate", action="store_true",
                       help="simulate with default machine rates instead of measuring them (plan)")
+    tune.add_argument("--rpc", metavar="HOST:PORT", help="measure on the TVM RPC servers of this "
+                      "tracker (python -m tvm.exec.rpc_tracker); servers: `sandwichc rpc-server`")
+    tune.add_argument("--rpc-key", default="sandwichc", help="the servers' key at the tracker")
+    tune.add_argument("--rpc-timeout", type=float, default=120.0,
+                      help="seconds one remote call may take before its server is dropped and "
+                      "the call goes to another")
     add_cache_arg(tune)
     tune.set_defaults(func=cmd_tune)
+
+    server = sub.add_parser("rpc-server", help="a TVM RPC server that measures for `tune --rpc` "
+                            "(TVM's server, plus the target fingerprint a tune checks)")
+    server.add_argument("--tracker", required=True, metavar="HOST:PORT")
+    server.add_argument("--key", default="sandwichc")
+    server.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    server.add_argument("--port", type=int, default=9090, help="first port to try")
+    server.add_argument("--port-end", type=int, default=None, help="the port after the last "
+                        "to try (default: --port + 100)")
+    add_threads_arg(server)
+    server.set_defaults(func=cmd_rpc_server)
 
     cache = sub.add_parser("cache", help="list, verify or clear the kernel cache")
     csub = cache.add_subparsers(dest="cache_cmd", required=True)
@@ -163,7 +180,9 @@ def cmd_tune(args) -> int:
                               f"{', '.join(n for names, _ in shapes for n in names)}")
         shapes = [(names, op) for names, op in shapes if wanted & set(names)]
     cache = _cache(args)
-    warn_if_busy("the timings that rank schedules", lambda msg: print(msg, file=sys.stderr))
+    remote = _rpc_target(args, cache.fingerprint)
+    if remote is None:  # (the servers' load is theirs to mind)
+        warn_if_busy("the timings that rank schedules", lambda msg: print(msg, file=sys.stderr))
     if budget.machine_model:  # measured once per CPU, before the tune, where it can say so
         from sandwich.tuner.machine_model import machine_model
 
@@ -172,7 +191,7 @@ def cmd_tune(args) -> int:
     print(f"tuning {cfg.name} (tp={args.tp}, seq_max={args.seq_max}, budget={budget.name}) "
           f"with {threads} threads on {cache.cpu.model} [{cache.fingerprint}], cache {cache.dir}")
     t0 = time.perf_counter()
-    reports = tune_shapes(shapes, seq_max=args.seq_max, threads=threads, budget=budget,
+    reports = tune_shapes(shapes, seq_max=args.seq_max, threads=threads, budget=budget, remote=remote,
                           cache=cache, progress=not args.no_progress)
     total = time.perf_counter() - t0
     print(f"{'op':<14}{'N':>7}{'K':>7}{'searched':>10}{'cached':>8}{'trials':>8}{'compile s':>11}"
@@ -184,14 +203,50 @@ def cmd_tune(args) -> int:
               f"{r.compile_seconds:>11.1f}{r.seconds:>9.1f}  {best_s}")
         if r.rebuilt:
             print(f"  rebuilt {r.rebuilt} kernel file(s) that were missing or altered")
+    if remote is not None:
+        print(f"RPC: {sum(r.rpc_retries for r in reports)} remote call(s) run again on another "
+              f"server after a server failed or did not answer")
     print(f"done in {total:.1f} s")
     return 0
 
 
+def _rpc_target(args, fingerprint: str):
+    """The RPC servers to measure on (checked now: tracker up, a server under the key, of
+    this target), or None for this machine."""
+    if not args.rpc:
+        return None
+    from sandwich.compiler.rpc import TrackerAddress
+    from sandwich.tuner.rpc_measure import RpcTarget
+
+    if args.rpc_timeout <= 0:
+        raise ConfigError(f"--rpc-timeout must be > 0, got {args.rpc_timeout}")
+    target = RpcTarget(TrackerAddress.parse(args.rpc), args.rpc_key, args.rpc_timeout)
+    target.check(fingerprint)
+    print(f"measuring on the RPC servers under key {args.rpc_key!r} at {target.tracker}")
+    return target
+
+
+def cmd_rpc_server(args) -> int:
+    from sandwich.compiler.rpc import TrackerAddress, serve
+    from sandwich.compiler.target import detect_cpu
+    from sandwich.tuner.kernel_cache import cache_fingerprint
+
+    fingerprint = cache_fingerprint(detect_cpu())
+    port_end = args.port_end if args.port_end is not None else args.port + 100
+    state = serve(host=args.host, port=args.port, port_end=port_end,
+                  tracker=TrackerAddress.parse(args.tracker), key=args.key, fingerprint=fingerprint)
+    print(f"RPC server on {args.host}:{state.port}, key {args.key!r} at tracker {args.tracker}, "
+          f"target {fingerprint}, {_threads(args)} threads", flush=True)
+    state.thread.join()
+    return 0
+
+
 def _plan_mode(args) -> str:
-    """A plan picks the TP degree and threads itself: --tp, --threads or --ops mean one set."""
+    """A plan picks the TP degree and threads itself: --tp, --threads or --ops mean one set
+    (and so does --rpc: a plan measures on this machine's engine)."""
     single = [flag for flag, given in (("--tp", args.tp != 1), ("--threads", bool(args.threads)),
-                                       ("--ops", bool(args.ops))) if given]
+                                       ("--ops", bool(args.ops)), ("--rpc", bool(args.rpc)))
+              if given]
     if args.plan == "on" and single:
         raise ConfigError(f"--plan on chooses the TP degree and threads itself; drop "
                           f"{', '.join(single)} or pass --plan off")

@@ -1,0 +1,236 @@
+"""Measuring candidates on TVM RPC servers: the tuner's measure, with the kernels built here
+and checked and timed on servers of the same target found through TVM's tracker.
+
+Each kernel is checked against numpy on the server before it is timed (the server's
+output comes back), as the local measure does. A server that fails or stops answering
+within `call_timeout_s` is dropped and the call runs again on another server of the key;
+the tune goes on while one answers. Records land in the same database, keyed by the
+fingerprint every server must report.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sandwich.compiler.gemm_dsl import build_gemm_dsl
+from sandwich.compiler.gemm_runner import pack_weights
+from sandwich.compiler.gemm_template import slice_args
+from sandwich.compiler.rpc import RemoteSession, TrackerAddress, remote_error, servers_under
+from sandwich.compiler.target import CpuInfo
+from sandwich.errors import BuildError, ConfigError
+from sandwich.tuner.measure import MeasureResult
+from sandwich.tuner.reference import reference_matmul
+from sandwich.tuner.streaming import llc_bytes, rotation_copies
+from sandwich.tuner.timing import gflops
+from sandwich.tuner.tvm_measure import check_fits, check_ms
+from sandwich.types import KernelSchedule
+
+
+@dataclass(frozen=True)
+class RpcTarget:
+    """Where candidates are measured: a tracker, the key of its servers, how long a call may take."""
+
+    tracker: TrackerAddress
+    key: str
+    call_timeout_s: float = 120.0
+
+    def check(self, fingerprint: str) -> None:
+        """Fail before tuning when the tracker is down, the key has no server, or a server
+        is of another target: one line each."""
+        if servers_under(self.tracker, self.key) == 0:
+            raise ConfigError(f"RPC tracker {self.tracker} has no server under key {self.key!r}; "
+                              f"start one with `sandwichc rpc-server --tracker {self.tracker} "
+                              f"--key {self.key}`")
+        session = RemoteSession(self.tracker, self.key)
+        _check_fingerprint(session, fingerprint, self)
+
+
+def _check_fingerprint(session: RemoteSession, fingerprint: str, target: RpcTarget) -> None:
+    got = session.fingerprint()
+    if got != fingerprint:
+        what = (f"reports target {got}" if got else
+                "is a plain TVM server (start servers with `sandwichc rpc-server`)")
+        raise ConfigError(f"RPC server under key {target.key!r} {what}; this tune builds for "
+                          f"{fingerprint}: kernels measured there would not be this target's")
+
+
+def _call_with_timeout(fn: Callable[[], object], timeout_s: float):
+    """Run `fn` on a daemon thread; a call that does not return in time is abandoned (a
+    hung server's session is then dropped, not waited for)."""
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        raise TimeoutError(f"no answer in {timeout_s:.0f} s")
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box.get("value")
+
+
+@dataclass
+class _Remote:
+    """One server's session and what was uploaded to it for this (N, K)."""
+
+    session: RemoteSession
+    weights: object = None
+    rows: dict[int, tuple] = field(default_factory=dict)  # M -> (A, C, WS or None)
+
+
+@dataclass
+class RpcMeasure:
+    """The tuner's measure for one (N, K) over RPC (the interface of TvmMeasure)."""
+
+    cpu: CpuInfo
+    threads: int
+    n: int
+    k: int
+    pack_n: int
+    seq_max: int
+    target: RpcTarget
+    fingerprint: str
+    seed: int = 0
+    repeat: int = 5
+    min_repeat_ms: int = 10
+    stream_max_m: int = 8
+    stream_passes: int = 3
+    max_copies: int = 1024
+    compile_seconds: float = 0.0
+    remote_seconds: float = 0.0
+    retries: int = 0
+    kernels: dict[KernelSchedule, object] = field(default_factory=dict)
+    failed: dict[KernelSchedule, str] = field(default_factory=dict)
+    verified: set[KernelSchedule] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        if self.n % self.pack_n:
+            raise ConfigError(f"N={self.n} is not a multiple of the packed width {self.pack_n}")
+        check_fits(self.n, self.k, self.seq_max, 1)
+        rng = np.random.default_rng(self.seed)
+        self.w = rng.standard_normal((self.k, self.n), dtype=np.float32)
+        self.wp = pack_weights(self.w, self.pack_n)
+        self.a = rng.standard_normal((self.seq_max, self.k), dtype=np.float32)
+        self._remote: _Remote | None = None
+
+    # -- sessions ------------------------------------------------------------------------
+    def _session(self) -> _Remote:
+        if self._remote is None:
+            session = RemoteSession(self.target.tracker, self.target.key)
+            _check_fingerprint(session, self.fingerprint, self.target)
+            self._remote = _Remote(session)
+        return self._remote
+
+    def _on_server(self, fn: Callable[[_Remote], object]):
+        """Run `fn` on the current server; on a failure or a timeout, drop that server and
+        run it again on another one of the key, for up to `call_timeout_s` more."""
+        deadline = None
+        while True:
+            try:
+                remote = self._session()
+            except ConfigError:
+                if deadline is None or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)  # the tracker has not yet seen the dead server go
+                continue
+            t0 = time.perf_counter()
+            try:
+                return _call_with_timeout(lambda r=remote: fn(r), self.target.call_timeout_s)
+            except (ConfigError, BuildError):
+                raise
+            except Exception as e:  # a dead or hung server: TVMError, TimeoutError, OSError
+                self._remote = None
+                self.retries += 1
+                deadline = deadline or time.monotonic() + self.target.call_timeout_s
+                if time.monotonic() > deadline:
+                    raise remote_error(e) from None
+            finally:
+                self.remote_seconds += time.perf_counter() - t0
+
+    def _row(self, remote: _Remote, m: int, t_k: int) -> tuple:
+        if m not in remote.rows:
+            s = remote.session
+            ws = s.tensor(np.zeros((t_k * m, self.n), np.float32)) if t_k > 1 else None
+            remote.rows[m] = (s.tensor(self.a[:m]), s.tensor(np.zeros((m, self.n), np.float32)), ws)
+        a, c, ws = remote.rows[m]
+        if ws is None and t_k > 1:
+            ws = remote.session.tensor(np.zeros((t_k * m, self.n), np.float32))
+            remote.rows[m] = (a, c, ws)
+        return a, c, ws
+
+    def _args(self, remote: _Remote, schedule: KernelSchedule, m: int, weights) -> list:
+        t_k = schedule.polymerization.t_k
+        a, c, ws = self._row(remote, m, t_k)
+        return [a, weights, c, *([ws] if t_k > 1 else []), *slice_args(schedule)]
+
+    # -- the measure interface -----------------------------------------------------------
+    def kernel(self, schedule: KernelSchedule):
+        """Build here (once per family), check on a server (once per slice); the executable."""
+        if schedule in self.failed:
+            raise BuildError(self.failed[schedule])
+        fam = schedule.family()
+        if fam not in self.kernels:
+            t0 = time.perf_counter()
+            try:
+                self.kernels[fam] = build_gemm_dsl(schedule, n=self.n, k=self.k, cpu=self.cpu,
+                                                   threads=self.threads)
+            except (BuildError, ConfigError) as e:
+                self.failed[schedule] = str(e)
+                raise BuildError(str(e)) from None
+            finally:
+                self.compile_seconds += time.perf_counter() - t0
+        if schedule not in self.verified:
+            err = self._on_server(lambda r: self._check(r, schedule))
+            if err:
+                self.failed[schedule] = err
+                raise BuildError(err)
+            self.verified.add(schedule)
+        return self.kernels[fam]
+
+    def _module(self, remote: _Remote, schedule: KernelSchedule):
+        fam = schedule.family()
+        if remote.weights is None:
+            remote.weights = remote.session.tensor(self.wp)
+        return remote.session.load(fam.key(), self.kernels[fam])
+
+    def _check(self, remote: _Remote, schedule: KernelSchedule) -> str:
+        module = self._module(remote, schedule)
+        for m in check_ms(schedule, self.seq_max):
+            args = self._args(remote, schedule, m, remote.weights)
+            remote.session.run(module, args)
+            out, ref = args[2].numpy(), reference_matmul(self.a[:m], self.w)
+            err = np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30)
+            if not np.isfinite(err) or err > 1e-4:
+                return f"kernel {schedule.key()} is wrong at M={m} on the RPC server: " \
+                       f"max relative error {err:.3g}"
+        return ""
+
+    def _time(self, remote: _Remote, schedule: KernelSchedule, m: int) -> float:
+        module = self._module(remote, schedule)
+        if m > self.stream_max_m:
+            return remote.session.best_seconds(module, self._args(remote, schedule, m, remote.weights),
+                                               min_repeat_ms=self.min_repeat_ms, repeat=self.repeat)
+        # decode: weights streamed from DRAM, as the local measure times them, cycled over
+        # copies of the weights (together 8x the LLC) by the server itself
+        copies = min(self.max_copies, rotation_copies(self.wp.nbytes, llc_bytes()))
+        return remote.session.streamed_seconds(module, self._args(remote, schedule, m, remote.weights),
+                                               copies=copies, passes=self.stream_passes)
+
+    def __call__(self, schedule: KernelSchedule, m: int) -> MeasureResult:
+        try:
+            self.kernel(schedule)
+        except BuildError as e:
+            return MeasureResult(0.0, 0.0, error=str(e))
+        seconds = self._on_server(lambda r: self._time(r, schedule, m))
+        return MeasureResult(gflops(2.0 * m * self.n * self.k, seconds), seconds)
