@@ -2,8 +2,10 @@
 sessions found through TVM's tracker that run and time uploaded kernels.
 
 The tracker and the plain servers are TVM's own (`python -m tvm.exec.rpc_tracker`); our
-server is TVM's with one more function, `sandwichc.fingerprint`, so a tune refuses a
-server whose CPU or TVM differs from the one the kernels are built for.
+server is TVM's with two more functions: `sandwichc.fingerprint`, so a tune refuses a
+server whose CPU or TVM differs from the one the kernels are built for, and
+`sandwichc.time_streamed`, which times decode calls over copies of the weights on the
+server (one session measures one weight, so the copies are kept for the session).
 """
 
 from __future__ import annotations
