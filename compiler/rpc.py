@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sandwich.errors import BuildError, ConfigError
+from sandwich.errors import BuildError, ConfigError, first_line
 
 FINGERPRINT_FUNC = "sandwichc.fingerprint"
 STREAMED_FUNC = "sandwichc.time_streamed"
@@ -65,10 +65,6 @@ class TrackerAddress:
         return f"{self.host}:{self.port}"
 
 
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
-
-
 def serve(*, host: str, port: int, port_end: int, tracker: TrackerAddress | None, key: str,
           fingerprint: str, silent: bool = True):
     """Run TVM's RPC server in this process with `sandwichc.fingerprint` registered; the
@@ -85,7 +81,7 @@ def serve(*, host: str, port: int, port_end: int, tracker: TrackerAddress | None
             key=key, silent=silent)
     except (OSError, ValueError) as e:
         raise ConfigError(f"RPC server cannot start on {host}:{port}-{port_end}: "
-                          f"{_first_line(e)}") from None
+                          f"{first_line(e)}") from None
 
 
 def servers_under(tracker: TrackerAddress, key: str) -> int:
@@ -101,7 +97,7 @@ def servers_under(tracker: TrackerAddress, key: str) -> int:
     try:
         summary = rpc.connect_tracker(tracker.host, tracker.port).summary()
     except Exception as e:  # a refused or dead tracker: TVM raises RuntimeError or TVMError
-        raise ConfigError(f"RPC tracker {tracker} is unreachable: {_first_line(e)}") from None
+        raise ConfigError(f"RPC tracker {tracker} is unreachable: {first_line(e)}") from None
     return sum(1 for s in summary.get("server_info", [])
                if str(s.get("key", "")).split(":", 1)[-1] == key)
 
@@ -117,7 +113,7 @@ class RemoteSession:
                 key, priority=priority, session_timeout=0, max_retry=1)
         except Exception as e:
             raise ConfigError(f"no RPC server under key {key!r} at tracker {tracker}: "
-                              f"{_first_line(e)}") from None
+                              f"{first_line(e)}") from None
         self.dev = self.sess.cpu()
         self.modules: dict[str, object] = {}
 
@@ -161,4 +157,4 @@ class RemoteSession:
 
 def remote_error(e: BaseException) -> BuildError:
     """A failed remote call as one line (the server died, hung up or raised)."""
-    return BuildError(f"RPC call failed: {_first_line(e)}")
+    return BuildError(f"RPC call failed: {first_line(e)}")

@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from sandwich.compiler.target import CpuInfo, tvm_target
-from sandwich.errors import BuildError, ToolError
+from sandwich.errors import BuildError, ToolError, first_line
 from sandwich.types import KernelSchedule
 
 TOLERANCE = 1.10  # the loop may take at most 10% more cycles than its FMAs alone
@@ -119,7 +119,7 @@ def kernel_asm(schedule: KernelSchedule, *, cpu: CpuInfo, n: int, k: int) -> str
                          target=tvm_target(cpu, 1))
     except Exception as e:  # TVM raises many types; the caller sees one line
         raise BuildError(f"TVM failed to cross-compile for {cpu.mcpu}: "
-                         f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from e
+                         f"{first_line(e)}") from e
     return ex.mod.inspect_source("asm")
 
 

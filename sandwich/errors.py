@@ -36,3 +36,10 @@ class ToolError(SandwichError):
 class ConfigWarning(UserWarning):
     """Something in a user's input that is probably a mistake but not an error (the CLI
     prints it as one `sandwichc: warning:` line)."""
+
+
+def first_line(e: BaseException) -> str:
+    """An exception as one line: its message's first line, or its type when it has none
+    (TVM's errors carry a traceback below the line a user needs)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

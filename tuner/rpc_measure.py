@@ -18,16 +18,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sandwich.compiler.gemm_dsl import build_gemm_dsl
-from sandwich.compiler.gemm_runner import pack_weights
 from sandwich.compiler.gemm_template import slice_args
 from sandwich.compiler.rpc import RemoteSession, TrackerAddress, remote_error, servers_under
 from sandwich.compiler.target import CpuInfo
 from sandwich.errors import BuildError, ConfigError
 from sandwich.tuner.measure import MeasureResult
-from sandwich.tuner.reference import reference_matmul
 from sandwich.tuner.streaming import llc_bytes, rotation_copies
 from sandwich.tuner.timing import gflops
-from sandwich.tuner.tvm_measure import check_fits, check_ms
+from sandwich.tuner.tvm_measure import check_ms, random_problem, result_error
 from sandwich.types import KernelSchedule
 
 
@@ -86,7 +84,8 @@ class _Remote:
 
     session: RemoteSession
     weights: object = None
-    rows: dict[int, tuple] = field(default_factory=dict)  # M -> (A, C, WS or None)
+    rows: dict[int, tuple] = field(default_factory=dict)  # M -> (A, C)
+    workspaces: dict[tuple[int, int], object] = field(default_factory=dict)  # (M, t_k) -> WS
 
 
 @dataclass
@@ -115,13 +114,8 @@ class RpcMeasure:
     verified: set[KernelSchedule] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        if self.n % self.pack_n:
-            raise ConfigError(f"N={self.n} is not a multiple of the packed width {self.pack_n}")
-        check_fits(self.n, self.k, self.seq_max, 1)
-        rng = np.random.default_rng(self.seed)
-        self.w = rng.standard_normal((self.k, self.n), dtype=np.float32)
-        self.wp = pack_weights(self.w, self.pack_n)
-        self.a = rng.standard_normal((self.seq_max, self.k), dtype=np.float32)
+        self.w, self.wp, self.a = random_problem(self.n, self.k, self.pack_n, self.seq_max,
+                                                 threads=1, seed=self.seed)
         self._remote: _Remote | None = None
 
     # -- sessions ------------------------------------------------------------------------
@@ -158,21 +152,16 @@ class RpcMeasure:
             finally:
                 self.remote_seconds += time.perf_counter() - t0
 
-    def _row(self, remote: _Remote, m: int, t_k: int) -> tuple:
-        if m not in remote.rows:
-            s = remote.session
-            ws = s.tensor(np.zeros((t_k * m, self.n), np.float32)) if t_k > 1 else None
-            remote.rows[m] = (s.tensor(self.a[:m]), s.tensor(np.zeros((m, self.n), np.float32)), ws)
-        a, c, ws = remote.rows[m]
-        if ws is None and t_k > 1:
-            ws = remote.session.tensor(np.zeros((t_k * m, self.n), np.float32))
-            remote.rows[m] = (a, c, ws)
-        return a, c, ws
-
     def _args(self, remote: _Remote, schedule: KernelSchedule, m: int, weights) -> list:
-        t_k = schedule.polymerization.t_k
-        a, c, ws = self._row(remote, m, t_k)
-        return [a, weights, c, *([ws] if t_k > 1 else []), *slice_args(schedule)]
+        """Remote A[:M] and C[:M] per M, a split-K workspace per (M, t_k), kept per session."""
+        s, t_k = remote.session, schedule.polymerization.t_k
+        if m not in remote.rows:
+            remote.rows[m] = (s.tensor(self.a[:m]), s.tensor(np.zeros((m, self.n), np.float32)))
+        a, c = remote.rows[m]
+        if t_k > 1 and (m, t_k) not in remote.workspaces:
+            remote.workspaces[m, t_k] = s.tensor(np.zeros((t_k * m, self.n), np.float32))
+        ws = [remote.workspaces[m, t_k]] if t_k > 1 else []
+        return [a, weights, c, *ws, *slice_args(schedule)]
 
     # -- the measure interface -----------------------------------------------------------
     def kernel(self, schedule: KernelSchedule):
@@ -209,11 +198,10 @@ class RpcMeasure:
         for m in check_ms(schedule, self.seq_max):
             args = self._args(remote, schedule, m, remote.weights)
             remote.session.run(module, args)
-            out, ref = args[2].numpy(), reference_matmul(self.a[:m], self.w)
-            err = np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30)
-            if not np.isfinite(err) or err > 1e-4:
-                return f"kernel {schedule.key()} is wrong at M={m} on the RPC server: " \
-                       f"max relative error {err:.3g}"
+            err = result_error(args[2].numpy(), self.a[:m], self.w, schedule,
+                               where=" on the RPC server")
+            if err:
+                return err
         return ""
 
     def _time(self, remote: _Remote, schedule: KernelSchedule, m: int) -> float:

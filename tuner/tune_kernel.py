@@ -16,7 +16,7 @@ from sandwich.dsl.check import _names
 from sandwich.dsl.highlevel import ast as H
 from sandwich.dsl.interp import Interpreter
 from sandwich.dsl.space import domains
-from sandwich.errors import BuildError, ConfigError
+from sandwich.errors import BuildError, ConfigError, first_line
 from sandwich.tuner.template_search import KernelTemplate, Outcome, SearchResult, search
 from sandwich.tuner.tune_cases import Case, case_for
 
@@ -155,7 +155,7 @@ class DslMeasure:
             call, tensors = self._call(fn, arrays)
             call()
         except Exception as e:  # TVM raises many types: the point failed, the search goes on
-            return Outcome(None, "failed", _first_line(e))
+            return Outcome(None, "failed", first_line(e))
         if self.expected is None or self.case.per_point_reference:
             self.expected = self.case.reference(self.shapes, self.data, arrays, params)
         bad = [n for n, want in self.expected.items() if not close(tensors[n].numpy(), want)]
@@ -164,11 +164,6 @@ class DslMeasure:
         s = self.settings
         t = self.time(call, warmup=s.warmup, repeat=s.repeat, min_repeat_s=s.min_repeat_s)
         return Outcome(t.median_s * 1e3)
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 @dataclass

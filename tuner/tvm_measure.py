@@ -26,6 +26,16 @@ from sandwich.tuner.timing import gflops, time_callable
 from sandwich.types import KernelSchedule
 
 
+def result_error(out: np.ndarray, a: np.ndarray, w: np.ndarray, schedule: KernelSchedule,
+                 rtol: float = 1e-4, where: str = "") -> str:
+    """Compare a kernel's output for `a` with a float64 reference; '' when it matches."""
+    ref = reference_matmul(a, w)
+    err = np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30)
+    if not np.isfinite(err) or err > rtol:
+        return f"kernel {schedule.key()} is wrong at M={a.shape[0]}{where}: max relative error {err:.3g}"
+    return ""
+
+
 def check_against_numpy(func, schedule: KernelSchedule, a: np.ndarray, wp: np.ndarray,
                         w: np.ndarray, rtol: float = 1e-4) -> str:
     """Run the kernel on `a` and compare with a float64 reference; '' when it matches."""
@@ -35,11 +45,19 @@ def check_against_numpy(func, schedule: KernelSchedule, a: np.ndarray, wp: np.nd
     if schedule.polymerization.t_k > 1:
         ws = np.empty((schedule.polymerization.t_k * m, n), dtype=np.float32)
     call_gemm(func, a, wp, out, schedule, ws)
-    ref = reference_matmul(a, w)
-    err = np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30)
-    if not np.isfinite(err) or err > rtol:
-        return f"kernel {schedule.key()} is wrong at M={m}: max relative error {err:.3g}"
-    return ""
+    return result_error(out, a, w, schedule, rtol)
+
+
+def random_problem(n: int, k: int, pack_n: int, seq_max: int, *, threads: int,
+                   seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The weights W[K, N], packed, and activations A[seq_max, K] a measure times on,
+    after refusing a packing that does not divide N and buffers that would not fit."""
+    if n % pack_n:
+        raise ConfigError(f"N={n} is not a multiple of the packed width {pack_n}")
+    check_fits(n, k, seq_max, threads)
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((k, n), dtype=np.float32)
+    return w, pack_weights(w, pack_n), rng.standard_normal((seq_max, k), dtype=np.float32)
 
 
 def check_ms(schedule: KernelSchedule, seq_max: int) -> list[int]:
@@ -71,13 +89,8 @@ class TvmMeasure:
     verified: set[KernelSchedule] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        if self.n % self.pack_n:
-            raise ConfigError(f"N={self.n} is not a multiple of the packed width {self.pack_n}")
-        check_fits(self.n, self.k, self.seq_max, self.threads)
-        rng = np.random.default_rng(self.seed)
-        self.w = rng.standard_normal((self.k, self.n), dtype=np.float32)
-        self.wp = pack_weights(self.w, self.pack_n)
-        self.a = rng.standard_normal((self.seq_max, self.k), dtype=np.float32)
+        self.w, self.wp, self.a = random_problem(self.n, self.k, self.pack_n, self.seq_max,
+                                                 threads=self.threads, seed=self.seed)
         self.c = aligned_empty((self.seq_max, self.n))
         self.ws_buf = np.empty(0, dtype=np.float32)
         self._streamed: list[np.ndarray] = []

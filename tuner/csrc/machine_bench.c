@@ -52,6 +52,26 @@ static float hsum(vec v) {
     return s;
 }
 
+/* One thread, N independent FMA chains: with one chain each FMA waits for the last (its
+ * latency); the rate stops growing at latency x throughput chains. The array is unrolled
+ * into registers (no loads or stores in the loop); acc = acc * m + c converges to
+ * c / (1 - m): no overflow, no denormals. */
+#define CHAIN_FN(N)                                                              \
+    static float chains_##N(long iters) {                                        \
+        const vec m = VSET1(0.999999f), c = VSET1(1e-3f);                        \
+        vec a[N];                                                                \
+        _Pragma("GCC unroll 16") for (int j = 0; j < N; j++) a[j] = VSET1(0.05f * j); \
+        for (long i = 0; i < iters; i++) {                                       \
+            _Pragma("GCC unroll 16") for (int j = 0; j < N; j++) a[j] = VFMA(a[j], m, c); \
+        }                                                                        \
+        vec s = a[0];                                                            \
+        _Pragma("GCC unroll 16") for (int j = 1; j < N; j++) s = VADD(s, a[j]); \
+        return hsum(s);                                                          \
+    }
+CHAIN_FN(1) CHAIN_FN(2) CHAIN_FN(3) CHAIN_FN(4) CHAIN_FN(5) CHAIN_FN(6) CHAIN_FN(7) CHAIN_FN(8)
+CHAIN_FN(9) CHAIN_FN(10) CHAIN_FN(11) CHAIN_FN(12) CHAIN_FN(13) CHAIN_FN(14) CHAIN_FN(15)
+CHAIN_FN(16)
+
 typedef struct {
     long iters;
     float result;
@@ -59,19 +79,7 @@ typedef struct {
 
 static void *fma_worker(void *p) {
     fma_job *job = (fma_job *)p;
-    /* acc = acc * m + c converges to c / (1 - m): no overflow, no denormals. */
-    const vec m = VSET1(0.999999f), c = VSET1(1e-3f);
-    vec a0 = VSET1(0.0f), a1 = VSET1(0.1f), a2 = VSET1(0.2f), a3 = VSET1(0.3f);
-    vec a4 = VSET1(0.4f), a5 = VSET1(0.5f), a6 = VSET1(0.6f), a7 = VSET1(0.7f);
-    vec a8 = VSET1(0.8f), a9 = VSET1(0.9f), a10 = VSET1(1.0f), a11 = VSET1(1.1f);
-    for (long i = 0; i < job->iters; i++) {
-        a0 = VFMA(a0, m, c); a1 = VFMA(a1, m, c); a2 = VFMA(a2, m, c);
-        a3 = VFMA(a3, m, c); a4 = VFMA(a4, m, c); a5 = VFMA(a5, m, c);
-        a6 = VFMA(a6, m, c); a7 = VFMA(a7, m, c); a8 = VFMA(a8, m, c);
-        a9 = VFMA(a9, m, c); a10 = VFMA(a10, m, c); a11 = VFMA(a11, m, c);
-    }
-    vec s = VADD(VADD(VADD(a0, a1), VADD(a2, a3)), VADD(VADD(a4, a5), VADD(a6, a7)));
-    job->result = hsum(VADD(s, VADD(VADD(a8, a9), VADD(a10, a11))));
+    job->result = chains_12(job->iters); /* FMA_ACCS independent chains */
     return NULL;
 }
 
@@ -108,25 +116,6 @@ static void *read_worker(void *p) {
     job->result = hsum(s);
     return NULL;
 }
-
-/* One thread, N independent FMA chains: with one chain each FMA waits for the last (its
- * latency); the rate stops growing at latency x throughput chains. The array is unrolled
- * into registers (no loads or stores in the loop). */
-#define CHAIN_FN(N)                                                              \
-    static float chains_##N(long iters) {                                        \
-        const vec m = VSET1(0.999999f), c = VSET1(1e-3f);                        \
-        vec a[N];                                                                \
-        _Pragma("GCC unroll 16") for (int j = 0; j < N; j++) a[j] = VSET1(0.05f * j); \
-        for (long i = 0; i < iters; i++) {                                       \
-            _Pragma("GCC unroll 16") for (int j = 0; j < N; j++) a[j] = VFMA(a[j], m, c); \
-        }                                                                        \
-        vec s = a[0];                                                            \
-        _Pragma("GCC unroll 16") for (int j = 1; j < N; j++) s = VADD(s, a[j]); \
-        return hsum(s);                                                          \
-    }
-CHAIN_FN(1) CHAIN_FN(2) CHAIN_FN(3) CHAIN_FN(4) CHAIN_FN(5) CHAIN_FN(6) CHAIN_FN(7) CHAIN_FN(8)
-CHAIN_FN(9) CHAIN_FN(10) CHAIN_FN(11) CHAIN_FN(12) CHAIN_FN(13) CHAIN_FN(14) CHAIN_FN(15)
-CHAIN_FN(16)
 
 /* `iters` loop trips of `chains` dependent-per-chain vector FMAs on the calling thread. */
 int mb_fma_chains(int chains, long iters, float *out) {
