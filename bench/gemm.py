@@ -234,7 +234,7 @@ def _time_ours(row: dict, rot: dict | None, cache, threads: int, limits, step) -
     gemm = cache.gemm(n=op.n, k=op.k, dtype=op.dtype, threads=threads)
     a, w = _inputs(row)
     out = aligned_empty((row["m"], op.n))  # as the executor's buffers are
-    ours = measure_runner("sandwich", _runner(gemm, out), a, w, [gemm.pack(w)], **TIMING)
+    ours = measure_runner("sandwich", bound_runner(gemm, out), a, w, [gemm.pack(w)], **TIMING)
     row.setdefault("sandwich_gflops_passes", []).append(ours.gflops)
     row["sandwich_schedule"] = gemm.schedule_for(row["m"]).key()
     done()
@@ -245,7 +245,7 @@ def _time_ours(row: dict, rot: dict | None, cache, threads: int, limits, step) -
     handles = [gemm.pack(w) for _ in range(copies)]
     rot["copies"] = copies
     _add_rotated_pass(rot, "sandwich", limits,
-                      lambda: measure_runner("sandwich", _runner(gemm, out), a, w, handles, **TIMING))
+                      lambda: measure_runner("sandwich", bound_runner(gemm, out), a, w, handles, **TIMING))
     done()
 
 
@@ -268,7 +268,7 @@ def _time_peers(row: dict, rot: dict | None, peers, limits, step) -> None:
         done()
 
 
-def _moment_read(limits) -> float:
+def moment_read(limits) -> float:
     """The streaming-read GB/s of this moment (a few repeats, the benchmark's buffer)."""
     return read_bandwidth_gbs(limits.threads, size_bytes=limits.read_buffer_bytes, repeat=3)
 
@@ -278,9 +278,9 @@ def _add_rotated_pass(rot: dict, name: str, limits, measure) -> None:
     their mean: this VM's DRAM bandwidth drifts by tens of percent within seconds, so each
     percentage is taken against the bandwidth of its own moment, bracketed on both sides
     (the same for every runner)."""
-    before = _moment_read(limits)
+    before = moment_read(limits)
     t = measure()
-    after = _moment_read(limits)
+    after = moment_read(limits)
     local = (before + after) / 2
     rot.setdefault(f"{name}_passes", []).append(
         {"gbs": t.weight_gbs, "read_gbs": local, "read_before_after_gbs": [before, after],
@@ -296,7 +296,7 @@ def _best_rotated_pass(rot: dict, names: list[str]) -> dict:
     return rot
 
 
-def _runner(gemm, out: np.ndarray):
+def bound_runner(gemm, out: np.ndarray):
     """Our GEMM as a peer-style runner writing into a preallocated output, called the way the
     executor calls it: bound once to its buffers (GemmKernel.bind), then run."""
     bound: dict[tuple[int, int], object] = {}

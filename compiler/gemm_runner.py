@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from sandwich.compiler.gemm_formats import weight_format
 from sandwich.compiler.gemm_template import slice_args
 from sandwich.errors import ShapeError
 from sandwich.types import KernelSchedule
+from sandwich.weight_formats import QuantizedWeight, quantize, unpack4
 
 
 def pack_weights(w: np.ndarray, pack_n: int) -> np.ndarray:
@@ -19,6 +21,47 @@ def pack_weights(w: np.ndarray, pack_n: int) -> np.ndarray:
     packed = aligned_empty((n // pack_n, k, pack_n))
     packed[...] = w.astype(np.float32, copy=False).reshape(k, n // pack_n, pack_n).transpose(1, 0, 2)
     return packed
+
+
+def pack_weight(w: np.ndarray | QuantizedWeight, pack_n: int, dtype: str = "float32"
+                ) -> tuple[np.ndarray, ...]:
+    """A weight -> the kernel's weight arrays for `dtype` (a schedule's dtype: "float32" or a
+    weight format's name), in call order; `w` is float (K, N), quantized here for an int
+    format, or already a QuantizedWeight of that format (a GGUF's blocks, as stored)."""
+    fmt = weight_format(dtype)
+    if isinstance(w, QuantizedWeight):
+        if w.fmt != fmt:
+            raise ShapeError(f"weights are {w.fmt.name}, the kernel reads {fmt.name}")
+        return tuple(pack_quantized(w, pack_n))
+    if fmt.bits == 32:
+        return (pack_weights(w, pack_n),)
+    if np.ndim(w) != 2:
+        raise ShapeError(f"weights must be 2-D (K, N), got shape {np.shape(w)}")
+    return tuple(pack_quantized(quantize(w, fmt), pack_n))
+
+
+def pack_quantized(qw: QuantizedWeight, pack_n: int) -> list[np.ndarray]:
+    """A weight in an int format -> the family's arrays in call order (gemm_formats.weight_args):
+    values [N / pack_n, K (int8) or K / 2 (int4), pack_n], then scales and, when asymmetric,
+    minimums [N / pack_n, K / G, pack_n] in the format's scale type; done once at load time.
+    int4 bytes are re-paired so that byte k / 2 holds value k (low nibble) and k + 1 (high)."""
+    k, n = qw.shape
+    if n % pack_n:
+        raise ShapeError(f"weight N={n} is not a multiple of the packed width {pack_n}")
+    values = qw.q
+    if qw.fmt.bits == 4:
+        if k % 2:
+            raise ShapeError(f"int4 weights need an even K, got K={k}")
+        v = unpack4(qw.q, qw.fmt.group_size(k)).reshape(n, k)
+        values = v[:, 0::2] | (v[:, 1::2] << np.uint8(4))
+    out = []
+    for a in (values, qw.scales, qw.mins):
+        if a is None:
+            continue
+        packed = aligned_empty((n // pack_n, a.shape[1], pack_n), a.dtype)
+        packed[...] = a.reshape(n // pack_n, pack_n, a.shape[1]).transpose(0, 2, 1)
+        out.append(packed)
+    return out
 
 
 def aligned_empty(shape: tuple[int, ...], dtype=np.float32, align: int = 64) -> np.ndarray:
@@ -42,18 +85,20 @@ def check_activation(a: np.ndarray, k: int) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
-def call_gemm(func, a: np.ndarray, wp: np.ndarray, out: np.ndarray, schedule: KernelSchedule,
-              workspace: np.ndarray | None = None) -> np.ndarray:
+def call_gemm(func, a: np.ndarray, wp: np.ndarray | tuple[np.ndarray, ...], out: np.ndarray,
+              schedule: KernelSchedule, workspace: np.ndarray | None = None) -> np.ndarray:
     """Run C = A @ W through a compiled kernel with the schedule's slice, wrapping numpy
     buffers without copies. Split-K kernels need `workspace` ((t_k * M, N) floats)."""
     func(*gemm_args(a, wp, out, schedule, workspace))
     return out
 
 
-def gemm_args(a: np.ndarray, wp: np.ndarray, out: np.ndarray, schedule: KernelSchedule,
-              workspace: np.ndarray | None = None) -> list:
-    """The packed-function arguments of one call (prebuilt once when timing)."""
-    args = [wrap(a), wrap(wp), wrap(out)]
+def gemm_args(a: np.ndarray, wp: np.ndarray | tuple[np.ndarray, ...], out: np.ndarray,
+              schedule: KernelSchedule, workspace: np.ndarray | None = None) -> list:
+    """The packed-function arguments of one call (prebuilt once when timing); `wp` is the
+    packed fp32 weight or the arrays `pack_weight` made for the schedule's dtype."""
+    weights = (wp,) if isinstance(wp, np.ndarray) else tuple(wp)
+    args = [wrap(a), *(wrap(x) for x in weights), wrap(out)]
     if schedule.polymerization.t_k > 1:
         if workspace is None:
             raise ShapeError(f"split-K kernel {schedule.key()} needs a workspace")

@@ -29,7 +29,7 @@ from sandwich.dsl.interp import Interpreter
 from sandwich.dsl.space import constraints, require_valid
 
 _TVM = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "i32": "int32",
-        "i64": "int64", "bool": "bool"}
+        "i64": "int64", "i8": "int8", "u8": "uint8", "bool": "bool"}
 _FUNCS = {"exp": "T.exp", "log": "T.log", "sqrt": "T.sqrt", "rsqrt": "T.rsqrt",
           "tanh": "T.tanh", "sigmoid": "T.sigmoid", "sin": "T.sin", "cos": "T.cos",
           "erf": "T.erf", "floor": "T.floor", "ceil": "T.ceil", "pow": "T.pow", "max": "T.max",
@@ -136,9 +136,9 @@ class _Emitter(V.VectorLoops, StaticParts):
         if isinstance(e, A.Cast):
             return f'T.Cast("{_TVM[e.dtype]}", {self.expr(e.value)})'
         if isinstance(e, A.Call):
+            if e.func == "select" and (cond := self.static(e.args[0])) is not None:
+                return self.expr(e.args[1] if cond else e.args[2])  # the other may name a left-out array
             args = [self.expr(a) for a in e.args]
-            if e.func == "select" and self.static(e.args[0]) is not None:
-                return args[1] if self.static(e.args[0]) else args[2]
             if e.func == "fma":
                 return f"({args[0]} * {args[1]} + {args[2]})"
             if e.func == "exp" and self.in_vector and self.dtype(e) == "f32":

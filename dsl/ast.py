@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-DTYPES = ("f32", "bf16", "f16", "i32", "i64", "bool")
-INT_DTYPES = ("i32", "i64")
+DTYPES = ("f32", "bf16", "f16", "i32", "i64", "i8", "u8", "bool")
+# i8 and u8 are storage types (quantized weights): arrays hold them, arithmetic casts them
+INT_DTYPES = ("i32", "i64", "i8", "u8")
+STORAGE_DTYPES = ("i8", "u8")
 FLOAT_DTYPES = ("f32", "bf16", "f16")
 VLEN = "vlen"  # builtin symbol: SIMD lanes of f32 on the target, fixed when a kernel is built
 

@@ -23,6 +23,6 @@ LOW_KEYWORDS = frozenset({
 HIGH_KEYWORDS = frozenset({
     "def", "tunable", "in", "for", "if", "elif", "else", "and", "or", "not", "assert", "pass",
     "range", "parallel", "vector", "unroll", "True", "False", "inf", "int", "float"})
-TYPE_NAMES = frozenset({"f32", "bf16", "f16", "i32", "i64", "bool"})
+TYPE_NAMES = frozenset({"f32", "bf16", "f16", "i32", "i64", "i8", "u8", "bool"})
 # A name must be usable at both levels (lowering must print), and not shadow vlen.
 RESERVED = LOW_KEYWORDS | HIGH_KEYWORDS | TYPE_NAMES | {"vlen"}

@@ -84,6 +84,8 @@ class Checker:
             return self.index(e)
         if isinstance(e, A.Unary):
             t = self.expr(e.operand)
+            if t in A.STORAGE_DTYPES:
+                raise self.fail(f"{t} is a storage type; cast it before '{e.op}', e.g. i32(...)", e)
             want = "bool" if e.op == "not" else None
             if (want and t != want) or (not want and category(t) == "bool"):
                 raise self.fail(f"'{e.op}' cannot apply to {t}", e)
@@ -117,6 +119,9 @@ class Checker:
 
     def binary(self, e: A.Binary) -> str:
         a, b = self.expr(e.left), self.expr(e.right)
+        for t, side in ((a, e.left), (b, e.right)):
+            if t in A.STORAGE_DTYPES:
+                raise self.fail(f"{t} is a storage type; cast it before '{e.op}', e.g. i32(...)", side)
         if e.op in ("and", "or"):
             if a != "bool" or b != "bool":
                 raise self.fail(f"'{e.op}' needs bool operands, got {a} and {b}", e)
@@ -234,8 +239,8 @@ class Checker:
                             f"e.g. `in (1, 2, 4)`", t)
         if not t.domain:
             raise self.fail(f"tunable '{t.name}' has an empty domain", t)
-        if t.dtype not in A.INT_DTYPES:
-            raise self.fail(f"tunable '{t.name}' is {t.dtype}; tunables are integers", t)
+        if t.dtype not in A.INT_DTYPES or t.dtype in A.STORAGE_DTYPES:
+            raise self.fail(f"tunable '{t.name}' is {t.dtype}; tunables are i32 or i64", t)
         for d in t.domain:
             if not _is_const(d):
                 raise self.fail(f"domain of tunable '{t.name}' must be constant (integer "

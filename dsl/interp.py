@@ -16,8 +16,9 @@ from sandwich.dsl.errors import DSLError
 from sandwich.dsl.highlevel import ast as H
 from sandwich.errors import ShapeError
 
-_NP = {"f32": np.float32, "bf16": np.float32, "f16": np.float16, "i32": np.int32,
-       "i64": np.int64, "bool": np.bool_}
+# numpy type of each DSL type (bf16 values are held as float32)
+NUMPY_DTYPES = {"f32": np.float32, "bf16": np.float32, "f16": np.float16, "i32": np.int32,
+                "i64": np.int64, "i8": np.int8, "u8": np.uint8, "bool": np.bool_}
 
 
 def _div(a, b):
@@ -49,7 +50,7 @@ _FUNCS = {"exp": _exp, "log": math.log, "sqrt": math.sqrt, "rsqrt": lambda x: 1 
 
 
 def _cast(dtype: str, v):
-    if dtype in ("i32", "i64"):
+    if dtype in A.INT_DTYPES:
         return int(v)
     return bool(v) if dtype == "bool" else float(v)
 
@@ -105,7 +106,7 @@ class Interpreter:
             if s.shape:
                 shape = tuple(self.expr(d) for d in s.shape)
                 fill = np.nan if s.dtype in ("f32", "bf16", "f16") else 0
-                self.env[s.name] = np.full(shape, fill, dtype=_NP[s.dtype])
+                self.env[s.name] = np.full(shape, fill, dtype=NUMPY_DTYPES[s.dtype])
             else:
                 self.env[s.name] = None if s.init is None else _cast(s.dtype, self.expr(s.init))
         elif isinstance(s, A.Assign):

@@ -10,8 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
+from sandwich.errors import ConfigError
+from sandwich.gguf_blocks import from_gguf_blocks
 from sandwich.gguf_config import GGUFError, hf_config, metadata, open_reader
 from sandwich.runtime.safetensors_io import CheckpointError
+from sandwich.weight_formats import QuantizedWeight, WeightFormat, take_columns
 
 # HF name inside a decoder layer -> GGUF name inside `blk.{i}.`
 LAYER_NAMES = {
@@ -63,6 +66,21 @@ class GGUFTensor:
             raise GGUFError(f"{self.path}: tensor '{self.raw.name}' ({self.dtype}) cannot be "
                             f"read ({str(e).strip() or type(e).__name__})") from None
         return rope_unpermute(w, self.rope_heads) if self.rope_heads else w
+
+    def blocks(self, fmt: WeightFormat) -> QuantizedWeight | None:
+        """W = T.T in `fmt` from the stored blocks, without re-quantizing, when the tensor's
+        type is the one `fmt` reproduces (Q8_0 for int8-g32, Q4_0, Q4_1); else None."""
+        if fmt.ggml_type is None or fmt.ggml_type != self.dtype or not fmt.quantized:
+            return None
+        try:
+            qw = from_gguf_blocks(self.raw.data, self.dtype, self.shape)
+        except ConfigError as e:
+            raise GGUFError(f"{self.path}: tensor '{self.raw.name}': {e}") from None
+        if self.rope_heads:  # the HF row order is a permutation of whole rows (columns of W)
+            n = self.shape[0]
+            order = rope_unpermute(np.arange(n)[:, None], self.rope_heads)[:, 0]
+            qw = take_columns(qw, order)
+        return qw
 
 
 class GGUFCheckpoint:

@@ -22,6 +22,14 @@ from sandwich.runtime.moe import MoeWeights, pack_moe
 from sandwich.runtime.rope_tables import RopeSpec, rope_spec
 from sandwich.runtime.safetensors_io import Checkpoint
 from sandwich.tuner.kernel_cache import GemmKernel, KernelCache, PackedWeight
+from sandwich.weight_formats import (
+    QuantizedWeight,
+    WeightFormat,
+    concat_columns,
+    format_of,
+    gemm_dtype,
+    take_columns,
+)
 
 
 @dataclass(frozen=True)
@@ -103,17 +111,24 @@ def read_config(model_dir: str | Path) -> tuple[ModelConfig, RopeSpec]:
     return cfg, rope_spec(raw, head_dim=cfg.head_dim, source=source)
 
 
-def model_gemms(cfg: ModelConfig, cache: KernelCache, *, threads: int | None = None) -> ModelGemms:
-    """Look up every projection's GEMM; a CacheError names the shape to tune."""
+def model_gemms(cfg: ModelConfig, cache: KernelCache, *, threads: int | None = None,
+                weights: str = "fp32") -> ModelGemms:
+    """Look up every projection's GEMM for the weight format `weights` (their kernels
+    dequantize an int format as they read it); a CacheError names the shape to tune."""
     h, d = cfg.hidden_size, cfg.head_dim
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    dtype = gemm_dtype(weights)
+
+    def gemm(n: int, k: int) -> GemmKernel:
+        return cache.gemm(n=n, k=k, dtype=dtype, threads=threads)
+
     return ModelGemms(
-        qkv=cache.gemm(n=(heads + 2 * kv) * d, k=h, threads=threads),
-        o=cache.gemm(n=h, k=heads * d, threads=threads),
-        gate_up=cache.gemm(n=2 * cfg.intermediate_size, k=h, threads=threads),
-        down=cache.gemm(n=h, k=cfg.intermediate_size, threads=threads),
-        lm_head=cache.gemm(n=cfg.vocab_size, k=h, threads=threads),
-        router=cache.gemm(n=cfg.num_local_experts, k=h, threads=threads) if cfg.is_moe else None,
+        qkv=gemm((heads + 2 * kv) * d, h),
+        o=gemm(h, heads * d),
+        gate_up=gemm(2 * cfg.intermediate_size, h),
+        down=gemm(h, cfg.intermediate_size),
+        lm_head=gemm(cfg.vocab_size, h),
+        router=gemm(cfg.num_local_experts, h) if cfg.is_moe else None,
     )
 
 
@@ -136,18 +151,39 @@ class WeightReader:
     def __call__(self, name: str) -> np.ndarray:
         return self.ckpt.get(name).to_f32()
 
+    def blocks(self, name: str, fmt: WeightFormat) -> QuantizedWeight | None:
+        """W = T.T as stored when the checkpoint holds T in `fmt` (a GGUF's Q8_0, Q4_0 or
+        Q4_1 blocks), else None."""
+        blocks = getattr(self.ckpt.get(name), "blocks", None)  # safetensors: float only
+        return blocks(fmt) if blocks is not None else None
+
+    def projection(self, parts: list[tuple[str, slice]], fmt: WeightFormat,
+                   cols: slice = slice(None)) -> np.ndarray | QuantizedWeight:
+        """W (K, N) of the rows `parts` ((name, row slice) pairs fused along N) and the
+        columns `cols` of HF tensors: the stored blocks when they are already in `fmt` and
+        K is whole, else float32 (the GEMM quantizes it when it packs)."""
+        if fmt.quantized:
+            blocks = [self.blocks(name, fmt) for name, _ in parts]
+            k = self.shapes[parts[0][0]][1]
+            if all(b is not None for b in blocks) and range(k)[cols] == range(k):
+                return concat_columns([take_columns(b, np.arange(b.shape[1])[rows])
+                                       for b, (_, rows) in zip(blocks, parts, strict=True)])
+        picked = [self(name)[rows] for name, rows in parts]
+        return (picked[0] if len(picked) == 1 else np.concatenate(picked))[:, cols].T
+
 
 def load_model(model: str | Path, cache: KernelCache, *, threads: int | None = None,
-               decode_threads: int | None = None) -> LlamaModel:
+               decode_threads: int | None = None, weights: str = "fp32") -> LlamaModel:
     """Read the config and the weights (HF directory or GGUF file), fuse and pack every
-    projection once. With `decode_threads` other than `threads`, decode gets the kernels
-    tuned for its own thread count (Sandwich: each phase its own kernel collection)."""
+    projection once, in the format `weights` (quantized here from the checkpoint's values).
+    With `decode_threads` other than `threads`, decode gets the kernels tuned for its own
+    thread count (Sandwich: each phase its own kernel collection)."""
     cfg, rope, ckpt = open_checkpoint(model)
     read = WeightReader(ckpt, cfg)  # checkpoint errors before kernel lookups
-    gemms = model_gemms(cfg, cache, threads=threads)
+    gemms = model_gemms(cfg, cache, threads=threads, weights=weights)
     decode = None
     if decode_threads is not None and decode_threads != threads:
-        decode = model_gemms(cfg, cache, threads=decode_threads)
+        decode = model_gemms(cfg, cache, threads=decode_threads, weights=weights)
         check_same_layouts(gemms, decode)
     return replace(pack_model(read, cfg, rope, gemms), decode_gemms=decode)
 
@@ -173,6 +209,7 @@ def pack_model(read: WeightReader, cfg: ModelConfig, rope: RopeSpec, gemms: Mode
     heads and intermediate columns are kept, and with `vocab_rows` only its lm_head rows;
     by default the whole model."""
     local = local or cfg
+    fmt = format_of(gemms.qkv.dtype)
     d = cfg.head_dim
     q = slice(rank * local.num_attention_heads * d, (rank + 1) * local.num_attention_heads * d)
     kv = slice(rank * local.num_key_value_heads * d, (rank + 1) * local.num_key_value_heads * d)
@@ -180,27 +217,26 @@ def pack_model(read: WeightReader, cfg: ModelConfig, rope: RopeSpec, gemms: Mode
     layers = []
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
-        qkv = np.concatenate([read(p + "self_attn.q_proj.weight")[q],  # rows: contiguous reads
-                              read(p + "self_attn.k_proj.weight")[kv],
-                              read(p + "self_attn.v_proj.weight")[kv]])
+        qkv = read.projection([(p + "self_attn.q_proj.weight", q), (p + "self_attn.k_proj.weight", kv),
+                               (p + "self_attn.v_proj.weight", kv)], fmt)
         layers.append(LayerWeights(
             input_norm=aligned_copy(read(p + "input_layernorm.weight")),
-            qkv=gemms.qkv.pack(qkv.T),
-            o=gemms.o.pack(read(p + "self_attn.o_proj.weight")[:, q].T),
+            qkv=gemms.qkv.pack(qkv),
+            o=gemms.o.pack(read.projection([(p + "self_attn.o_proj.weight", slice(None))], fmt, q)),
             post_norm=aligned_copy(read(p + "post_attention_layernorm.weight")),
-            **_ffn(read, p, cfg, gemms, mlp),
+            **_ffn(read, p, cfg, gemms, mlp, fmt),
         ))
     embed = read("model.embed_tokens.weight")
-    head = embed if cfg.tie_word_embeddings else read("lm_head.weight")
-    if vocab_rows is not None:
-        head = head[rank * vocab_rows: (rank + 1) * vocab_rows]
+    head_name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+    rows = slice(None) if vocab_rows is None else slice(rank * vocab_rows, (rank + 1) * vocab_rows)
     return LlamaModel(config=local, rope=rope, embed=embed, layers=tuple(layers),
-                      norm=aligned_copy(read("model.norm.weight")), lm_head=gemms.lm_head.pack(head.T),
+                      norm=aligned_copy(read("model.norm.weight")),
+                      lm_head=gemms.lm_head.pack(read.projection([(head_name, rows)], fmt)),
                       gemms=gemms)
 
 
 def _ffn(read: WeightReader, p: str, cfg: ModelConfig, gemms: ModelGemms,
-         mlp: slice) -> dict[str, PackedWeight | MoeWeights]:
+         mlp: slice, fmt: WeightFormat) -> dict[str, PackedWeight | MoeWeights]:
     """One layer's MLP (fused gate/up, down), or its router and experts; `mlp` selects the
     intermediate columns (a TP rank's, or all)."""
     if cfg.is_moe:
@@ -210,7 +246,6 @@ def _ffn(read: WeightReader, p: str, cfg: ModelConfig, gemms: ModelGemms,
         return {"moe": pack_moe(read, p, router=gemms.router, gate_up=gemms.gate_up,
                                 down=gemms.down, top_k=cfg.num_experts_per_tok,
                                 experts=cfg.num_local_experts, cols=mlp)}
-    gate_up = np.concatenate([read(p + "mlp.gate_proj.weight")[mlp],
-                              read(p + "mlp.up_proj.weight")[mlp]])
-    return {"gate_up": gemms.gate_up.pack(gate_up.T),
-            "down": gemms.down.pack(read(p + "mlp.down_proj.weight")[:, mlp].T)}
+    gate_up = read.projection([(p + "mlp.gate_proj.weight", mlp), (p + "mlp.up_proj.weight", mlp)], fmt)
+    return {"gate_up": gemms.gate_up.pack(gate_up),
+            "down": gemms.down.pack(read.projection([(p + "mlp.down_proj.weight", slice(None))], fmt, mlp))}

@@ -36,7 +36,7 @@ class ExpertWeights:
     @property
     def nbytes(self) -> int:
         """Packed bytes one use of the expert reads (its zero padding columns included)."""
-        return self.gate_up.data.nbytes + self.down.data.nbytes
+        return self.gate_up.nbytes + self.down.nbytes
 
 
 @dataclass(frozen=True)

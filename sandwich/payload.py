@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sandwich.errors import ConfigError
 from sandwich.models import ModelConfig
 from sandwich.types import GemmOp
+from sandwich.weight_formats import check_shape, gemm_dtype, parse_format
 
 
 @dataclass(frozen=True)
@@ -26,12 +27,14 @@ def _shard(value: int, tp: int, what: str) -> int:
     return value // tp
 
 
-def make_payload(cfg: ModelConfig, *, tp: int = 1, seq_max: int = 2048) -> Payload:
+def make_payload(cfg: ModelConfig, *, tp: int = 1, seq_max: int = 2048,
+                 weights: str = "fp32") -> Payload:
     """QKV and gate/up are fused (column-parallel); O and down are row-parallel (K sharded).
 
     An MoE model has, per layer, the router (N = experts; replicated under TP) and each
     expert's fused gate/up and down, sharded like the dense MLP; their count is the
-    expert GEMMs one token runs (layers x experts per token)."""
+    expert GEMMs one token runs (layers x experts per token). Every GEMM reads its weights
+    in the format `weights` (sandwich/weight_formats.py), which sets the ops' dtype."""
     if tp <= 0:
         raise ConfigError(f"--tp must be >= 1, got {tp}")
     if seq_max <= 0:
@@ -47,6 +50,11 @@ def make_payload(cfg: ModelConfig, *, tp: int = 1, seq_max: int = 2048) -> Paylo
         *_ffn(cfg, inter),
         GemmOp("lm_head", n=cfg.vocab_size if cfg.vocab_size % tp else cfg.vocab_size // tp, k=cfg.hidden_size),
     )
+    fmt = parse_format(weights)
+    for op in ops:
+        check_shape(fmt, (op.k, op.n))
+    dtype = gemm_dtype(fmt)
+    ops = tuple(replace(op, dtype=dtype) for op in ops)
     return Payload(model=cfg.name, tp=tp, seq_max=seq_max, ops=ops)
 
 

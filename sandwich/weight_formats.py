@@ -225,3 +225,36 @@ def take_columns(qw: QuantizedWeight, index: np.ndarray) -> QuantizedWeight:
     index = np.asarray(index)
     pick = {key: np.ascontiguousarray(a[index]) for key, a in qw.arrays().items()}
     return QuantizedWeight(qw.fmt, (qw.shape[0], len(index)), **pick)
+
+
+def pad_columns(qw: QuantizedWeight, n: int) -> QuantizedWeight:
+    """`qw` with zero columns appended up to N = n (a kernel's padded N): zero values with
+    zero scales (and minimums) dequantize to 0 in every format."""
+    k, n_in = qw.shape
+    if n < n_in:
+        raise ShapeError(f"cannot pad a weight of N={n_in} down to N={n}")
+    pad = {key: np.concatenate([a, np.zeros((n - n_in, *a.shape[1:]), a.dtype)])
+           for key, a in qw.arrays().items()}
+    return QuantizedWeight(qw.fmt, (k, n), **pad)
+
+
+def gemm_dtype(name: str | WeightFormat) -> str:
+    """The dtype a GEMM op, schedule and tuning record carry for a weight format: "float32"
+    for fp32 (the name records had before formats existed), else the format's name."""
+    fmt = parse_format(name)
+    return "float32" if fmt.bits == 32 else fmt.name
+
+
+def format_of(dtype: str) -> WeightFormat:
+    """The format a GEMM dtype names: the inverse of `gemm_dtype`."""
+    return parse_format("fp32" if dtype == "float32" else dtype)
+
+
+def concat_columns(parts: list[QuantizedWeight]) -> QuantizedWeight:
+    """Weights of one format and K side by side along N (a fused QKV or gate/up), as stored."""
+    fmt, k = parts[0].fmt, parts[0].shape[0]
+    if any(p.fmt != fmt or p.shape[0] != k for p in parts):
+        raise ShapeError("fused weights must share a format and K: got "
+                         + ", ".join(f"{p.fmt.name} K={p.shape[0]}" for p in parts))
+    arrays = {key: np.concatenate([p.arrays()[key] for p in parts]) for key in parts[0].arrays()}
+    return QuantizedWeight(fmt, (k, sum(p.shape[1] for p in parts)), **arrays)

@@ -106,10 +106,12 @@ def _tensor(w: np.ndarray, kind: str):
     return quantize(w.astype(np.float32), qtype), qtype
 
 
-def write_tiny_gguf(path: Path, *, seed: int = 0, arch: str = "llama",
-                    vocab: str = "gpt2") -> tuple[Path, object]:
+def write_tiny_gguf(path: Path, *, seed: int = 0, arch: str = "llama", vocab: str = "gpt2",
+                    types: dict[str, str] | None = None) -> tuple[Path, object]:
     """Write the file with a gpt2 byte-level BPE vocabulary (and a chat template) or a llama
-    SentencePiece one (`vocab="spm"`); returns (path, the trained tokenizer it carries)."""
+    SentencePiece one (`vocab="spm"`); `types` overrides TYPES (GGUF name -> GGML type, the
+    token embedding included); returns (path, the trained tokenizer it carries)."""
+    types = {**TYPES, "token_embd.weight": "Q8_0", **(types or {})}
     import gguf
 
     c = CONFIG
@@ -132,7 +134,7 @@ def write_tiny_gguf(path: Path, *, seed: int = 0, arch: str = "llama",
     def rand(*shape, std=0.1):
         return (rng.standard_normal(shape) * std).astype(np.float32)
 
-    data, raw = _tensor(rand(c["vocab"], h, std=0.5), "Q8_0")
+    data, raw = _tensor(rand(c["vocab"], h, std=0.5), types["token_embd.weight"])
     w.add_tensor("token_embd.weight", data, raw_dtype=raw)
     shapes = {"attn_q.weight": (c["heads"] * d, h), "attn_k.weight": (c["kv"] * d, h),
               "attn_v.weight": (c["kv"] * d, h), "attn_output.weight": (h, c["heads"] * d),
@@ -148,7 +150,7 @@ def write_tiny_gguf(path: Path, *, seed: int = 0, arch: str = "llama",
                 t = rope_permute(t, c["heads"])
             elif gg == "attn_k.weight":
                 t = rope_permute(t, c["kv"])
-            data, raw = _tensor(t, TYPES[gg])
+            data, raw = _tensor(t, types[gg])
             w.add_tensor(f"blk.{i}.{gg}", data, raw_dtype=raw)
     w.add_tensor("output_norm.weight", 1 + rand(h))
     w.write_header_to_file()

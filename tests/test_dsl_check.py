@@ -81,7 +81,10 @@ def test_semantic_errors_name_problem_and_place(src, message, line):
 
 KERNEL_LEVEL = [
     ("kernel k(tunable i32 mu) { }", "tunable 'mu' has no domain"),
-    ("kernel k(tunable f32 mu in {1}) { }", "tunables are integers"),
+    ("kernel k(tunable f32 mu in {1}) { }", "tunables are i32 or i64"),
+    ("kernel k(tunable i8 mu in {1}) { }", "tunables are i32 or i64"),
+    ("kernel k(i32 n, i8 Q[n], f32 C[n]) { C[0] = (f32)(Q[0] + 1); }", "i8 is a storage type"),
+    ("kernel k(i32 n, u8 Q[n], f32 C[n]) { C[0] = (f32)(-Q[0]); }", "u8 is a storage type"),
     ("kernel k(tunable i32 mu in {n}, i32 n) { }", "must be constant"),
     ("kernel k(i32 n, f32 n) { }", "'n' is already defined"),
     ("kernel k(f32 a[m]) { }", "undefined name 'm'"),

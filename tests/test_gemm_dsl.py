@@ -69,15 +69,46 @@ def test_dsl_gemm_matches_numpy(mk, slices, pl):
 ])
 def test_source_is_right_in_the_reference_interpreter(tun, sl, m):
     """The kernel source itself, without TVM: tails, split-K and slices, vlen = 4."""
-    n, k = 16, 10
+    _interpret(tun, sl, m, "fp32", k=10)
+
+
+@pytest.mark.parametrize("fmt", ["int8-g32", "int8", "int4-g32", "int4-g32-asym"])
+def test_int_formats_are_right_in_the_reference_interpreter(fmt):
+    """The int branch of the source, without TVM: a 3-row tile with its tails, split-K over
+    two K groups, K panels (48) that are not a multiple of the group (32)."""
+    _interpret(dict(mu_m=3, mu_n=4, pack_n=8, t_m=1, t_n=1, t_k=2), (1, 2, 48), 7, fmt, k=96)
+
+
+def _interpret(tun: dict, sl: tuple, m: int, fmt: str, *, k: int) -> None:
+    """Run the family in the interpreter for one weight format; every array the signature
+    names is passed (the ones the format leaves out as empty placeholders)."""
+    from sandwich.compiler.gemm_formats import weight_args
+    from sandwich.compiler.gemm_runner import pack_weight
+    from sandwich.weight_formats import dequantize, gemm_dtype, parse_format, quantize
+
+    n, pack = 16, tun["pack_n"]
+    f = parse_format(fmt)
     rng = np.random.default_rng(1)
     w = rng.standard_normal((k, n)).astype(np.float32)
+    if f.quantized:
+        qw = quantize(w, f)
+        w = dequantize(qw)
+    dtype = gemm_dtype(f)
+    g = f.group_size(k)
+    arrays = {"W": np.zeros((n // pack, k, pack), np.float32),
+              "Q8": np.zeros((n // pack, k, pack), np.int8),
+              "Q4": np.zeros((n // pack, k // 2, pack), np.uint8),
+              **{name: np.zeros((n // pack, k // g, pack), dt)
+                 for name, dt in (("S", np.float16), ("SF", np.float32), ("Z", np.float16))}}
+    packed = pack_weight(qw if f.quantized else w, pack, dtype)
+    arrays.update(zip(weight_args(dtype), (np.ascontiguousarray(x) for x in packed), strict=True))
     a = rng.standard_normal((m, k)).astype(np.float32)
     c = np.full((m, n), np.nan, np.float32)
     ws = np.full((tun["t_k"] * m, n), np.nan, np.float32)
-    run(load_kernel("gemm_family"), tunables=tun, vlen=4, M=m, N=n, K=k, A=a,
-        W=np.ascontiguousarray(pack_weights(w, tun["pack_n"])), C=c, WS=ws,
-        bmb=sl[0], bnt=sl[1], bk=sl[2])
+    tunables = {**tun, "bits": f.bits, "asym": int(not f.symmetric),
+                "s32": int(f.scale_dtype == "float32")}
+    run(load_kernel("gemm_family"), tunables=tunables, vlen=4, M=m, N=n, K=k, G=g, A=a, C=c,
+        WS=ws, bmb=sl[0], bnt=sl[1], bk=sl[2], **arrays)
     np.testing.assert_allclose(c, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-5)
 
 

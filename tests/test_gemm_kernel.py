@@ -71,9 +71,10 @@ def test_one_family_serves_every_slice():
 def test_skinny_m_is_timed_on_weights_streamed_past_the_llc():
     meas = TvmMeasure(CPU, 2, 4 * LANES, 64, 4 * LANES, seq_max=32, llc_bytes=1 << 20)
     assert meas(_sched(1, 4 * LANES, (1, 4 * LANES, 64), (1, 1, 1), pack=4 * LANES), 1).ok
-    copies = meas.streamed_weights()
-    assert len(copies) * meas.wp.nbytes >= 8 << 20  # 8x the (given) LLC
-    assert all(c.ctypes.data % 64 == 0 and np.array_equal(c, meas.wp) for c in copies)
+    copies = [c for (c,) in meas.streamed_weights()]  # fp32: one array per copy
+    (wp,) = meas.wp
+    assert len(copies) * wp.nbytes >= 8 << 20  # 8x the (given) LLC
+    assert all(c.ctypes.data % 64 == 0 and np.array_equal(c, wp) for c in copies)
     # separate allocations, as a model's weights are: none starts where another ends, so
     # the hardware prefetcher cannot run on from one call's weights into the next call's
     spans = sorted((c.ctypes.data, c.ctypes.data + c.nbytes) for c in copies)

@@ -110,7 +110,7 @@ def test_routing_matches_numpy_reference(experts, k):
 def test_expert_bytes_equal_a_hand_count(moe, tmp_path, cache):
     _, model = moe
     experts = model.layers[0].moe.experts
-    one = experts[0].gate_up.data.nbytes + experts[0].down.data.nbytes
+    one = experts[0].gate_up.nbytes + experts[0].down.nbytes
     assert one == 4 * (128 * 256 + 128 * 128)  # both N are whole vectors: no padding
     layers = model.config.num_hidden_layers
     ex = Executor(model, max_batch=2, max_seq=64, max_tokens=64, ops="numpy", threads=2)
@@ -187,7 +187,7 @@ def test_layered_prefill_reads_each_expert_once_per_prompt_chunked_once_per_chun
 
     _, model = moe
     experts = model.layers[0].moe.experts
-    one = experts[0].gate_up.data.nbytes + experts[0].down.data.nbytes
+    one = experts[0].gate_up.nbytes + experts[0].down.nbytes
     layers = model.config.num_hidden_layers
     ex = Executor(model, max_batch=2, max_seq=64, max_tokens=64, ops="numpy", threads=2)
     req = Request(prompt=tuple(range(3, 51)), max_new_tokens=1)  # the first token only

@@ -23,13 +23,14 @@ from sandwich.compiler.gemm_runner import (
     aligned_empty,
     check_activation,
     gemm_args,
-    pack_weights,
+    pack_weight,
     workspace_view,
 )
 from sandwich.compiler.target import CpuInfo, detect_cpu
 from sandwich.errors import CacheError, ShapeError
 from sandwich.tuner.tuning_db import KernelFile, StoredRecord, TuningDB
 from sandwich.types import KernelSchedule
+from sandwich.weight_formats import QuantizedWeight, pad_columns
 
 DB_NAME = "tuning.sqlite"
 
@@ -57,11 +58,18 @@ def sha256_file(path: Path) -> str:
 
 @dataclass(frozen=True)
 class PackedWeight:
-    """Weights in the kernel layout W[N / pack_n, K, pack_n]; made once by `GemmKernel.pack`."""
+    """Weights in the kernel layout, made once by `GemmKernel.pack`: fp32 as one array
+    W[N / pack_n, K, pack_n], an int format as its values, scales (and minimums) in the same
+    panel order (compiler/gemm_runner.py: pack_weight)."""
 
-    data: np.ndarray
+    data: tuple[np.ndarray, ...]
     n: int
     k: int
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the packed arrays: what one call streams of this weight."""
+        return sum(x.nbytes for x in self.data)
 
 
 def cache_fingerprint(cpu: CpuInfo) -> str:
@@ -169,7 +177,8 @@ class KernelCache:
             others = sorted({r.threads for r in self.records(n, k, dtype)})
             have = (f"; it has them for {', '.join(map(str, others))} thread(s) only (tune with "
                     f"--threads {threads}, or run with --threads {others[-1]})" if others else
-                    "; run `sandwichc tune` for a model with this shape first")
+                    "; run `sandwichc tune` for a model with this shape first" +
+                    (f" (with --weights {dtype})" if dtype != "float32" else ""))
             raise CacheError(f"no tuned kernels for GEMM N={n} K={k} {dtype} with {threads} "
                              f"thread(s) on this machine (target {self.fingerprint}) in "
                              f"{self.dir}{have}")
@@ -259,19 +268,22 @@ class GemmKernel:
             self._funcs[fam] = self.cache.load_kernel(self.n, self.k, self.dtype, fam)
         return self._funcs[fam]
 
-    def pack(self, w: np.ndarray) -> PackedWeight:
-        """Pack W (K, N) once into the layout every schedule of this GEMM reads."""
-        w = np.asarray(w)
-        if w.shape != (self.k, self.n_out):
-            raise ShapeError(f"weights must have shape ({self.k}, {self.n_out}), got {w.shape}")
+    def pack(self, w: np.ndarray | QuantizedWeight) -> PackedWeight:
+        """Pack W (K, N) once into the layout every schedule of this GEMM reads: float
+        weights (quantized here when the GEMM's dtype is an int format) or a QuantizedWeight
+        of that format (a GGUF's blocks, as stored)."""
+        shape = w.shape if isinstance(w, QuantizedWeight) else np.shape(w)
+        if tuple(shape) != (self.k, self.n_out):
+            raise ShapeError(f"weights must have shape ({self.k}, {self.n_out}), got {tuple(shape)}")
         if self.n_out != self.n:
-            w = np.pad(w, ((0, 0), (0, self.n - self.n_out)))
-        return PackedWeight(pack_weights(w, self.pack_n), self.n_out, self.k)
+            w = (pad_columns(w, self.n) if isinstance(w, QuantizedWeight)
+                 else np.pad(np.asarray(w), ((0, 0), (0, self.n - self.n_out))))
+        return PackedWeight(pack_weight(w, self.pack_n, self.dtype), self.n_out, self.k)
 
     def __call__(self, a: np.ndarray, wp: PackedWeight, out: np.ndarray | None = None) -> np.ndarray:
         key = None
         if out is not None and isinstance(a, np.ndarray) and isinstance(wp, PackedWeight):
-            key = (a.ctypes.data, a.shape, a.strides, a.dtype, wp.data.ctypes.data, wp.n, wp.k,
+            key = (a.ctypes.data, a.shape, a.strides, a.dtype, wp.data[0].ctypes.data, wp.n, wp.k,
                    out.ctypes.data, out.shape, out.strides, out.dtype)
             hit = self._calls.get(key)
             if hit is not None:
@@ -314,7 +326,7 @@ class GemmKernel:
             raise ShapeError(f"out must be a C-contiguous float32 array of shape ({m}, {self.n_out})")
         elif not out.flags.writeable:
             raise ShapeError("out is read-only; give a writable array (or none)")
-        elif np.shares_memory(a, out) or np.shares_memory(wp.data, out):
+        elif np.shares_memory(a, out) or any(np.shares_memory(x, out) for x in wp.data):
             raise ShapeError("out overlaps the activation or the weights; the kernel would read "
                              "what it has already written (give a separate out)")
         schedule = self.schedule_for(m)

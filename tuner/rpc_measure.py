@@ -190,7 +190,7 @@ class RpcMeasure:
     def _module(self, remote: _Remote, schedule: KernelSchedule):
         fam = schedule.family()
         if remote.weights is None:
-            remote.weights = remote.session.tensor(self.wp)
+            remote.weights = remote.session.tensor(self.wp[0])  # fp32: one array
         return remote.session.load(fam.key(), self.kernels[fam])
 
     def _check(self, remote: _Remote, schedule: KernelSchedule) -> str:
@@ -211,7 +211,7 @@ class RpcMeasure:
                                                min_repeat_ms=self.min_repeat_ms, repeat=self.repeat)
         # decode: weights streamed from DRAM, as the local measure times them, cycled over
         # copies of the weights (together 8x the LLC) by the server itself
-        copies = min(self.max_copies, rotation_copies(self.wp.nbytes, llc_bytes()))
+        copies = min(self.max_copies, rotation_copies(self.wp[0].nbytes, llc_bytes()))
         return remote.session.streamed_seconds(module, self._args(remote, schedule, m, remote.weights),
                                                copies=copies, passes=self.stream_passes)
 

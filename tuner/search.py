@@ -89,8 +89,8 @@ class SandwichSearch:
 
     def __init__(self, *, n: int, k: int, pack_n: int, micro_kernels: list[MicroKernel],
                  threads: int, measure: Measure, settings: SearchSettings = SearchSettings(),
-                 clock: Callable[[], float] = time.perf_counter) -> None:
-        self.n, self.k, self.pack_n = n, k, pack_n
+                 clock: Callable[[], float] = time.perf_counter, dtype: str = "float32") -> None:
+        self.n, self.k, self.pack_n, self.dtype = n, k, pack_n, dtype
         self.all_mks = list(micro_kernels)
         self.threads = threads
         self.measure = measure
@@ -142,7 +142,7 @@ class SandwichSearch:
         return len(self.trials) - self._first_trial >= self.settings.min_trials_per_m
 
     def _schedule(self, mk: MicroKernel, s: ComputeSlice, pl: Polymerization) -> KernelSchedule:
-        return KernelSchedule(mk, s, pl, self.pack_n)
+        return KernelSchedule(mk, s, pl, self.pack_n, dtype=self.dtype)
 
     # -- the sliding window ------------------------------------------------------------
     def candidates(self, m: int) -> list[MicroKernel]:

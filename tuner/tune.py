@@ -104,11 +104,15 @@ def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget:
     samples = budget.m_samples(seq_max)
     m_hi = _ranges(samples, seq_max)
     report = OpReport(names, op.n, op.k)
-    measure = (TvmMeasure(cpu, threads, op.n, op.k, pack_n, seq_max) if remote is None else
+    if remote is not None and op.dtype != "float32":
+        raise ConfigError(f"tune --rpc measures fp32 weights only so far, not {op.dtype}")
+    measure = (TvmMeasure(cpu, threads, op.n, op.k, pack_n, seq_max, dtype=op.dtype)
+               if remote is None else
                RpcMeasure(cpu, threads, op.n, op.k, pack_n, seq_max, remote, cache.fingerprint))
     search = SandwichSearch(n=op.n, k=op.k, pack_n=pack_n,
                             micro_kernels=micro_kernels(isa, pack_n, widths=budget.mk_widths),
-                            threads=threads, measure=measure, settings=budget.settings)
+                            threads=threads, measure=measure, settings=budget.settings,
+                            dtype=op.dtype)
     records = cache.records(op.n, op.k, op.dtype, threads)
     if any(r.record.schedule.pack_n != pack_n for r in records):
         # tuned for another weight layout (an older sandwichc): every M shares one packing,
@@ -153,11 +157,14 @@ def verify_numerics(cache: KernelCache, *, n: int, k: int, ms: list[int], dtype:
     import numpy as np
 
     from sandwich.tuner.reference import reference_matmul
+    from sandwich.weight_formats import dequantize, quantize
 
     gemm = cache.gemm(n=n, k=k, dtype=dtype, threads=threads)
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((k, n), dtype=np.float32)
     wp = gemm.pack(w)
+    if dtype != "float32":  # the kernel computes on the quantized weights
+        w = dequantize(quantize(w, dtype))
     problems = []
     for m in ms:
         a = rng.standard_normal((m, k), dtype=np.float32)

@@ -11,13 +11,11 @@ import numpy as np
 
 from sandwich.dsl import ast as A
 from sandwich.dsl.highlevel import ast as H
-from sandwich.dsl.interp import Interpreter, run
+from sandwich.dsl.interp import NUMPY_DTYPES, Interpreter, run
 from sandwich.errors import ConfigError
 from sandwich.tuner.reference import reference_attention, reference_matmul
 
 INTERP_MAX_ELEMENTS = 200_000  # the interpreter reference is pure Python: small shapes only
-_NP = {"f32": np.float32, "bf16": np.float32, "f16": np.float16, "i32": np.int32,
-       "i64": np.int64, "bool": np.bool_}
 
 
 @dataclass(frozen=True)
@@ -132,12 +130,12 @@ def interpreter_case(kernel: H.Kernel, *, vlen: int) -> Case:
             shape = tuple(int(interp.expr(e)) for e in a.shape)
             total += math.prod(shape)
             if a.name in outputs and a.dtype in A.FLOAT_DTYPES:
-                out[a.name] = nan_like(shape).astype(_NP[a.dtype])
+                out[a.name] = nan_like(shape).astype(NUMPY_DTYPES[a.dtype])
             elif a.dtype in A.FLOAT_DTYPES:
                 seed = params_in_order.index(a.name) + 1000 * i
-                out[a.name] = rand(np.random.default_rng(seed), *shape).astype(_NP[a.dtype])
+                out[a.name] = rand(np.random.default_rng(seed), *shape).astype(NUMPY_DTYPES[a.dtype])
             else:
-                out[a.name] = np.zeros(shape, _NP[a.dtype])
+                out[a.name] = np.zeros(shape, NUMPY_DTYPES[a.dtype])
         if total > INTERP_MAX_ELEMENTS:
             raise ConfigError(f"kernel {kernel.name} has no numpy reference, and the "
                               f"interpreter reference needs small shapes ({total} array "

@@ -10,11 +10,12 @@ import numpy as np
 
 from sandwich.compiler.buffers import aligned_copy
 from sandwich.compiler.gemm_dsl import build_gemm_dsl
+from sandwich.compiler.gemm_formats import weight_format
 from sandwich.compiler.gemm_runner import (
     aligned_empty,
     call_gemm,
     gemm_args,
-    pack_weights,
+    pack_weight,
     workspace_view,
 )
 from sandwich.compiler.target import CpuInfo
@@ -24,6 +25,7 @@ from sandwich.tuner.reference import reference_matmul
 from sandwich.tuner.streaming import llc_bytes, rotation_copies
 from sandwich.tuner.timing import gflops, time_callable
 from sandwich.types import KernelSchedule
+from sandwich.weight_formats import dequantize, quantize
 
 
 def result_error(out: np.ndarray, a: np.ndarray, w: np.ndarray, schedule: KernelSchedule,
@@ -36,9 +38,11 @@ def result_error(out: np.ndarray, a: np.ndarray, w: np.ndarray, schedule: Kernel
     return ""
 
 
-def check_against_numpy(func, schedule: KernelSchedule, a: np.ndarray, wp: np.ndarray,
-                        w: np.ndarray, rtol: float = 1e-4) -> str:
-    """Run the kernel on `a` and compare with a float64 reference; '' when it matches."""
+def check_against_numpy(func, schedule: KernelSchedule, a: np.ndarray,
+                        wp: np.ndarray | tuple[np.ndarray, ...], w: np.ndarray,
+                        rtol: float = 1e-4) -> str:
+    """Run the kernel on `a` and compare with a float64 reference on `w` (for an int format,
+    the dequantized weights); '' when it matches."""
     m, n = a.shape[0], w.shape[1]
     out = np.full((m, n), np.nan, dtype=np.float32)
     ws = None
@@ -48,16 +52,22 @@ def check_against_numpy(func, schedule: KernelSchedule, a: np.ndarray, wp: np.nd
     return result_error(out, a, w, schedule, rtol)
 
 
-def random_problem(n: int, k: int, pack_n: int, seq_max: int, *, threads: int,
-                   seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The weights W[K, N], packed, and activations A[seq_max, K] a measure times on,
-    after refusing a packing that does not divide N and buffers that would not fit."""
+def random_problem(n: int, k: int, pack_n: int, seq_max: int, *, threads: int, seed: int,
+                   dtype: str = "float32") -> tuple[np.ndarray, tuple[np.ndarray, ...], np.ndarray]:
+    """The weights W[K, N] (as the kernel sees them: dequantized for an int format), their
+    packed arrays for `dtype`, and activations A[seq_max, K] a measure times on, after
+    refusing a packing that does not divide N and buffers that would not fit."""
     if n % pack_n:
         raise ConfigError(f"N={n} is not a multiple of the packed width {pack_n}")
     check_fits(n, k, seq_max, threads)
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((k, n), dtype=np.float32)
-    return w, pack_weights(w, pack_n), rng.standard_normal((seq_max, k), dtype=np.float32)
+    a = rng.standard_normal((seq_max, k), dtype=np.float32)
+    fmt = weight_format(dtype)
+    if fmt.bits == 32:
+        return w, pack_weight(w, pack_n), a
+    qw = quantize(w, fmt)
+    return dequantize(qw), pack_weight(qw, pack_n, dtype), a
 
 
 def check_ms(schedule: KernelSchedule, seq_max: int) -> list[int]:
@@ -80,6 +90,7 @@ class TvmMeasure:
     repeat: int = 5
     min_repeat_s: float = 0.01
     seed: int = 0
+    dtype: str = "float32"  # the weight format (sandwich/weight_formats.py), "float32" for fp32
     stream_max_m: int = 8  # up to this M, weights are timed as streamed from DRAM
     llc_bytes: int = field(default_factory=llc_bytes)
     max_copies: int = 1024
@@ -90,10 +101,11 @@ class TvmMeasure:
 
     def __post_init__(self) -> None:
         self.w, self.wp, self.a = random_problem(self.n, self.k, self.pack_n, self.seq_max,
-                                                 threads=self.threads, seed=self.seed)
+                                                 threads=self.threads, seed=self.seed,
+                                                 dtype=self.dtype)
         self.c = aligned_empty((self.seq_max, self.n))
         self.ws_buf = np.empty(0, dtype=np.float32)
-        self._streamed: list[np.ndarray] = []
+        self._streamed: list[tuple[np.ndarray, ...]] = []
 
     def streamed_weights(self) -> list[np.ndarray]:
         """Copies of the packed weights, together 8x the last-level cache, that skinny-M
@@ -106,8 +118,9 @@ class TvmMeasure:
         each call's cold start (a tenth of a 768 x 768 call) and ranked schedules as no
         model runs them."""
         if not self._streamed:
-            copies = min(self.max_copies, rotation_copies(self.wp.nbytes, self.llc_bytes))
-            self._streamed = [aligned_copy(self.wp) for _ in range(copies)]
+            nbytes = sum(x.nbytes for x in self.wp)
+            copies = min(self.max_copies, rotation_copies(nbytes, self.llc_bytes))
+            self._streamed = [tuple(aligned_copy(x, x.dtype) for x in self.wp) for _ in range(copies)]
         return self._streamed
 
     def kernel(self, schedule: KernelSchedule):
@@ -119,6 +132,9 @@ class TvmMeasure:
             t0 = time.perf_counter()
             try:
                 fam = schedule.family()
+                if schedule.dtype != self.dtype:
+                    raise ConfigError(f"schedule {schedule.key()} is for {schedule.dtype} weights, "
+                                      f"this measure holds {self.dtype}")
                 if fam not in self.kernels:
                     self.kernels[fam] = build_gemm_dsl(schedule, n=self.n, k=self.k, cpu=self.cpu,
                                                    threads=self.threads)

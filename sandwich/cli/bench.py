@@ -1,4 +1,5 @@
-"""`sandwichc bench gemm|serving`: the work is in bench/gemm.py and bench/serving.py."""
+"""`sandwichc bench gemm|serving|formats|...`: the work is in bench/ (gemm.py, serving.py,
+formats.py, ...)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from sandwich.cli.common import add_cache_arg, add_threads_arg, cache_dir_arg
+from sandwich.cli.common import add_cache_arg, add_threads_arg, cache_dir_arg, int_list
 from sandwich.errors import ConfigError
 
 GEMM_RESULTS = "results/cpus/<mcpu>/gemm_vs_vendor"  # <mcpu>: LLVM's name of this CPU (`info`)
@@ -117,6 +118,24 @@ def register(sub) -> None:
     add_cache_arg(r)
     r.set_defaults(func=_run_reference)
 
+    f = bsub.add_parser("formats", help="one model's tuned GEMMs in each weight format (fp32, "
+                        "int8, int4...) side by side, same run and threads: decode rows in stored "
+                        "GB/s against the streaming read, larger M in GFLOPS, each against fp32")
+    f.add_argument("--model", action="append", help="embedded name, HF directory or GGUF "
+                   "(repeatable; default llama-160m)")
+    f.add_argument("--weights", default="int8-g32,int4-g32",
+                   help="comma-separated formats to compare with fp32 (always included)")
+    f.add_argument("--m", default="1,8,512", help="comma-separated M values")
+    f.add_argument("--budget", choices=("tiny", "quick", "default", "full"), default="quick",
+                   help="budget of the tuning the cache lacks")
+    f.add_argument("--seq-max", type=int, default=2048, help="M range the kernels are tuned over")
+    f.add_argument("--json", dest="json_out", default=None,
+                   help="default results/cpus/<mcpu>/weight_formats.json")
+    f.add_argument("--md", default=None, help="default results/cpus/<mcpu>/weight_formats.md")
+    add_threads_arg(f)
+    add_cache_arg(f)
+    f.set_defaults(func=_run_formats)
+
     from sandwich.cli import bench_scheduling
 
     bench_scheduling.register(bsub)
@@ -129,12 +148,7 @@ def _run(args) -> int:
     from sandwich.bench.gemm_report import write_markdown, write_png
     from sandwich.tuner.kernel_cache import KernelCache
 
-    try:
-        ms = sorted({int(x) for x in args.m.split(",") if x.strip()})
-    except ValueError:
-        raise ConfigError(f"--m must be comma-separated integers, got {args.m!r}") from None
-    if not ms or ms[0] < 1:
-        raise ConfigError("--m values must be >= 1")
+    ms = int_list(args.m, "--m")
     threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
     command = "sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     # delay: an input error (a shape never tuned, say) prints its one line and no bar
@@ -165,16 +179,33 @@ def _run(args) -> int:
     return 0
 
 
+def _run_formats(args) -> int:
+    from sandwich.bench.formats import run_formats, write_report
+    from sandwich.tuner.kernel_cache import KernelCache
+    from sandwich.weight_formats import parse_format
+
+    ms = int_list(args.m, "--m")
+    formats = [parse_format(f).name for f in args.weights.split(",") if f.strip()]
+    cache = KernelCache(cache_dir_arg(args))
+    threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
+    base = f"results/cpus/{cache.cpu.mcpu}/weight_formats"
+    res = run_formats(models=args.model or ["llama-160m"], formats=formats, ms=ms, threads=threads,
+                      cache=cache, budget=args.budget, seq_max=args.seq_max,
+                      command="sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+                      log=lambda msg: print(msg, flush=True))
+    md, js = Path(args.md or f"{base}.md"), Path(args.json_out or f"{base}.json")
+    write_report(res, md, js)
+    print(f"wrote {js}, {md}")
+    return 0
+
+
 def _run_serving(args) -> int:
     from sandwich.bench.serving import run_serving_bench, write_report
     from sandwich.tuner.kernel_cache import KernelCache
 
-    try:
-        lens = sorted({int(x) for x in args.prompt_lens.split(",") if x.strip()})
-    except ValueError:
-        raise ConfigError(f"--prompt-lens must be comma-separated integers, got {args.prompt_lens!r}") from None
-    if not lens or lens[0] < 1 or args.new_tokens < 1 or args.repeats < 1:
-        raise ConfigError("--prompt-lens, --new-tokens and --repeats must be >= 1")
+    lens = int_list(args.prompt_lens, "--prompt-lens")
+    if args.new_tokens < 1 or args.repeats < 1:
+        raise ConfigError("--new-tokens and --repeats must be >= 1")
     cache = KernelCache(cache_dir_arg(args))
     threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
     work = Path(args.work) if args.work else cache.dir / "models"

@@ -16,6 +16,24 @@ def add_threads_arg(p: argparse.ArgumentParser) -> None:
                    help="threads the kernels run with (default: all cores of this process)")
 
 
+def add_weights_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--weights", default="fp32", type=_weights_format, metavar="FORMAT",
+                   help="how the GEMMs store their weights: fp32, int8-g32 (llama.cpp's Q8_0), "
+                   "int8 (a scale per column), int4 (= int4-g32, Q4_0), int4-g64, int4-g128, "
+                   "int4-g32-asym (Q4_1), ...; int formats dequantize in the kernel")
+
+
+def _weights_format(name: str) -> str:
+    """argparse type: the canonical format name, or argparse's one-line error."""
+    from sandwich.errors import ConfigError
+    from sandwich.weight_formats import parse_format
+
+    try:
+        return parse_format(name).name
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def cache_dir_arg(args) -> Path:
     """--cache-dir, else $SANDWICHC_CACHE_DIR, else the user's cache directory."""
     from sandwich.tuner.kernel_cache import default_cache_dir
@@ -25,3 +43,17 @@ def cache_dir_arg(args) -> Path:
     if args.env_cache_dir:
         return Path(args.env_cache_dir)
     return default_cache_dir(args.env)
+
+
+def int_list(text: str, flag: str) -> list[int]:
+    """A comma-separated list as sorted distinct positive integers, or a one-line error
+    naming the flag."""
+    from sandwich.errors import ConfigError
+
+    try:
+        values = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise ConfigError(f"{flag} must be comma-separated integers, got {text!r}") from None
+    if not values or values[0] < 1:
+        raise ConfigError(f"{flag} values must be >= 1, got {text!r}")
+    return values

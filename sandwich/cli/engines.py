@@ -31,7 +31,7 @@ def ensure_tuned(args, cache, threads: int) -> None:
         return
     cfg = load_model_config(args.model)
     seq_max = min(2048, cfg.max_position_embeddings)
-    shapes = unique_shapes(make_payload(cfg, tp=1, seq_max=seq_max))
+    shapes = unique_shapes(make_payload(cfg, tp=1, seq_max=seq_max, weights=weights_arg(args)))
     missing = [(names, op) for names, op in shapes  # kernels run only with their own threads
                if not cache.records(op.n, op.k, op.dtype, threads)]
     if missing:
@@ -39,6 +39,11 @@ def ensure_tuned(args, cache, threads: int) -> None:
               f"({args.tune_budget} budget; --no-tune to refuse)", file=sys.stderr)
         tune_shapes(missing, seq_max=seq_max, threads=threads, budget=get_budget(args.tune_budget),
                     cache=cache)
+
+
+def weights_arg(args) -> str:
+    """--weights of a command that runs a model (fp32 where a Namespace lacks it)."""
+    return getattr(args, "weights", "fp32")
 
 
 def make_engine(args, *, max_batch: int, max_seq: int, clock=None):
@@ -69,7 +74,12 @@ def make_engine(args, *, max_batch: int, max_seq: int, clock=None):
     if spec.kind == "splitwise":
         return _splitwise_engine(args, cache, spec, max_batch=max_batch, max_seq=max_seq,
                                  clock=clock)
-    planned = _planned_engine(args, cache, max_batch=max_batch, max_seq=max_seq, clock=clock)
+    weights = weights_arg(args)
+    if weights != "fp32" and (args.tp > 1 or args.prefill_config or args.decode_config):
+        raise ConfigError(f"--weights {weights} runs in one process with one thread count so "
+                          f"far; drop --tp, --prefill-config and --decode-config")
+    planned = (None if weights != "fp32" else  # a stored plan was measured with fp32 kernels
+               _planned_engine(args, cache, max_batch=max_batch, max_seq=max_seq, clock=clock))
     if planned is not None:
         return _scheduled(planned, spec)
     if args.tp > 1:
@@ -95,7 +105,7 @@ def make_engine(args, *, max_batch: int, max_seq: int, clock=None):
         for t in sorted({pre, dec} if per_phase else {threads}):
             ensure_tuned(args, cache, t)
         model = (load_model(args.model, cache, threads=pre, decode_threads=dec) if per_phase
-                 else load_model(args.model, cache, threads=threads))
+                 else load_model(args.model, cache, threads=threads, weights=weights))
         ex = Executor(model, max_batch=max_batch, max_seq=max_seq, ops=args.ops, threads=threads)
     engine = _scheduled(Engine(ex, phases=phases, clock=clock or time.perf_counter), spec)
     if not args.no_warmup:

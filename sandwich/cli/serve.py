@@ -81,10 +81,11 @@ def _serving_args(p: argparse.ArgumentParser, *, sampling: bool = True) -> None:
 
 def _model_run_args(p: argparse.ArgumentParser) -> None:
     """Where the kernels come from and how they run: every command that runs a model."""
-    from sandwich.cli.common import add_cache_arg, add_threads_arg
+    from sandwich.cli.common import add_cache_arg, add_threads_arg, add_weights_arg
 
     add_cache_arg(p)
     add_threads_arg(p)
+    add_weights_arg(p)
     p.add_argument("--ops", choices=("dsl", "numpy"), default="dsl",
                    help="non-GEMM ops: compiled DSL kernels, or the numpy fallback")
 
@@ -221,7 +222,7 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     cache = KernelCache(cache_dir_arg(args))
     threads = args.threads or len(os.sched_getaffinity(0))
     ensure_tuned(args, cache, threads)
-    model = load_model(args.model, cache, threads=threads)
+    model = load_model(args.model, cache, threads=threads, weights=args.weights)
     if args.ctx > model.config.max_position_embeddings:
         raise ConfigError(f"--ctx {args.ctx} is beyond the model's context of "
                           f"{model.config.max_position_embeddings} tokens")

@@ -8,7 +8,7 @@ import random
 import sys
 import time
 
-from sandwich.cli.common import add_cache_arg, add_threads_arg, cache_dir_arg
+from sandwich.cli.common import add_cache_arg, add_threads_arg, add_weights_arg, cache_dir_arg
 from sandwich.errors import CacheError, ConfigError
 from sandwich.models import DEFAULT_MODEL
 from sandwich.tuner.budget import BUDGETS
@@ -35,12 +35,13 @@ def register(sub) -> None:
     tune.add_argument("--budget", choices=list(BUDGETS), default="default")
     tune.add_argument("--ops", help="comma-separated subset of qkv,o,gate_up,down,lm_head (an MoE model: "
                       "qkv,o,router,expert_gate_up,expert_down,lm_head)")
+    add_weights_arg(tune)
     tune.add_argument("--no-progress", action="store_true")
     tune.add_argument("--plan", choices=("auto", "on", "off"), default="auto",
                       help="on: search this machine's topology, tune each candidate service "
                       "configuration's kernels, measure them on the engine and store the "
                       "prefill/decode pair as the model's plan; off: one kernel set for "
-                      "--threads (auto: on unless --tp, --threads or --ops is given)")
+                      "--threads (auto: on unless --tp, --threads, --ops, --rpc or --weights other than fp32 is given)")
     tune.add_argument("--top-k", type=int, default=3, help="candidates per phase (plan)")
     tune.add_argument("--rounds", type=int, default=7, help="measurement rounds (plan)")
     tune.add_argument("--prompt-len", type=int, default=128,
@@ -168,7 +169,7 @@ def cmd_tune(args) -> int:
     cfg = load_model_config(args.model)
     if _plan_mode(args) == "on":
         return _tune_plan(args, cfg)
-    payload = make_payload(cfg, tp=args.tp, seq_max=args.seq_max)
+    payload = make_payload(cfg, tp=args.tp, seq_max=args.seq_max, weights=args.weights)
     budget = get_budget(args.budget)
     threads = _threads(args)
     shapes = unique_shapes(payload)
@@ -188,7 +189,8 @@ def cmd_tune(args) -> int:
 
         machine_model(cache.dir, cache.cpu, cache.fingerprint,
                       log=lambda msg: print(msg, file=sys.stderr, flush=True))
-    print(f"tuning {cfg.name} (tp={args.tp}, seq_max={args.seq_max}, budget={budget.name}) "
+    print(f"tuning {cfg.name} (tp={args.tp}, seq_max={args.seq_max}, budget={budget.name}, "
+          f"weights={args.weights}) "
           f"with {threads} threads on {cache.cpu.model} [{cache.fingerprint}], cache {cache.dir}")
     t0 = time.perf_counter()
     reports = tune_shapes(shapes, seq_max=args.seq_max, threads=threads, budget=budget, remote=remote,
@@ -243,9 +245,11 @@ def cmd_rpc_server(args) -> int:
 
 def _plan_mode(args) -> str:
     """A plan picks the TP degree and threads itself: --tp, --threads or --ops mean one set
-    (and so does --rpc: a plan measures on this machine's engine)."""
+    (and so does --rpc: a plan measures on this machine's engine; and --weights, until the
+    engine runs int formats)."""
     single = [flag for flag, given in (("--tp", args.tp != 1), ("--threads", bool(args.threads)),
-                                       ("--ops", bool(args.ops)), ("--rpc", bool(args.rpc)))
+                                       ("--ops", bool(args.ops)), ("--rpc", bool(args.rpc)),
+                                       ("--weights", args.weights != "fp32"))
               if given]
     if args.plan == "on" and single:
         raise ConfigError(f"--plan on chooses the TP degree and threads itself; drop "

@@ -1,0 +1,148 @@
+"""Weight formats side by side (issue 26): one model's tuned GEMMs in each format, in one run
+with the same threads. Decode rows (M <= 8) stream their weights from beyond the LLC and are
+reported in stored bytes per second against the streaming read of the same moment; larger M
+in GFLOPS; every row also as a speedup over the fp32 kernel of the same op and M."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sandwich.bench.baselines.measure import measure_runner
+from sandwich.bench.compare import TIMING
+from sandwich.bench.gemm import bound_runner, moment_read
+from sandwich.bench.machine import measure_machine
+from sandwich.compiler.gemm_runner import aligned_empty
+from sandwich.tuner.streaming import rotation_copies
+from sandwich.weight_formats import dequantize, gemm_dtype, parse_format, quantize
+
+DECODE_MAX_M = 8
+
+
+@dataclass
+class FormatRow:
+    model: str
+    op: str
+    n: int
+    k: int
+    weights: str
+    m: int
+    us: float  # median time of one call
+    gflops: float
+    stored_mb: float  # what one call reads of the weights: values, scales, minimums
+    schedule: str
+    rotated: bool = False
+    stored_gbs: float | None = None  # rotated rows: stored bytes / time
+    read_gbs: float | None = None  # the streaming read around this row's timing
+    pct_read: float | None = None
+    speedup_vs_fp32: float | None = None
+
+
+@dataclass
+class FormatsResult:
+    command: str
+    machine: str
+    threads: int
+    read_gbs: float
+    rows: list[FormatRow] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {**{k: v for k, v in asdict(self).items() if k != "rows"},
+                "rows": [asdict(r) for r in self.rows]}
+
+
+def run_formats(*, models: list[str], formats: list[str], ms: list[int], threads: int, cache,
+                budget: str, seq_max: int, command: str, log: Callable[[str], None]) -> FormatsResult:
+    """Tune what the cache lacks (resumable), then time every (model, op, format, M)."""
+    from sandwich.models import load_model_config
+    from sandwich.payload import make_payload
+    from sandwich.tuner.budget import get_budget
+    from sandwich.tuner.shared_tuning import tune_shapes
+    from sandwich.tuner.tune import unique_shapes
+
+    limits = measure_machine(threads)
+    res = FormatsResult(command, f"{cache.cpu.model} ({cache.cpu.mcpu})", threads, limits.read_gbs)
+    formats = ["fp32", *(f for f in formats if parse_format(f).name != "fp32")]
+    for model in models:
+        cfg = load_model_config(model)
+        for fmt in formats:
+            shapes = unique_shapes(make_payload(cfg, seq_max=seq_max, weights=fmt))
+            missing = [(names, op) for names, op in shapes
+                       if not cache.records(op.n, op.k, op.dtype, threads)]
+            if missing:
+                log(f"tuning {len(missing)} {fmt} GEMM shape(s) of {cfg.name} ({budget} budget)")
+                tune_shapes(missing, seq_max=seq_max, threads=threads, budget=get_budget(budget),
+                            cache=cache)
+            for names, op in shapes:
+                for m in ms:
+                    row = _time_row(cache, limits, cfg.name, "+".join(names), op, fmt, m, threads)
+                    res.rows.append(row)
+                    log(_line(row))
+    _speedups(res.rows)
+    return res
+
+
+def _time_row(cache, limits, model: str, name: str, op, fmt: str, m: int,
+              threads: int) -> FormatRow:
+    rng = np.random.default_rng(m)
+    w = rng.standard_normal((op.k, op.n), dtype=np.float32)
+    ref = w if gemm_dtype(fmt) == "float32" else dequantize(quantize(w, fmt))  # what it computes on
+    a = aligned_empty((m, op.k))
+    a[...] = rng.standard_normal((m, op.k), dtype=np.float32)
+    gemm = cache.gemm(n=op.n, k=op.k, dtype=op.dtype, threads=threads)
+    out = aligned_empty((m, op.n))
+    first = gemm.pack(w)
+    stored = first.nbytes
+    rotated = m <= DECODE_MAX_M
+    handles = [first] + [gemm.pack(w) for _ in range(rotation_copies(stored, limits.llc_bytes) - 1)] \
+        if rotated else [first]
+    before = moment_read(limits) if rotated else None
+    t = measure_runner(name, bound_runner(gemm, out), a, ref, handles, **TIMING)
+    row = FormatRow(model, name, op.n, op.k, parse_format(fmt).name, m, t.timing.median_s * 1e6,
+                    t.gflops, stored / 1e6, gemm.schedule_for(m).key(), rotated)
+    if rotated:
+        read = (before + moment_read(limits)) / 2
+        row.stored_gbs = stored / t.timing.median_s / 1e9
+        row.read_gbs, row.pct_read = read, 100 * row.stored_gbs / read
+    return row
+
+
+def _speedups(rows: list[FormatRow]) -> None:
+    fp32 = {(r.model, r.op, r.m): r.us for r in rows if r.weights == "fp32"}
+    for r in rows:
+        base = fp32.get((r.model, r.op, r.m))
+        r.speedup_vs_fp32 = base / r.us if base else None
+
+
+def _line(r: FormatRow) -> str:
+    read = f", {r.stored_gbs:.1f} GB/s stored = {r.pct_read:.0f}% of the read" if r.rotated else ""
+    return (f"{r.model} {r.op:<8} {r.weights:<14} M={r.m:<5} {r.us:9.1f} us "
+            f"{r.gflops:7.1f} GFLOPS{read}")
+
+
+def write_report(res: FormatsResult, md: Path, js: Path) -> None:
+    for p in (md, js):
+        p.parent.mkdir(parents=True, exist_ok=True)
+    js.write_text(json.dumps(res.to_json(), indent=1))
+    lines = ["# Weight formats: the tuned GEMMs of each format, one run\n",
+             f"- command: `{res.command}`",
+             f"- machine: {res.machine}, {res.threads} threads; streaming read {res.read_gbs:.1f} "
+             f"GB/s at the start (each decode row is taken against the read measured just "
+             f"before and after it)",
+             "- decode rows (M <= 8) cycle over copies of the weights 8x the LLC, so they stream "
+             "from DRAM; `stored` counts the bytes a call reads of the weights (values, scales, "
+             "minimums); each kernel is checked against numpy on the weights it stores before it "
+             "is timed; `x fp32` is the fp32 kernel's time over this one's, same op and M\n",
+             "| model | op | N x K | weights | M | us | GFLOPS | stored MB | stored GB/s | % of read | x fp32 | schedule |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in res.rows:
+        gbs = f"{r.stored_gbs:.1f}" if r.rotated else ""
+        pct = f"{r.pct_read:.0f}%" if r.rotated else ""
+        sp = f"{r.speedup_vs_fp32:.2f}" if r.speedup_vs_fp32 else ""
+        lines.append(f"| {r.model} | {r.op} | {r.n} x {r.k} | {r.weights} | {r.m} | {r.us:.1f} | "
+                     f"{r.gflops:.1f} | {r.stored_mb:.2f} | {gbs} | {pct} | {sp} | `{r.schedule}` |")
+    md.write_text("\n".join(lines) + "\n")

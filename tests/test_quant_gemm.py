@@ -1,0 +1,137 @@
+"""Int weight formats in the GEMM family (issue 26, item 2): int8 and int4 values dequantized
+in registers as they stream, checked against numpy on the dequantized weights; tuned and
+stored like fp32; a GGUF's Q8_0 / Q4_0 / Q4_1 blocks run as stored, against HF transformers."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import tune_model
+from gguf_tiny import write_tiny_gguf
+
+from sandwich.compiler.gemm_runner import pack_weight
+from sandwich.errors import ConfigError, ShapeError
+from sandwich.models import load_model_config
+from sandwich.payload import make_payload
+from sandwich.types import ComputeSlice, KernelSchedule, MicroKernel, Polymerization
+from sandwich.weight_formats import FORMATS, dequantize, gemm_dtype, quantize
+
+INT_FORMATS = [f.name for f in FORMATS if f.quantized]
+
+
+def _cpu():
+    from sandwich.compiler.target import detect_cpu
+
+    return detect_cpu()
+
+
+@pytest.mark.tvm
+@pytest.mark.parametrize("fmt", INT_FORMATS)
+def test_every_int_format_matches_numpy_at_20_random_m(fmt):
+    """One family per format: a 3-row tile (so the 2 and 1-row tail tiles run too), split-K
+    over two threads for half the formats, a K panel that is not a multiple of the group."""
+    from sandwich.compiler.gemm_dsl import build_gemm_dsl
+    from sandwich.tuner.tvm_measure import check_against_numpy
+
+    cpu = _cpu()
+    lanes = cpu.lanes_f32
+    n, k = 6 * lanes, 256
+    i = INT_FORMATS.index(fmt)
+    t_k = 2 if i % 2 else 1
+    schedule = KernelSchedule(MicroKernel(3, 2 * lanes), ComputeSlice(6, 4 * lanes, 48),
+                              Polymerization(1, 2 // t_k, t_k), 2 * lanes, dtype=gemm_dtype(fmt))
+    func = build_gemm_dsl(schedule, n=n, k=k, cpu=cpu, threads=2)["main"]
+    rng = np.random.default_rng(i)
+    qw = quantize(rng.standard_normal((k, n), dtype=np.float32), fmt)
+    packed = pack_weight(qw, schedule.pack_n, schedule.dtype)
+    w = dequantize(qw)
+    for m in sorted(rng.choice(np.arange(1, 200), size=20, replace=False)):
+        a = rng.standard_normal((int(m), k), dtype=np.float32)
+        assert check_against_numpy(func, schedule, a, packed, w) == "", (fmt, m)
+
+
+def test_packing_keeps_int4_nibbles_and_refuses_another_format():
+    w = np.random.default_rng(0).standard_normal((64, 32), dtype=np.float32)
+    qw = quantize(w, "int4-g32")
+    values, scales = pack_weight(qw, 16, "int4-g32")
+    assert values.shape == (2, 32, 16) and values.dtype == np.uint8
+    assert scales.shape == (2, 2, 16) and scales.dtype == np.float16
+    # byte kb of column c: value 2 kb (low nibble) and 2 kb + 1 (high), each 0..15
+    nib = np.stack([values & 15, values >> 4], axis=2).reshape(2, 64, 16)
+    d = scales.astype(np.float32).repeat(32, axis=1)
+    back = ((nib.astype(np.float32) - 8) * d).transpose(1, 0, 2).reshape(64, 32)
+    np.testing.assert_array_equal(back, dequantize(qw))
+    with pytest.raises(ShapeError, match="weights are int4-g32, the kernel reads int8-g32"):
+        pack_weight(qw, 16, "int8-g32")
+
+
+def test_payload_carries_the_format_and_refuses_a_k_it_cannot_group():
+    cfg = load_model_config("smollm2")  # K = 576: 18 groups of 32, 9 of 64, not whole 128s
+    ops = make_payload(cfg, seq_max=8, weights="int4-g64").ops
+    assert {op.dtype for op in ops} == {"int4-g64"}
+    assert {op.dtype for op in make_payload(cfg, seq_max=8, weights="fp32").ops} == {"float32"}
+    with pytest.raises(ConfigError, match="int4-g128 needs K a multiple of 128"):
+        make_payload(cfg, seq_max=8, weights="int4-g128")
+
+
+@pytest.mark.tvm
+def test_cli_tunes_and_verifies_int8_kernels_and_names_bad_formats(tmp_path):
+    cache = str(tmp_path / "cache")
+    base = [sys.executable, "-m", "sandwich.cli"]
+    bad = subprocess.run(base + ["tune", "--weights", "int3", "--cache-dir", cache],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown weight format 'int3'" in bad.stderr
+    tune = subprocess.run(base + ["tune", "--model", "llama-160m", "--weights", "int8-g32",
+                                  "--ops", "o", "--seq-max", "4", "--budget", "tiny",
+                                  "--no-progress", "--cache-dir", cache],
+                          capture_output=True, text=True, timeout=600)
+    assert tune.returncode == 0, tune.stderr
+    assert "weights=int8-g32" in tune.stdout
+    ls = subprocess.run(base + ["cache", "ls", "--cache-dir", cache], capture_output=True,
+                        text=True, timeout=60)
+    assert "gemm_int8-g32_mk" in ls.stdout and "gemm_float32" not in ls.stdout
+    verify = subprocess.run(base + ["cache", "verify", "--cache-dir", cache], capture_output=True,
+                            text=True, timeout=300)
+    assert verify.returncode == 0 and "verified" in verify.stdout, verify.stdout + verify.stderr
+
+
+@pytest.fixture(scope="module")
+def q8_gguf(tmp_path_factory):
+    """The tiny GGUF with every projection and the (tied) embedding in Q8_0."""
+    from gguf_tiny import TYPES
+
+    path = tmp_path_factory.mktemp("q8") / "tiny-q8.gguf"
+    return write_tiny_gguf(path, types=dict.fromkeys(TYPES, "Q8_0"))[0]
+
+
+@pytest.mark.tvm
+def test_gguf_q8_0_blocks_run_as_stored_and_give_transformers_logits(q8_gguf, cache):
+    """--weights int8-g32 on a Q8_0 file packs the file's own blocks (no re-quantizing),
+    and the logits match HF transformers on the same (dequantized) weights."""
+    from sandwich.gguf_blocks import from_gguf_blocks
+    from sandwich.runtime.executor import Executor
+    from sandwich.runtime.loader import load_model
+
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    import torch
+
+    tune_model(q8_gguf, cache, weights="int8-g32")
+    model = load_model(q8_gguf, cache, threads=2, weights="int8-g32")
+    raw = model.layers[0]  # o: one tensor, no RoPE permutation: its blocks as the file has them
+    from sandwich.runtime.gguf_file import GGUFCheckpoint
+
+    t = GGUFCheckpoint(q8_gguf).get("model.layers.0.self_attn.o_proj.weight")
+    stored = pack_weight(from_gguf_blocks(t.raw.data, "Q8_0", t.shape), model.gemms.o.pack_n,
+                         "int8-g32")
+    for got, want in zip(raw.o.data, stored, strict=True):
+        np.testing.assert_array_equal(got, want)
+    hf = transformers.LlamaForCausalLM.from_pretrained(str(q8_gguf.parent), gguf_file=q8_gguf.name,
+                                                       dtype=torch.float32).eval()
+    ex = Executor(model, max_batch=1, max_seq=32, max_tokens=16, ops="dsl", threads=2)
+    prompt = [5, 9, 200, 17, 33, 100, 250, 7]
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt])).logits[0, -1].numpy()
+    _, logits = ex.start(prompt)
+    assert np.abs(logits - ref).max() / np.abs(ref).max() <= 1e-4
