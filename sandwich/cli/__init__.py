@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         compare,
         dsl,
         plan,
+        roofsurface,
         serve,
         serve_bench,
         serve_http,
@@ -48,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"sandwichc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (tune, plan, bench, topo, dsl, serve, serve_bench, serve_http, chat, compare):
+    for group in (tune, plan, bench, topo, dsl, serve, serve_bench, serve_http, chat, compare,
+                  roofsurface):
         group.register(sub)
     return parser
 

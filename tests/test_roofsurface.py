@@ -1,0 +1,217 @@
+"""DECA's Roof-Surface model (tuner/roofsurface.py): Table 2 from the paper's own constants,
+the BORD lines, and our kernels' signatures on made-up machines. No timing."""
+
+import math
+
+import pytest
+
+from sandwich.errors import ConfigError
+from sandwich.tuner import roofsurface as rs
+
+BY_NAME = {k.name: k for k in rs.TABLE2}
+MEM_BOUND = {"BF8", "BF16_50%", "BF16_30%"}  # §4.1: "classified as MEM-bound by both models"
+
+
+def test_table2_has_the_papers_twelve_kernels():
+    assert list(BY_NAME) == ["MXFP4", "BF8", "BF8_50%", "BF8_30%", "BF8_20%", "BF8_10%",
+                             "BF8_5%", "BF16_50%", "BF16_30%", "BF16_20%", "BF16_10%", "BF16_5%"]
+
+
+def test_spr_machine_from_the_papers_constants():
+    # §4.1: MOS = f c / 16; §7.1: 56 cores at 2.5 GHz, 850 and 260 GB/s
+    assert rs.SPR_HBM.mos == pytest.approx(8.75e9)
+    assert (rs.SPR_HBM.mbw, rs.SPR_DDR.mbw) == (850e9, 260e9)
+    # the TMUL peak at N = 16: Table 7 prints 72 (decimal TFLOPS), Table 2 caps R-L at 70
+    peak = rs.tmul_flops_per_op(16) * rs.SPR_HBM.mos
+    assert round(peak / 1e12) == 72
+    assert peak / rs.TABLE2_TFLOPS == pytest.approx(70.0)
+
+
+@pytest.mark.parametrize("kernel", rs.TABLE2, ids=lambda k: k.name)
+def test_table2_roofline_row_from_constants(kernel):
+    got = rs.table2_roofline(kernel).flops
+    assert rs.matches_table(got, kernel.table_rl), (kernel.name, got, kernel.table_rl)
+
+
+def test_table2_roofline_needs_the_bitmask_and_the_unit():
+    # the checks above can fail: a sparse tile without its 1-bit mask, or decimal TFLOPS,
+    # misses the printed values
+    no_mask = rs.Signature(8 / (512 * 16 * 0.3), math.inf)  # BF16_30% at 4.8 bits per weight
+    flops = rs.bound(rs.SPR_HBM, no_mask, rs.tmul_flops_per_op(16)).flops / rs.TABLE2_TFLOPS
+    assert not rs.matches_table(flops, BY_NAME["BF16_30%"].table_rl)
+    bf8 = BY_NAME["BF8"]
+    decimal = rs.table2_roofline(bf8).flops * rs.TABLE2_TFLOPS / 1e12
+    assert not rs.matches_table(decimal, bf8.table_rl)
+
+
+@pytest.mark.parametrize("name", sorted(MEM_BOUND))
+def test_table2_rs_of_the_mem_bound_kernels_from_constants(name):
+    kernel = BY_NAME[name]
+    b = rs.table2_roofline(kernel)
+    assert b.resource == "MEM"
+    assert rs.matches_table(b.flops, kernel.table_rs), (name, b.flops, kernel.table_rs)
+    assert rs.implied_ai_xv(kernel) is None
+    assert rs.region(rs.SPR_HBM, rs.table2_signature(kernel)) == "MEM"
+
+
+@pytest.mark.parametrize("name", sorted(set(BY_NAME) - MEM_BOUND))
+def test_table2_rs_of_the_others_is_below_memory_and_matrix(name):
+    # their R-S needs the AVX ops per tile, which the paper omits: only check that the printed
+    # R-S sits below both other terms of Eq. 1, so the vector term is the one that binds (§4)
+    kernel = BY_NAME[name]
+    b = rs.table2_roofline(kernel)
+    assert kernel.table_rs < b.flops and not rs.matches_table(b.flops, kernel.table_rs)
+    assert rs.implied_ai_xv(kernel) > 0
+    assert rs.region(rs.SPR_HBM, rs.table2_signature(kernel)) == "VEC"
+
+
+def test_table2_one_vector_cost_per_family():
+    """Read back, the VEC-bound entries give one AI_XV per family whatever the density, and
+    sparse BF16's would leave BF16_50% and BF16_30% MEM-bound, as the table has them."""
+    for family in ("BF8_", "BF16_"):
+        implied = {rs.implied_ai_xv(k) for k in rs.TABLE2
+                   if k.name.startswith(family) and k.name not in MEM_BOUND}
+        assert max(implied) == pytest.approx(min(implied), rel=0.01), family
+    ai_xv = rs.implied_ai_xv(BY_NAME["BF16_5%"])
+    for name in ("BF16_50%", "BF16_30%"):
+        sig = rs.Signature(BY_NAME[name].ai_xm, ai_xv)
+        assert rs.region(rs.SPR_HBM, sig) == "MEM"
+
+
+def test_ddr_moves_kernels_into_mem():
+    # §4.2, Fig. 5b: with DDR "all of our kernels except BF8_10% and BF8_5% are in the MEM-bound
+    # area"; the vector costs read back from the HBM column of Table 2 predict just that
+    for name in set(BY_NAME) - {"BF8_10%", "BF8_5%"}:
+        assert rs.region(rs.SPR_DDR, rs.table2_signature(BY_NAME[name])) == "MEM", name
+    for name in ("BF8_10%", "BF8_5%"):
+        assert rs.region(rs.SPR_DDR, rs.table2_signature(BY_NAME[name])) == "VEC", name
+
+
+def test_bound_is_the_smallest_term_times_flops_per_op():
+    m = rs.Machine(mbw=100.0, vos=10.0, mos=50.0)
+    assert rs.bound(m, rs.Signature(0.2, 10.0), 3.0) == rs.Bound(60.0, "MEM")  # 20 < 100 < 50
+    assert rs.bound(m, rs.Signature(1.0, 0.5), 3.0) == rs.Bound(15.0, "VEC")
+    assert rs.bound(m, rs.Signature(1.0, 10.0), 3.0) == rs.Bound(150.0, "MTX")
+    assert rs.bound(m, rs.Signature(1.0, math.inf), 1.0).resource == "MTX"
+    assert rs.bound(m, rs.Signature(0.1, 1.0), 1.0).resource == "MEM"  # tie 10 = 10: MEM first
+
+
+def test_bord_lines_split_the_plane_as_eq_1_does():
+    m = rs.Machine(mbw=200.0, vos=50.0, mos=100.0)
+    lines = rs.bord_lines(m)
+    assert (lines.mem_vec_slope, lines.mtx_x, lines.mtx_y) == (4.0, 0.5, 2.0)
+    # the three lines meet in one point
+    assert lines.mem_vec_slope * lines.mtx_x == pytest.approx(lines.mtx_y)
+    eps = 1.05
+    # either side of y = 4x, left of x = 0.5
+    assert rs.region(m, rs.Signature(0.25, 1.0 * eps)) == "MEM"
+    assert rs.region(m, rs.Signature(0.25, 1.0 / eps)) == "VEC"
+    # either side of x = 0.5, above y = 2
+    assert rs.region(m, rs.Signature(0.5 / eps, 3.0)) == "MEM"
+    assert rs.region(m, rs.Signature(0.5 * eps, 3.0)) == "MTX"
+    # either side of y = 2, right of x = 0.5
+    assert rs.region(m, rs.Signature(1.0, 2.0 / eps)) == "VEC"
+    assert rs.region(m, rs.Signature(1.0, 2.0 * eps)) == "MTX"
+
+
+def test_kernel_signatures_per_format():
+    lanes = 8
+    fp32 = rs.kernel_signature("fp32", lanes)
+    assert fp32 == rs.Signature(1 / 32, math.inf)
+    q8 = rs.kernel_signature("int8-g32", lanes)  # 1 + 2/32 bytes per weight, 2 + 2/32 ops
+    assert q8.ai_xm == pytest.approx(1 / 8.5) and q8.ai_xv == pytest.approx(1 / (2 + 2 / 32))
+    q4 = rs.kernel_signature("int4", lanes)  # = int4-g32: 0.5 + 2/32 bytes, 2.5 + 3/32 ops
+    assert q4.ai_xm == pytest.approx(1 / 4.5) and q4.ai_xv == pytest.approx(1 / (2.5 + 3 / 32))
+    q4a = rs.kernel_signature("int4-g32-asym", lanes)  # + fp16 minimums: 0.625 bytes
+    assert q4a.ai_xm == pytest.approx(1 / 5.0) and q4a.ai_xv == pytest.approx(1 / (2.5 + 4 / 32))
+    q8c = rs.kernel_signature("int8", lanes, k=1024)  # fp32 scale per column: 4 bytes per K
+    assert q8c.ai_xm == pytest.approx(1 / (8 * (1 + 4 / 1024)))
+    assert q8c.ai_xv == pytest.approx(1 / (2 + 1 / 1024))
+    assert rs.kernel_signature("int8-g32", 16).ai_xm == pytest.approx(q8.ai_xm / 2)
+
+
+@pytest.mark.parametrize("bad, match", [("int3", "unknown weight format"), ("bf16", "bf16")])
+def test_kernel_signature_rejects_formats_without_a_kernel(bad, match):
+    with pytest.raises(ConfigError, match=match):
+        rs.kernel_signature(bad, 8)
+
+
+FORMATS = ("fp32", "int8-g32", "int4-g32")
+
+
+def _host(mbw, vos, fma=1e12, lanes=8):
+    return rs.HostRates(threads=1, lanes=lanes, mbw=mbw, fma_vector_ops=fma, vos=vos)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_our_kernels_are_mem_bound_at_m1_with_little_bandwidth(fmt):
+    host = _host(mbw=1e9, vos=1e12)
+    sig = rs.kernel_signature(fmt, host.lanes)
+    b = rs.bound(host.machine(1), sig, rs.gemm_flops_per_op(host.lanes, 1))
+    assert b.resource == "MEM"
+    # 2 FLOPs per weight per row, the weights' bytes streamed once
+    assert b.flops == pytest.approx(2 * host.mbw * sig.ai_xm * host.lanes)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_our_int_kernels_are_vec_bound_when_vos_is_tiny(fmt):
+    host = _host(mbw=1e11, vos=1e6)
+    b = rs.bound(host.machine(1), rs.kernel_signature(fmt, host.lanes), 16)
+    assert b.resource == ("MEM" if fmt == "fp32" else "VEC")  # fp32 has no vector work
+
+
+def test_large_m_reaches_the_fma_peak():
+    host = _host(mbw=50e9, vos=1e11, fma=1e10)
+    sig = rs.kernel_signature("fp32", host.lanes)
+    b = rs.bound(host.machine(512), sig, rs.gemm_flops_per_op(host.lanes, 512))
+    assert b == rs.Bound(pytest.approx(2 * host.lanes * host.fma_vector_ops), "MTX")
+
+
+def test_calibrate_uses_the_micro_benchmarks(monkeypatch):
+    from sandwich.tuner import machine_bench
+
+    monkeypatch.setattr(machine_bench, "read_bandwidth_gbs", lambda threads: 40.0 * threads)
+    monkeypatch.setattr(machine_bench, "peak_gflops", lambda threads: 160.0 * threads)
+    host = rs.calibrate(2, lanes=8)
+    assert host.mbw == pytest.approx(80e9)
+    assert host.fma_vector_ops == pytest.approx(320e9 / 16)
+    assert host.vos == host.fma_vector_ops  # the documented assumption, nothing more
+    assert host.machine(4).mos == pytest.approx(host.fma_vector_ops / 4)
+
+
+def _cli(monkeypatch, capsys, *argv):
+    from sandwich.cli import main
+    from sandwich.compiler import target
+
+    monkeypatch.setenv("TVM_NUM_THREADS", "1")
+    # LLVM's name of the host CPU would start TVM (seconds); the flags are enough here
+    host_cpu = target.detect_cpu(llvm_cpu="x86-64")
+    monkeypatch.setattr(target, "detect_cpu", lambda: host_cpu)
+    monkeypatch.setattr(rs, "calibrate", lambda threads, lanes: _host(20e9, 5e9, 5e9, lanes))
+    code = main(["roofsurface", *argv])
+    return code, capsys.readouterr()
+
+
+@pytest.mark.parametrize("argv, match", [
+    (("--format", "int3"), "unknown weight format"),
+    (("--m", "1,x"), "--m must be comma-separated integers"),
+    (("--m", "0"), "--m values must be >= 1"),
+])
+def test_cli_input_errors_are_one_line(monkeypatch, capsys, argv, match):
+    code, out = _cli(monkeypatch, capsys, *argv)
+    lines = out.err.strip().splitlines()
+    assert code == 1 and len(lines) == 1 and match in lines[0], out.err
+
+
+def test_cli_prints_every_format_and_m_and_draws(monkeypatch, capsys, tmp_path):
+    png = tmp_path / "bord" / "bord.png"
+    code, out = _cli(monkeypatch, capsys, "--format", "int8-g32", "--format", "int4",
+                     "--m", "8,1", "--png", str(png))
+    assert code == 0, out.err
+    assert "ASSUMPTION" in out.out
+    rows = [line.split() for line in out.out.splitlines()
+            if line.startswith(("int8-g32 ", "int4-g32 "))]
+    assert [(r[0], r[1]) for r in rows] == [("int8-g32", "1"), ("int8-g32", "8"),
+                                            ("int4-g32", "1"), ("int4-g32", "8")]
+    assert all(r[-1] in rs.RESOURCES for r in rows)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

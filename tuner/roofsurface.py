@@ -1,0 +1,277 @@
+"""DECA's Roof-Surface model: a kernel's FLOPS bounded by the slowest of memory, vector and
+matrix units, with the paper's SPR data and our own fp32-FMA GEMM kernels mapped onto it."""
+
+# Source: Gerogiannis et al., "DECA: A Near-Core LLM Decompression Accelerator Grounded on a 3D
+# Roofline Model" (../shared/papers/003_698edc724e19faf9.txt). Section, equation and table
+# numbers below are the paper's. The roofline sees only memory and compute; the Roof-Surface
+# adds the vector work that turns a compressed weight into one the matrix unit can take, which
+# is what bounds the paper's compressed GEMMs on HBM (§3.3) and, on a CPU without a matrix
+# engine, what our int8/int4 kernels spend beside their FMAs.
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sandwich.compiler.gemm_formats import weight_format
+from sandwich.errors import ConfigError
+from sandwich.weight_formats import parse_format
+
+RESOURCES = ("MEM", "VEC", "MTX")  # ties go to the first: a point on a BORD line reads MEM over VEC
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The three architecture rates of Eq. 1: memory bytes/s, vector ops/s, matrix ops/s."""
+
+    mbw: float
+    vos: float
+    mos: float
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A kernel's two intensities (§4.1): matrix ops per byte streamed (AI_XM) and matrix ops
+    per vector op (AI_XV, inf when the weights need no vector work before the matrix unit)."""
+
+    ai_xm: float
+    ai_xv: float
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The Roof-Surface bound of one kernel on one machine and the term that sets it."""
+
+    flops: float
+    resource: str  # "MEM", "VEC" or "MTX"
+
+
+def rates(machine: Machine, sig: Signature) -> dict[str, float]:
+    """Matrix ops per second each resource can sustain (the three terms of Eq. 1)."""
+    return {"MEM": machine.mbw * sig.ai_xm, "VEC": machine.vos * sig.ai_xv, "MTX": machine.mos}
+
+
+def bound(machine: Machine, sig: Signature, flops_per_op: float) -> Bound:
+    """Eq. 2: FLOPS = flops_per_op * min(MBW * AI_XM, VOS * AI_XV, MOS)."""
+    r = rates(machine, sig)
+    resource = min(RESOURCES, key=lambda k: r[k])  # min keeps the first of equal keys
+    return Bound(flops_per_op * r[resource], resource)
+
+
+def region(machine: Machine, sig: Signature) -> str:
+    """The BORD region (§4.2) a signature falls in: the resource that bounds it."""
+    return bound(machine, sig, 1.0).resource
+
+
+@dataclass(frozen=True)
+class BordLines:
+    """The three lines of a Bounding Region Diagram (§4.2, Fig. 5a), x = AI_XM, y = AI_XV:
+    MEM|VEC is y = mem_vec_slope * x, MEM|MTX is x = mtx_x, VEC|MTX is y = mtx_y; all three
+    meet at (mtx_x, mtx_y)."""
+
+    mem_vec_slope: float  # MBW / VOS
+    mtx_x: float  # MOS / MBW
+    mtx_y: float  # MOS / VOS
+
+
+def bord_lines(machine: Machine) -> BordLines:
+    """Where a machine's BORD splits into its MEM, VEC and MTX regions."""
+    return BordLines(machine.mbw / machine.vos, machine.mos / machine.mbw,
+                     machine.mos / machine.vos)
+
+
+# --- The paper's SPR system and Table 2 ----------------------------------------------------
+
+SPR_FREQ_HZ = 2.5e9  # §7.1: "Both cores and DECA PEs run at 2.5GHz"
+SPR_CORES = 56  # §7.1: "a 56-core server with SPR-like parameters"
+HBM_BW = 850e9  # §7.1 (and Table 1, Table 7): "about ... 850GB/s achievable" with HBM
+DDR_BW = 260e9  # §7.1 (and Table 1): "about 260GB/s" with DDR5
+TMUL_CYCLES = 16  # §2.3 and §4.1: one tile multiplication every 16 cycles per core
+TILE_WEIGHTS = 512  # §2.3: a BF16 weight tile is 16 rows x 32 columns
+TABLE2_N = 16
+# Table 2 does not state its batch size; Figures 3 and 5 beside it are N = 16 and only N = 16
+# gives the table's magnitudes (BF8 at N = 4 would be a quarter of 13.3).
+TABLE2_TFLOPS = 1.024e12
+# Table 2's "TFLOPS" are 1024 GFLOPS, not 10^12: the TMUL peak 512 * 16 * f * c / 16 =
+# 71.68e12 FMA/s is printed 72 in Table 7 but 70 in Table 2 (BF8_5%'s R-L), and BF8's R-L,
+# 850e9 B/s * 16 FMA/B = 13.6e12, is printed 13.3; both are exactly 1.024x. The other ten R-L
+# entries then agree within rounding, which decimal TFLOPS (2.4% high on every one) do not.
+TABLE2_TOLERANCE = (0.1, 0.01)  # a printed value matches within 0.1 TFLOPS or 1%
+
+
+def spr(mbw: float, vector_units_per_core: float = 1.0) -> Machine:
+    """The paper's SPR: MOS = f * c / 16 (§4.1); VOS = f * c * SIMD units per core (§4.1). The
+    paper never says how many SIMD units a core has, nor how many AVX ops decompress a tile
+    (§2.4: "we omit the specifics"). Eq. 1 only uses their ratio VOS * AI_XV, so we count
+    one unit: AI_XV of an SPR kernel is then tiles per core cycle of vector issue."""
+    return Machine(mbw=mbw, vos=SPR_FREQ_HZ * SPR_CORES * vector_units_per_core,
+                   mos=SPR_FREQ_HZ * SPR_CORES / TMUL_CYCLES)
+
+
+SPR_HBM = spr(HBM_BW)
+SPR_DDR = spr(DDR_BW)
+
+
+def tmul_flops_per_op(n: int) -> int:
+    """Eq. 2: a tile operation is 512 N FMAs (§2.3; the paper's FLOPs are FMAs). Only for
+    N <= 16: a larger batch reuses each tile, which changes AI_XM too (Appendix 12.2)."""
+    if not 1 <= n <= 16:
+        raise ConfigError(f"the TMUL model takes a batch of 1..16 rows, got N = {n}")
+    return TILE_WEIGHTS * n
+
+
+@dataclass(frozen=True)
+class PaperKernel:
+    """One column of Table 2: a compression scheme (§2.2, §7.3) and its printed R-L and R-S."""
+
+    name: str
+    bits: int  # Q: 16 for BF16, 8 for BF8, 4 for MXFP4
+    density: float  # d: the fraction of nonzeros; 1.0 is dense, with no bitmask
+    scale_bits: float  # bits of group scale per weight
+    table_rl: float
+    table_rs: float
+
+    @property
+    def bits_per_weight(self) -> float:
+        """§2.2: a sparse weight costs Q d bits of nonzeros plus its 1-bit mask (the Q d + 1 of
+        the compression factor 16 / (Q d + 1)); a dense one its Q bits and its share of scale."""
+        if self.density < 1.0:
+            return self.bits * self.density + 1.0 + self.scale_bits
+        return self.bits + self.scale_bits
+
+    @property
+    def ai_xm(self) -> float:
+        """§4.1: 1 / Bytes_tile, one 512-weight tile per matrix op."""
+        return 8.0 / (TILE_WEIGHTS * self.bits_per_weight)
+
+
+# MXFP4 shares one scale per 32 weights (§2.2); its width is the MX format's 8-bit E8M0 (the
+# paper's [63]), which the paper does not restate: 4.25 bits per weight gives R-L 25.0 against
+# the printed 25.2 (a 16-bit scale would give 23.6).
+TABLE2 = (
+    PaperKernel("MXFP4", 4, 1.0, 8 / 32, 25.2, 11.5),
+    PaperKernel("BF8", 8, 1.0, 0.0, 13.3, 13.3),
+    *(PaperKernel(f"BF8_{d}%", 8, d / 100, 0.0, rl, 16.1)
+      for d, rl in ((50, 21.2), (30, 31.2), (20, 40.8), (10, 59.2), (5, 70.0))),
+    *(PaperKernel(f"BF16_{d}%", 16, d / 100, 0.0, rl, rs)
+      for d, rl, rs in ((50, 11.8, 11.8), (30, 18.4, 18.4), (20, 25.2, 23.0), (10, 40.8, 23.0),
+                        (5, 59.2, 23.0))),
+)
+
+
+def matches_table(value: float, printed: float) -> bool:
+    """True when a computed value agrees with a printed Table 2 value (TABLE2_TOLERANCE)."""
+    absolute, relative = TABLE2_TOLERANCE
+    return abs(value - printed) <= max(absolute, relative * abs(printed))
+
+
+def table2_roofline(kernel: PaperKernel, machine: Machine = SPR_HBM) -> Bound:
+    """The R-L row from the paper's constants alone: Eq. 2 with no vector term (AI_XV = inf);
+    `flops` in Table 2's TFLOPS. For BF8, BF16_50% and BF16_30%, which §4.1 says are MEM-bound
+    in both models, this is also their R-S."""
+    b = bound(machine, Signature(kernel.ai_xm, math.inf), tmul_flops_per_op(TABLE2_N))
+    return Bound(b.flops / TABLE2_TFLOPS, b.resource)
+
+
+def implied_ai_xv(kernel: PaperKernel) -> float | None:
+    """The AI_XV that Table 2's printed R-S implies on SPR_HBM (the table's system: its BF8
+    R-L is HBM's 850 GB/s at N = 16), read back from the table, not predicted.
+
+    None when the printed R-S equals the memory/matrix bound (the vector term does not bind,
+    so the table only says AI_XV is large enough). The paper's other R-S entries cannot be
+    reproduced from its constants: they need the AVX ops per tile of libxsmm's decompression
+    sequence (§2.4 omits them; footnote 1 adds the core's bubbles) and the SIMD units per core
+    (§4.1 names the product, not the number). Read back, a tile takes about 49 cycles of one
+    vector unit per core for sparse BF16, 70 for sparse BF8 and 97 for MXFP4, the same at
+    every density of a family."""
+    if matches_table(table2_roofline(kernel, SPR_HBM).flops, kernel.table_rs):
+        return None
+    tiles_per_s = kernel.table_rs * TABLE2_TFLOPS / tmul_flops_per_op(TABLE2_N)
+    return tiles_per_s / SPR_HBM.vos
+
+
+def table2_signature(kernel: PaperKernel) -> Signature:
+    """AI_XM from the constants; AI_XV read back from the table (inf where it does not bind).
+    A signature belongs to the kernel, so it places the kernel on SPR_DDR's BORD too."""
+    ai_xv = implied_ai_xv(kernel)
+    return Signature(kernel.ai_xm, math.inf if ai_xv is None else ai_xv)
+
+
+# --- Our kernels ---------------------------------------------------------------------------
+# The GEMM family (dsl/kernels/gemm_family.sw) has no matrix engine: its "matrix op" is one
+# weight vector of `lanes` floats used in M FMAs, one per activation row, so MOS (weight
+# vectors/s) = FMA vector ops/s / M and an op is 2 lanes M FLOPs. Its "vector ops" are the
+# dequantization instructions that turn a vector of stored weights into f32, shared by the M
+# rows. Counts per weight vector, from the hot loop of the AVX2 (8-lane) assembly, taken to
+# hold per vector at any width; this is the model's assumption, not a measurement:
+#   fp32: none, the weights are loaded as they are used.
+#   int8, int8-g32: 2 (vpmovsxbd load-widen, vcvtdq2ps).
+#   int4-*: 5 per two vectors (one vpmovzxbd widens the bytes of both, vpand for the low
+#     nibbles, vpsrld for the high ones, two vcvtdq2ps).
+# Per group of G values along K, each weight vector's group epilogue (gemm_family.sw) adds
+# one FMA per scale array plus a vcvtph2ps per fp16 scale array, and symmetric int4 one more
+# for its "- 8 sum(a)" term; the epilogue runs once per activation row, which the model folds
+# into one (exact at M = 1).
+# What the model leaves out: here the FMAs and the dequantization share the same vector
+# ports, so the VEC and MTX terms are not independent as TMUL and AVX are (Eq. 1 is then an
+# upper bound); and above the register tile's rows the kernel converts each weight vector
+# once per row block, not once per M rows, so at large M the VEC term is optimistic.
+VALUE_OPS = {32: 0.0, 8: 2.0, 4: 2.5}  # dequantization ops per weight vector, by bits
+SIGNATURE_K = 4096  # K for the per-column formats' share of scale bytes and scaling ops
+
+
+def kernel_signature(fmt_name: str, lanes: int, *, k: int = SIGNATURE_K) -> Signature:
+    """AI_XM and AI_XV of our GEMM kernel for one weight format: AI_XM = 1 / the stored bytes
+    of one weight vector (values plus its share of scales and minimums), AI_XV = 1 / its
+    dequantization ops (inf for fp32). ConfigError for a format with no kernel."""
+    fmt = parse_format(fmt_name)
+    weight_format(fmt.name)  # a format the GEMM family does not build: its one-line error
+    if lanes < 1 or k < 1 or (fmt.group and k % fmt.group):
+        raise ConfigError(f"need lanes >= 1 and K a multiple of {fmt.group or 1}, "
+                          f"got lanes={lanes}, K={k}")
+    ai_xm = 1.0 / (fmt.nbytes(k, lanes) / (k * lanes) * lanes)
+    ops = VALUE_OPS[fmt.bits]
+    if fmt.quantized:
+        arrays = 1 if fmt.symmetric else 2  # scales, and minimums when asymmetric
+        per_group = arrays * (2 if fmt.scale_dtype == "float16" else 1)
+        if fmt.bits == 4 and fmt.symmetric:
+            per_group += 1
+        ops += per_group / fmt.group_size(k)
+    return Signature(ai_xm, math.inf if ops == 0 else 1.0 / ops)
+
+
+def gemm_flops_per_op(lanes: int, m: int) -> int:
+    """FLOPs of one of our matrix ops: a weight vector in M FMAs of `lanes` lanes."""
+    return 2 * lanes * m
+
+
+VOS_ASSUMPTION = ("VOS = the FMA vector-op rate (one dequantization op per FMA slot): an "
+                  "assumed lower bound, not measured; there is no dequantization micro-benchmark")
+
+
+@dataclass(frozen=True)
+class HostRates:
+    """This machine's rates, measured once by `calibrate`; `machine(m)` turns them into the
+    Roof-Surface machine of an M-row GEMM. `vos` is an assumption (VOS_ASSUMPTION)."""
+
+    threads: int
+    lanes: int
+    mbw: float  # bytes/s, streaming read from DRAM
+    fma_vector_ops: float  # FMA vector instructions per second, all threads
+    vos: float
+
+    def machine(self, m: int) -> Machine:
+        """MOS is weight vectors/s: each one takes M FMA vector ops."""
+        return Machine(self.mbw, self.vos, self.fma_vector_ops / m)
+
+
+def calibrate(threads: int, *, lanes: int | None = None) -> HostRates:
+    """Measure MBW and the FMA rate with the tuner's C micro-benchmarks (a few seconds);
+    VOS is set to the FMA rate by assumption (VOS_ASSUMPTION), not from vendor tables."""
+    from sandwich.compiler.target import detect_cpu
+    from sandwich.tuner import machine_bench
+
+    lanes = lanes or detect_cpu().lanes_f32
+    mbw = machine_bench.read_bandwidth_gbs(threads) * 1e9
+    fma = machine_bench.peak_gflops(threads) * 1e9 / (2 * lanes)
+    return HostRates(threads=threads, lanes=lanes, mbw=mbw, fma_vector_ops=fma, vos=fma)
