@@ -51,8 +51,10 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check sandwich compiler dsl tuner topology runtime bench tests
 
+# two pytest-xdist workers, a test file each at a time (its module fixtures built once); the
+# kernels the tests tune land in one cache the workers share (tests/conftest.py)
 test: $(STAMP) tools lint
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest -n 2 --dist loadfile tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info

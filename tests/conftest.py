@@ -16,7 +16,17 @@ def cache(tmp_path_factory):
     broken cache make their own). SANDWICHC_TEST_CACHE_DIR keeps its kernels across runs."""
     from sandwich.runtime import KernelCache
 
-    return KernelCache(os.environ.get("SANDWICHC_TEST_CACHE_DIR") or tmp_path_factory.mktemp("kernels"))
+    return KernelCache(os.environ.get("SANDWICHC_TEST_CACHE_DIR") or _run_dir(tmp_path_factory))
+
+
+def _run_dir(tmp_path_factory):
+    """A directory for the whole run: under pytest-xdist each worker process has its own
+    base temp, and the workers share their parent's (the cache takes concurrent tunes)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return tmp_path_factory.mktemp("kernels")
+    d = tmp_path_factory.getbasetemp().parent / "kernels"
+    d.mkdir(exist_ok=True)
+    return d
 
 
 def tuned_checkpoint(tmp_path_factory, cache, name: str, *, tp_threads=((1, 2),), **over):
