@@ -2,6 +2,7 @@
 in registers as they stream, checked against numpy on the dequantized weights; tuned and
 stored like fp32; a GGUF's Q8_0 / Q4_0 / Q4_1 blocks run as stored, against HF transformers."""
 
+import json
 import subprocess
 import sys
 
@@ -66,8 +67,14 @@ def test_packing_keeps_int4_nibbles_and_refuses_another_format():
         pack_weight(qw, 16, "int8-g32")
 
 
-def test_payload_carries_the_format_and_refuses_a_k_it_cannot_group():
-    cfg = load_model_config("smollm2")  # K = 576: 18 groups of 32, 9 of 64, not whole 128s
+def test_payload_carries_the_format_and_refuses_a_k_it_cannot_group(tmp_path):
+    from sandwich.models import read_raw_config
+
+    raw, _ = read_raw_config("llama-160m")  # SmolLM2's widths: K = 576 is 18 groups of 32,
+    shape = dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9,  # 9 of 64,
+                 num_key_value_heads=3)  # and no whole number of 128s
+    (tmp_path / "config.json").write_text(json.dumps(raw | shape))
+    cfg = load_model_config(tmp_path / "config.json")
     ops = make_payload(cfg, seq_max=8, weights="int4-g64").ops
     assert {op.dtype for op in ops} == {"int4-g64"}
     assert {op.dtype for op in make_payload(cfg, seq_max=8, weights="fp32").ops} == {"float32"}
