@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from sandwich.errors import ConfigError
-from sandwich.weight_formats import WeightFormat, parse_format
+from sandwich.weight_formats import WeightFormat, format_of
 
 
 def weight_format(dtype: str) -> WeightFormat:
     """The weight format a schedule's dtype names ("float32" is fp32); the family builds
     fp32 and the int formats (bf16 has no kernel yet)."""
-    fmt = parse_format("fp32" if dtype == "float32" else dtype)
+    fmt = format_of(dtype)
     if fmt.bits not in (32, 8, 4):
         raise ConfigError(f"no GEMM kernel for {fmt.name} weights yet (built: fp32, int8, int4)")
     return fmt

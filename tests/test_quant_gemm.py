@@ -142,3 +142,18 @@ def test_gguf_q8_0_blocks_run_as_stored_and_give_transformers_logits(q8_gguf, ca
         ref = hf(torch.tensor([prompt])).logits[0, -1].numpy()
     _, logits = ex.start(prompt)
     assert np.abs(logits - ref).max() / np.abs(ref).max() <= 1e-4
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--weights", "int3"], "unknown weight format 'int3'"),
+    (["--m", "0"], "--m values must be >= 1"),
+    (["--m", "1,x"], "--m must be comma-separated integers"),
+])
+def test_bench_formats_bad_input_is_one_line(capsys, tmp_path, argv, match):
+    from sandwich.cli import main
+
+    code = main(["bench", "formats", "--cache-dir", str(tmp_path / "c"), *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and err[0].startswith("sandwichc: error:"), err
+    assert match in err[0], err
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").rglob("*.so"))

@@ -162,9 +162,11 @@ def verify_numerics(cache: KernelCache, *, n: int, k: int, ms: list[int], dtype:
     gemm = cache.gemm(n=n, k=k, dtype=dtype, threads=threads)
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((k, n), dtype=np.float32)
-    wp = gemm.pack(w)
-    if dtype != "float32":  # the kernel computes on the quantized weights
-        w = dequantize(quantize(w, dtype))
+    if dtype != "float32":  # quantized once: packed as it is, and the reference on its values
+        qw = quantize(w, dtype)
+        wp, w = gemm.pack(qw), dequantize(qw)
+    else:
+        wp = gemm.pack(w)
     problems = []
     for m in ms:
         a = rng.standard_normal((m, k), dtype=np.float32)
