@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from sandwich.compiler.build import compile_source
-from sandwich.compiler.gemm_formats import weight_args, weight_format
+from sandwich.compiler.gemm_formats import int_activations, weight_args, weight_format
 from sandwich.compiler.gemm_template import GemmProblem, validate
 from sandwich.compiler.lower_tir import to_tvmscript
 from sandwich.compiler.target import CpuInfo
@@ -100,34 +100,35 @@ def family_source_sha256() -> str:
     return digest.hexdigest()
 
 
-def family_tunables(schedule: KernelSchedule) -> dict[str, int]:
+def family_tunables(schedule: KernelSchedule, k: int) -> dict[str, int]:
     """The kernel's tunables for a schedule's family (its slice is a runtime argument)."""
     mk, pl = schedule.micro_kernel, schedule.polymerization
     fmt = weight_format(schedule.dtype)
     return {"mu_m": mk.mu_m, "mu_n": mk.mu_n, "pack_n": schedule.pack_n,
             "t_m": pl.t_m, "t_n": pl.t_n, "t_k": pl.t_k,
             "bits": fmt.bits, "asym": int(not fmt.symmetric),
-            "s32": int(fmt.scale_dtype == "float32")}
+            "s32": int(fmt.scale_dtype == "float32"), "act": int(int_activations(fmt, k))}
 
 
-def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int) -> str:
+def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int,
+                       isa: str | None = None) -> str:
     """TVMScript of the family; refuses the schedules the hand template refuses."""
     validate(schedule, GemmProblem(n=n, k=k, lanes=lanes))
     split_k = schedule.polymerization.t_k > 1
-    args = ("A", *weight_args(schedule.dtype), "C") + (("WS",) if split_k else ()) + ("bmb", "bnt", "bk")
+    args = ("A", *weight_args(schedule.dtype, k), "C") + (("WS",) if split_k else ()) + ("bmb", "bnt", "bk")
     fmt = weight_format(schedule.dtype)
     try:
         # align=4: activations are numpy views (not 64-byte aligned), as in the hand
         # template; "inline" scalars: no let variables, which TVM 0.27 puts in heap
         # workspace and reloads after every store (the hand template pays for that)
-        return to_tvmscript(_kernel(), tunables=family_tunables(schedule), vlen=lanes,
+        return to_tvmscript(_kernel(), tunables=family_tunables(schedule, k), vlen=lanes,
                             fixed={"N": n, "K": k, "G": fmt.group_size(k)}, args=args, align=4,
-                            scalars="inline", fold=True)
+                            scalars="inline", fold=True, isa=isa)
     except DSLError as e:  # e.g. a tile outside the kernel's tunable domains
         raise ConfigError(f"GEMM schedule {schedule.key()} is outside {KERNEL}.sw: {e}") from e
 
 
 def build_gemm_dsl(schedule: KernelSchedule, *, n: int, k: int, cpu: CpuInfo, threads: int):
     """Compile the DSL GEMM for the family of one schedule (any M, any slice)."""
-    src = gemm_dsl_tvmscript(schedule, n=n, k=k, lanes=cpu.lanes_f32)
+    src = gemm_dsl_tvmscript(schedule, n=n, k=k, lanes=cpu.lanes_f32, isa=cpu.isa)
     return compile_source(src, cpu, threads)

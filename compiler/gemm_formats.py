@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from sandwich.errors import ConfigError
 from sandwich.weight_formats import WeightFormat, format_of
+
+ACT_BLOCK = 32  # values along K per activation scale when act = 1
+ACT_MAX = 32767.0  # activations quantized to 16 bits: madd16's halves
 
 
 def weight_format(dtype: str) -> WeightFormat:
@@ -15,10 +20,31 @@ def weight_format(dtype: str) -> WeightFormat:
     return fmt
 
 
-def weight_args(dtype: str) -> tuple[str, ...]:
-    """The kernel's weight arrays for a dtype, in call order."""
+def weight_args(dtype: str, k: int) -> tuple[str, ...]:
+    """The kernel's weight arrays for a dtype and K, in call order: the values are Q8P / Q4P
+    (pairs side by side) where the family uses 16-bit activations, else Q8 / Q4."""
     fmt = weight_format(dtype)
     if fmt.bits == 32:
         return ("W",)
     scales = "SF" if fmt.scale_dtype == "float32" else "S"
-    return ("Q8" if fmt.bits == 8 else "Q4", scales) + (("Z",) if not fmt.symmetric else ())
+    values = ("Q8" if fmt.bits == 8 else "Q4") + ("P" if int_activations(fmt, k) else "")
+    return (values, scales) + (("Z",) if not fmt.symmetric else ())
+
+
+def int_activations(fmt: WeightFormat, k: int) -> bool:
+    """Whether the family computes this format's products on 16-bit integer activations
+    (tunable act = 1): every int format whose groups are whole blocks of 32 values."""
+    return fmt.quantized and fmt.group_size(k) % ACT_BLOCK == 0
+
+
+def quantized_activations(a: np.ndarray) -> np.ndarray:
+    """A[M, K] as the kernel sees it with act = 1 (float64): each block of 32 values along K
+    rounded to 16 bits (scale max |a| / 32767), in the kernel's float32 arithmetic."""
+    m, k = a.shape
+    blocks = np.asarray(a, np.float32).reshape(m, k // ACT_BLOCK, ACT_BLOCK)
+    amax = np.abs(blocks).max(axis=2, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(ACT_MAX) / amax, np.float32(0))
+    q = np.floor(blocks * inv + np.float32(0.5))
+    scale = amax / np.float32(ACT_MAX)
+    return (q.astype(np.float64) * scale.astype(np.float64)).reshape(m, k)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sandwich.compiler.gemm_formats import weight_format
+from sandwich.compiler.gemm_formats import ACT_BLOCK, int_activations, weight_format
 from sandwich.compiler.gemm_template import slice_args
 from sandwich.errors import ShapeError
 from sandwich.types import KernelSchedule
@@ -23,28 +23,34 @@ def pack_weights(w: np.ndarray, pack_n: int) -> np.ndarray:
     return packed
 
 
-def pack_weight(w: np.ndarray | QuantizedWeight, pack_n: int, dtype: str = "float32"
-                ) -> tuple[np.ndarray, ...]:
+def pack_weight(w: np.ndarray | QuantizedWeight, pack_n: int, dtype: str = "float32", *,
+                pairs: bool | None = None) -> tuple[np.ndarray, ...]:
     """A weight -> the kernel's weight arrays for `dtype` (a schedule's dtype: "float32" or a
     weight format's name), in call order; `w` is float (K, N), quantized here for an int
-    format, or already a QuantizedWeight of that format (a GGUF's blocks, as stored)."""
+    format, or already a QuantizedWeight of that format (a GGUF's blocks, as stored).
+    `pairs`: see pack_quantized (None: as the family reads this format and K)."""
     fmt = weight_format(dtype)
     if isinstance(w, QuantizedWeight):
         if w.fmt != fmt:
             raise ShapeError(f"weights are {w.fmt.name}, the kernel reads {fmt.name}")
-        return tuple(pack_quantized(w, pack_n))
+        return tuple(pack_quantized(w, pack_n, pairs=pairs))
     if fmt.bits == 32:
         return (pack_weights(w, pack_n),)
     if np.ndim(w) != 2:
         raise ShapeError(f"weights must be 2-D (K, N), got shape {np.shape(w)}")
-    return tuple(pack_quantized(quantize(w, fmt), pack_n))
+    return tuple(pack_quantized(quantize(w, fmt), pack_n, pairs=pairs))
 
 
-def pack_quantized(qw: QuantizedWeight, pack_n: int) -> list[np.ndarray]:
+def pack_quantized(qw: QuantizedWeight, pack_n: int, *, pairs: bool | None = None
+                   ) -> list[np.ndarray]:
     """A weight in an int format -> the family's arrays in call order (gemm_formats.weight_args):
     values [N / pack_n, K (int8) or K / 2 (int4), pack_n], then scales and, when asymmetric,
     minimums [N / pack_n, K / G, pack_n] in the format's scale type; done once at load time.
-    int4 bytes are re-paired so that byte k / 2 holds value k (low nibble) and k + 1 (high)."""
+    int4 bytes are re-paired so that byte k / 2 holds value k (low nibble) and k + 1 (high).
+    With `pairs` (the family's 16-bit activations, gemm_formats.int_activations), the values
+    are Q8P / Q4P [N / pack_n, rows / 2, 2 pack_n]: the two a madd16 lane multiplies (value e
+    and value 16 + e of a block of 32; for int4, the bytes holding them) sit side by side for
+    every column, so that one 16-byte load, widened, feeds pmaddwd."""
     k, n = qw.shape
     if n % pack_n:
         raise ShapeError(f"weight N={n} is not a multiple of the packed width {pack_n}")
@@ -55,6 +61,15 @@ def pack_quantized(qw: QuantizedWeight, pack_n: int) -> list[np.ndarray]:
         v = unpack4(qw.q, qw.fmt.group_size(k)).reshape(n, k)
         values = v[:, 0::2] | (v[:, 1::2] << np.uint8(4))
     out = []
+    if int_activations(qw.fmt, k) if pairs is None else pairs:
+        rows = values.shape[1]
+        half = ACT_BLOCK // 2 if qw.fmt.bits == 8 else ACT_BLOCK // 4  # value or byte rows
+        order = np.arange(rows).reshape(-1, 2, half).transpose(0, 2, 1).reshape(rows)
+        packed = aligned_empty((n // pack_n, rows // 2, 2 * pack_n), values.dtype)
+        packed[...] = values[:, order].reshape(n // pack_n, pack_n, rows // 2, 2).transpose(
+            0, 2, 1, 3).reshape(packed.shape)
+        out.append(packed)
+        values = None
     for a in (values, qw.scales, qw.mins):
         if a is None:
             continue

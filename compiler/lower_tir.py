@@ -50,8 +50,12 @@ def _assigned(stmts) -> set[str]:
 
 class _Emitter(V.VectorLoops, StaticParts):
     def __init__(self, kernel: H.Kernel, consts: dict, vlen: int, scalars: str = "box",
-                 fold: bool = False) -> None:
+                 fold: bool = False, isa: str | None = None) -> None:
         self.consts, self.vlen, self.scalars, self.fold = consts, vlen, scalars, fold
+        self.isa = isa  # the target's vector ISA (compiler/target.py), for intrinsics
+        self.ramp: str | None = None  # the lane variable of an explicit vector loop
+        self.ramp_start = ""  # its first lane, as TVMScript
+        self.wide = False  # lowering a side_by_side pair: vectors of 2 vlen lanes
         self.types: dict[str, str] = {p.name: p.dtype for p in kernel.params}
         self.mutable = _assigned(kernel.body)
         self.boxed: set[str] = set()  # local scalars, held in 1-element arrays
@@ -127,6 +131,8 @@ class _Emitter(V.VectorLoops, StaticParts):
         if isinstance(e, A.Index):
             if e.array not in self.names:
                 raise DSLError(f"the kernel uses array {e.array}, which this build leaves out")
+            if self.wide and self.varies(e):
+                return self.wide_index(e)
             split = self.split_index(self.names[e.array], e.indices)
             if split is not None:
                 return split
@@ -134,13 +140,16 @@ class _Emitter(V.VectorLoops, StaticParts):
         if isinstance(e, A.Unary):
             return f"T.Not({self.expr(e.operand)})" if e.op == "not" else f"(-{self.expr(e.operand)})"
         if isinstance(e, A.Cast):
-            return f'T.Cast("{_TVM[e.dtype]}", {self.expr(e.value)})'
+            lanes = self.lanes_of(e.value)
+            return f'T.Cast("{_TVM[e.dtype]}{lanes}", {self.expr(e.value)})'
         if isinstance(e, A.Call):
             if e.func == "select" and (cond := self.static(e.args[0])) is not None:
                 return self.expr(e.args[1] if cond else e.args[2])  # the other may name a left-out array
             args = [self.expr(a) for a in e.args]
             if e.func == "fma":
                 return f"({args[0]} * {args[1]} + {args[2]})"
+            if e.func == "madd16":
+                return self.madd16(e, *args)
             if e.func == "exp" and self.in_vector and self.dtype(e) == "f32":
                 return V.fast_exp(args[0])
             return f"{_FUNCS[e.func]}({', '.join(args)})"
@@ -279,7 +288,8 @@ class _Emitter(V.VectorLoops, StaticParts):
 
 def to_tvmscript(kernel: H.Kernel, *, tunables: dict[str, int], vlen: int,
                  fixed: dict | None = None, args: tuple[str, ...] | None = None,
-                 align: int | None = None, scalars: str = "box", fold: bool = False) -> str:
+                 align: int | None = None, scalars: str = "box", fold: bool = False,
+                 isa: str | None = None) -> str:
     """TVMScript source of `main(<params in order>)` for one point of the search space.
 
     `fixed` scalar parameters keep their place in the signature (a call with another value
@@ -287,6 +297,7 @@ def to_tvmscript(kernel: H.Kernel, *, tunables: dict[str, int], vlen: int,
     leaves them out. `align` relaxes the data alignment TVM demands of array arguments.
     `scalars` says how immutable integer scalars are held (compiler/lower_static.py:
     "box", "inline" or "let"); `fold` writes constant parts of expressions as numbers.
+    `isa` (CpuInfo.isa) lets the lowering use that ISA's intrinsics (madd16: pmaddwd).
     """
     if scalars not in SCALARS:
         raise DSLError(f"scalars must be one of {SCALARS}, got {scalars!r}")
@@ -294,7 +305,7 @@ def to_tvmscript(kernel: H.Kernel, *, tunables: dict[str, int], vlen: int,
     fixed = dict(fixed or {})
     check_fixed(kernel, fixed)
     consts = {**tunables, A.VLEN: vlen, **fixed}
-    e = _Emitter(kernel, consts, vlen, scalars, fold)
+    e = _Emitter(kernel, consts, vlen, scalars, fold, isa)
     sig = signature(kernel, args, fixed)
     for p in kernel.params:
         if p.shape and p not in sig:

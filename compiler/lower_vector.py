@@ -159,12 +159,124 @@ def affine(start: str, index: str, step: str) -> str:
     return f"({scaled})" if start == "0" else f"({start} + {scaled})"
 
 
+# x86's pmaddwd by vector width: 16-bit pairs multiplied and summed into 32-bit lanes
+PMADDWD = {8: "llvm.x86.avx2.pmadd.wd", 16: "llvm.x86.avx512.pmaddw.d.512"}
+
+
+def calls(stmts, func: str) -> bool:
+    """Whether any expression of `stmts` (assignments only) calls `func`."""
+    def walk(e):
+        if isinstance(e, A.Call):
+            return e.func == func or any(walk(a) for a in e.args)
+        kids = {A.Unary: lambda: [e.operand], A.Binary: lambda: [e.left, e.right],
+                A.Cast: lambda: [e.value], A.Index: lambda: list(e.indices)}.get(type(e))
+        return bool(kids) and any(walk(k) for k in kids())
+    return any(isinstance(s, A.Assign) and walk(s.value) for s in stmts)
+
+
+def _lane_plus(e, lane: str) -> bool:
+    """Whether `e` is the lane variable plus a lane-free term (coefficient 1)."""
+    if isinstance(e, A.Name):
+        return e.id == lane
+    return (isinstance(e, A.Binary) and e.op == "+" and any(
+        _lane_plus(a, lane) and lane not in set(names_in(b))
+        for a, b in ((e.left, e.right), (e.right, e.left))))
+
+
+def side_by_side(x, y, lane: str) -> bool:
+    """Whether y is x applied to the element after each of x's lane-varying loads, whose
+    last index is 2 * (... + lane): then x and y interleaved lane by lane are x on 2 vlen
+    consecutive elements (one load, elementwise ops after it)."""
+    if type(x) is not type(y):
+        return False
+    if isinstance(x, A.Index):
+        if lane not in set(names_in(*x.indices)):
+            return x == y
+        last = x.indices[-1]
+        doubled = (isinstance(last, A.Binary) and last.op == "*"
+                   and A.IntLit(2) in (last.left, last.right)
+                   and _lane_plus(last.right if last.left == A.IntLit(2) else last.left, lane))
+        return (doubled and x.array == y.array and x.indices[:-1] == y.indices[:-1]
+                and lane not in set(names_in(*x.indices[:-1]))
+                and y.indices[-1] == A.Binary("+", last, A.IntLit(1)))
+    if isinstance(x, A.Cast):
+        return x.dtype == y.dtype and side_by_side(x.value, y.value, lane)
+    if isinstance(x, A.Unary):
+        return x.op == y.op and side_by_side(x.operand, y.operand, lane)
+    if isinstance(x, A.Binary):
+        return (x.op == y.op and side_by_side(x.left, y.left, lane)
+                and side_by_side(x.right, y.right, lane))
+    return x == y and lane not in set(names_in(x))
+
+
 class VectorLoops:
     """The `vector` loop part of the TVMScript emitter (compiler/lower_tir.py)."""
+
+    def explicit(self, s, reds, step, const_trips) -> bool:
+        """Whether a `vector` loop is written as explicit vector statements (T.Ramp lanes)
+        rather than left to TVM's vectoriser: loops of plain assignments that call madd16,
+        on x86 (TVM vectorises calls lane by lane, and pmaddwd is not lane-wise)."""
+        return (self.isa in ("avx2", "avx512") and self.vlen in PMADDWD and not reds
+                and step == "1" and const_trips is not None and const_trips % self.vlen == 0
+                and all(isinstance(t, A.Assign) for t in s.body) and calls(s.body, "madd16"))
+
+    def ramp_loop(self, s, u, start, const_trips, depth: int) -> None:
+        vl, chunks = self.vlen, const_trips // self.vlen
+        self.line(depth, f"for {u}o in {'T.unroll' if chunks <= 8 else 'range'}({chunks}):")
+        saved = self.ramp, self.ramp_start
+        self.ramp_start = affine(start, f"{u}o", str(vl))
+        self.names[s.var] = f"T.Ramp({self.ramp_start}, 1, {vl})"
+        self.ramp = s.var
+        for stmt in s.body:
+            self.stmt(stmt, depth + 1)
+        self.ramp, self.ramp_start = saved
+
+    def lanes_of(self, e) -> str:
+        """The TVM lanes suffix of a vector expression in an explicit vector loop."""
+        if not self.varies(e):
+            return ""
+        return f"x{2 * self.vlen if self.wide else self.vlen}"
+
+    def wide_index(self, e: A.Index) -> str:
+        """A lane-varying load of a side_by_side pair: 2 vlen consecutive elements."""
+        lane = self.names[self.ramp]
+        self.names[self.ramp] = self.ramp_start
+        try:
+            head = [self.expr(i) for i in e.indices]
+        finally:
+            self.names[self.ramp] = lane
+        last = head.pop()
+        return f"{self.names[e.array]}[{', '.join(head + [f'T.Ramp({last}, 1, {2 * self.vlen})'])}]"
+
+    def varies(self, e) -> bool:
+        """Inside an explicit vector loop: whether `e` is a vector (names the lane)."""
+        return self.ramp is not None and self.ramp in set(names_in(e))
+
+    def madd16(self, e, x: str, y: str, p: str) -> str:
+        """pmaddwd when x and y are vectors and p is one pair for every lane, else the same
+        arithmetic on 32-bit values (scalars, or vectors TVM widens)."""
+        vx, vy, vp = (self.varies(a) for a in e.args)
+        if vx and vy and not vp:
+            vl = self.vlen
+            if side_by_side(*e.args[:2], self.ramp):  # one load of x's and y's elements
+                self.wide = True
+                try:
+                    w = f'T.Cast("int16x{2 * vl}", {self.expr(e.args[0])})'
+                finally:
+                    self.wide = False
+            else:
+                pairs = ", ".join(f"{i}, {i + vl}" for i in range(vl))
+                w = f'T.Shuffle([T.Cast("int16x{vl}", {x}), T.Cast("int16x{vl}", {y})], [{pairs}])'
+            a = f'T.reinterpret("int16x{2 * vl}", T.Broadcast({p}, {vl}))'
+            return f'T.call_llvm_pure_intrin("int32x{vl}", "{PMADDWD[vl]}", {w}, {a})'
+        return f"({x} * T.shift_right(T.shift_left({p}, 16), 16) + {y} * T.shift_right({p}, 16))"
 
     def vector(self, s, reds, u, start, step, trips, const_trips, depth: int) -> None:
         """Full vlen-wide chunks in a T.vectorized loop, then the tail as a serial loop."""
         vl = self.vlen
+        if self.explicit(s, reds, step, const_trips):
+            self.ramp_loop(s, u, start, const_trips, depth)
+            return
         saved = dict(self.lanes), self.lane, self.in_vector
         parts = {}
         for r in reds:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 # name -> (argument kinds, result). Kinds: "float" (a float; an integer literal is fine),
-# "num" (int or float), "bool", "any" (numeric arguments of one category, joined).
-# Result "same" is the joined type of the numeric arguments.
+# "int", "num" (int or float), "bool", "any" (numeric arguments of one category, joined).
+# Result "same" is the joined type of the numeric arguments, else the type named.
 FUNCS: dict[str, tuple[tuple[str, ...], str]] = {
     **{f: (("float",), "same") for f in (
         "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "sin", "cos", "erf", "floor",
@@ -15,6 +15,10 @@ FUNCS: dict[str, tuple[tuple[str, ...], str]] = {
     "min": (("num", "num"), "same"),
     "abs": (("num",), "same"),
     "select": (("bool", "any", "any"), "same"),
+    # madd16(x, y, p) = x * lo(p) + y * hi(p), where p = lo + 65536 * hi holds two signed
+    # 16-bit halves: one 32-bit lane of x86's pmaddwd (vpdpwssd with VNNI), which the
+    # vector lowering emits when a `vectorize` loop's x and y vary along it and p does not
+    "madd16": (("int", "int", "int"), "i32"),
 }
 
 LOW_KEYWORDS = frozenset({

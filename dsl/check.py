@@ -157,9 +157,15 @@ class Checker:
             if kind == "float" and t != LIT and category(t) != "float":
                 raise self.fail(f"{e.func} needs a float argument, got {t}; cast it: f32(...)",
                                 arg)
-            if LIT not in (t, joined) and category(t) != category(joined):
+            if kind == "int" and category(t) != "int":
+                raise self.fail(f"{e.func} needs an integer argument, got {t}", arg)
+            if kind == "int" and t in A.STORAGE_DTYPES:
+                raise self.fail(f"{t} is a storage type; cast it for {e.func}, e.g. i32(...)", arg)
+            if kind != "int" and LIT not in (t, joined) and category(t) != category(joined):
                 raise self.fail(f"type mismatch in {e.func}: {joined} and {t}; add a cast", arg)
             joined = _join(joined, t)
+        if result != "same":
+            return result
         return "f32" if joined == LIT and "float" in kinds else joined
 
     # -- statements ----------------------------------------------------------

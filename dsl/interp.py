@@ -42,11 +42,17 @@ def _exp(x):
     return math.exp(x) if x < 700 else math.inf
 
 
+def _madd16(x: int, y: int, p: int) -> int:
+    """x * lo(p) + y * hi(p), p's two signed 16-bit halves (dsl/builtins.py)."""
+    lo = ((p & 0xFFFF) ^ 0x8000) - 0x8000
+    return x * lo + y * (p >> 16)
+
+
 _FUNCS = {"exp": _exp, "log": math.log, "sqrt": math.sqrt, "rsqrt": lambda x: 1 / math.sqrt(x),
           "tanh": math.tanh, "sigmoid": lambda x: 1 / (1 + _exp(-x)), "sin": math.sin,
           "cos": math.cos, "erf": math.erf, "floor": math.floor, "ceil": math.ceil,
           "pow": math.pow, "fma": lambda a, b, c: a * b + c, "max": max, "min": min, "abs": abs,
-          "select": lambda c, a, b: a if c else b}
+          "select": lambda c, a, b: a if c else b, "madd16": _madd16}
 
 
 def _cast(dtype: str, v):
@@ -85,6 +91,8 @@ class Interpreter:
         if isinstance(e, A.Cast):
             return _cast(e.dtype, self.expr(e.value))
         if isinstance(e, A.Call):
+            if e.func == "select":  # only the chosen side: the other may name what is not there
+                return self.expr(e.args[1] if self.expr(e.args[0]) else e.args[2])
             return _FUNCS[e.func](*(self.expr(a) for a in e.args))
         raise self.fail(f"cannot evaluate {type(e).__name__}", e)
 

@@ -145,3 +145,49 @@ def test_fixed_scalars_become_constants_and_are_checked_at_call_time():
     f(2, 16, tx, to)
     with pytest.raises(Exception, match="N must be 16"):
         f(2, 8, tx, to)  # right shapes, wrong scalar
+
+
+MADD16 = """
+kernel pairs(i32 n, i8 X[n, 16], i8 Y[n, 16], i32 P[n], i32 C[16]) {
+    vectorize for (i32 j = 0; j < 16; j++) {
+        C[j] = 0;
+    }
+    for (i32 t = 0; t < n; t++) {
+        vectorize for (i32 j = 0; j < 16; j++) {
+            C[j] += madd16((i32)X[t, j], (i32)Y[t, j], P[t]);
+        }
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("isa", [None, "avx2"])
+def test_madd16_is_pmaddwd_on_x86_and_the_same_arithmetic_elsewhere(isa):
+    """madd16(x, y, p) = x lo(p) + y hi(p): on x86 (vlen 8) one pmaddwd per 8 lanes, on
+    other targets shifts and multiplies; both match the interpreter and numpy."""
+    from sandwich.compiler.build import parse_tvmscript
+    from sandwich.compiler.target import detect_cpu
+    from sandwich.dsl.interp import run
+    from sandwich.dsl.load import load_source
+
+    kernel = load_source(MADD16, file="pairs.sw").kernels[0]
+    src = to_tvmscript(kernel, tunables={}, vlen=VLEN, isa=isa)
+    assert ("llvm.x86.avx2.pmadd.wd" in src) == (isa == "avx2")
+    n = 40
+    x = rng.integers(-127, 128, (n, 16)).astype(np.int8)
+    y = rng.integers(-127, 128, (n, 16)).astype(np.int8)
+    lo, hi = rng.integers(-32767, 32768, n), rng.integers(-32767, 32768, n)
+    p = (hi * 65536 + (lo & 0xFFFF)).astype(np.int32)
+    want = (x.astype(np.int64) * lo[:, None] + y.astype(np.int64) * hi[:, None]).sum(0)
+    c = np.zeros(16, np.int32)
+    run(kernel, tunables={}, vlen=VLEN, n=n, X=x, Y=y, P=p, C=c)
+    np.testing.assert_array_equal(c, want)
+    if isa == "avx2" and detect_cpu().isa not in ("avx2", "avx512"):
+        pytest.skip("this CPU has no AVX2: the pmaddwd build cannot run here")
+    target = {"kind": "llvm", "num-cores": 2}
+    if isa:
+        target["mattr"] = ["+avx2"]
+    f = tvm.compile(parse_tvmscript(src), target=tvm.target.Target(target))["main"]
+    tx, ty, tp, tc = dev_arrays(x, y, p, np.zeros(16, np.int32))
+    f(n, tx, ty, tp, tc)
+    np.testing.assert_array_equal(tc.numpy(), want)

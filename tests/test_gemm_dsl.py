@@ -73,16 +73,29 @@ def test_source_is_right_in_the_reference_interpreter(tun, sl, m):
 
 
 @pytest.mark.parametrize("fmt", ["int8-g32", "int8", "int4-g32", "int4-g32-asym"])
-def test_int_formats_are_right_in_the_reference_interpreter(fmt):
-    """The int branch of the source, without TVM: a 3-row tile with its tails, split-K over
-    two K groups, K panels (48) that are not a multiple of the group (32)."""
-    _interpret(dict(mu_m=3, mu_n=4, pack_n=8, t_m=1, t_n=1, t_k=2), (1, 2, 48), 7, fmt, k=96)
+@pytest.mark.parametrize("act", [0, 1])
+def test_int_formats_are_right_in_the_reference_interpreter(fmt, act):
+    """The int branches of the source, without TVM (act 0: products on the values converted
+    to f32; act 1: on 16-bit activations): a 3-row tile with its tails, split-K over two K
+    groups, K panels (48) that are not a multiple of the group (32)."""
+    _interpret(dict(mu_m=3, mu_n=4, pack_n=8, t_m=1, t_n=1, t_k=2), (1, 2, 48), 7, fmt, k=96,
+               act=act)
 
 
-def _interpret(tun: dict, sl: tuple, m: int, fmt: str, *, k: int) -> None:
+@pytest.mark.parametrize("fmt", ["int8-g32", "int4-g64", "int4-g32-asym"])
+def test_16_bit_activations_are_the_same_math_as_numpys(fmt):
+    """act 1 against numpy on the activations quantized as the kernel does (to 1e-6), with
+    threads over M and N, so that each thread quantizes only its own rows and K groups."""
+    _interpret(dict(mu_m=2, mu_n=4, pack_n=4, t_m=2, t_n=2, t_k=1), (1, 2, 64), 9, fmt, k=128,
+               act=1, rtol=1e-6)
+
+
+def _interpret(tun: dict, sl: tuple, m: int, fmt: str, *, k: int, act: int = 0,
+               rtol: float = 1e-4) -> None:
     """Run the family in the interpreter for one weight format; every array the signature
-    names is passed (the ones the format leaves out as empty placeholders)."""
-    from sandwich.compiler.gemm_formats import weight_args
+    names is passed (the ones the format leaves out as empty placeholders). With act = 1 the
+    reference takes the activations as the kernel quantizes them."""
+    from sandwich.compiler.gemm_formats import quantized_activations, weight_args
     from sandwich.compiler.gemm_runner import pack_weight
     from sandwich.weight_formats import dequantize, gemm_dtype, parse_format, quantize
 
@@ -98,18 +111,24 @@ def _interpret(tun: dict, sl: tuple, m: int, fmt: str, *, k: int) -> None:
     arrays = {"W": np.zeros((n // pack, k, pack), np.float32),
               "Q8": np.zeros((n // pack, k, pack), np.int8),
               "Q4": np.zeros((n // pack, k // 2, pack), np.uint8),
+              "Q8P": np.zeros((n // pack, k // 2, 2 * pack), np.int8),
+              "Q4P": np.zeros((n // pack, k // 4, 2 * pack), np.uint8),
               **{name: np.zeros((n // pack, k // g, pack), dt)
                  for name, dt in (("S", np.float16), ("SF", np.float32), ("Z", np.float16))}}
-    packed = pack_weight(qw if f.quantized else w, pack, dtype)
-    arrays.update(zip(weight_args(dtype), (np.ascontiguousarray(x) for x in packed), strict=True))
+    packed = pack_weight(qw if f.quantized else w, pack, dtype, pairs=bool(act))
+    names = weight_args(dtype, k)
+    if f.quantized and not act:  # the same format read as Q8 / Q4 (act = 0)
+        names = (names[0].removesuffix("P"), *names[1:])
+    arrays.update(zip(names, (np.ascontiguousarray(x) for x in packed), strict=True))
     a = rng.standard_normal((m, k)).astype(np.float32)
     c = np.full((m, n), np.nan, np.float32)
     ws = np.full((tun["t_k"] * m, n), np.nan, np.float32)
     tunables = {**tun, "bits": f.bits, "asym": int(not f.symmetric),
-                "s32": int(f.scale_dtype == "float32")}
+                "s32": int(f.scale_dtype == "float32"), "act": act}
     run(load_kernel("gemm_family"), tunables=tunables, vlen=4, M=m, N=n, K=k, G=g, A=a, C=c,
         WS=ws, bmb=sl[0], bnt=sl[1], bk=sl[2], **arrays)
-    np.testing.assert_allclose(c, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-5)
+    ref = (quantized_activations(a) if act else a.astype(np.float64)) @ w
+    np.testing.assert_allclose(c, ref, rtol=rtol, atol=rtol * np.abs(ref).max())
 
 
 def test_calling_convention_is_the_hand_templates():

@@ -55,7 +55,7 @@ def test_every_int_format_matches_numpy_at_20_random_m(fmt):
 def test_packing_keeps_int4_nibbles_and_refuses_another_format():
     w = np.random.default_rng(0).standard_normal((64, 32), dtype=np.float32)
     qw = quantize(w, "int4-g32")
-    values, scales = pack_weight(qw, 16, "int4-g32")
+    values, scales = pack_weight(qw, 16, "int4-g32", pairs=False)
     assert values.shape == (2, 32, 16) and values.dtype == np.uint8
     assert scales.shape == (2, 2, 16) and scales.dtype == np.float16
     # byte kb of column c: value 2 kb (low nibble) and 2 kb + 1 (high), each 0..15
@@ -63,6 +63,15 @@ def test_packing_keeps_int4_nibbles_and_refuses_another_format():
     d = scales.astype(np.float32).repeat(32, axis=1)
     back = ((nib.astype(np.float32) - 8) * d).transpose(1, 0, 2).reshape(64, 32)
     np.testing.assert_array_equal(back, dequantize(qw))
+    # with 16-bit activations (Q4P): pair t = 8 b + e of column c is bytes 2 c, 2 c + 1, which
+    # hold byte rows 16 b + e and 16 b + 8 + e (values 32 b + 2 e (+ 1) and those 16 further)
+    pairs, _ = pack_weight(qw, 16, "int4-g32")
+    assert pairs.shape == (2, 16, 32)
+    rows = np.empty_like(values)
+    for t in range(16):
+        b, e = divmod(t, 8)
+        rows[:, 16 * b + e], rows[:, 16 * b + 8 + e] = pairs[:, t, 0::2], pairs[:, t, 1::2]
+    np.testing.assert_array_equal(rows, values)
     with pytest.raises(ShapeError, match="weights are int4-g32, the kernel reads int8-g32"):
         pack_weight(qw, 16, "int8-g32")
 

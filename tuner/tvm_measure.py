@@ -10,7 +10,7 @@ import numpy as np
 
 from sandwich.compiler.buffers import aligned_copy
 from sandwich.compiler.gemm_dsl import build_gemm_dsl
-from sandwich.compiler.gemm_formats import weight_format
+from sandwich.compiler.gemm_formats import int_activations, quantized_activations, weight_format
 from sandwich.compiler.gemm_runner import (
     aligned_empty,
     call_gemm,
@@ -30,7 +30,11 @@ from sandwich.weight_formats import dequantize, quantize
 
 def result_error(out: np.ndarray, a: np.ndarray, w: np.ndarray, schedule: KernelSchedule,
                  rtol: float = 1e-4, where: str = "") -> str:
-    """Compare a kernel's output for `a` with a float64 reference; '' when it matches."""
+    """Compare a kernel's output for `a` with a float64 reference; '' when it matches. The
+    reference does the kernel's own math: for an int format with 16-bit activations, on the
+    activations as the kernel quantizes them."""
+    if int_activations(weight_format(schedule.dtype), a.shape[1]):
+        a = quantized_activations(a)
     ref = reference_matmul(a, w)
     err = np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30)
     if not np.isfinite(err) or err > rtol:
