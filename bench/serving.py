@@ -54,6 +54,7 @@ class ServingResult:
     skipped: list[str] = field(default_factory=list)
     other_load: tuple[float, float] = (0.0, 0.0)
     per_round_load: dict[str, bool] = field(default_factory=dict)  # model -> loaded per round
+    weights: str = "fp32"  # the weight format of sandwichc's GEMMs and llama.cpp's GGUF
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -211,19 +212,19 @@ def weights_fit(model_dir: Path, systems: int, *, meminfo: Path = Path("/proc/me
     return (systems + 1) * size <= 0.8 * avail
 
 
-def _make_peer(name: str, model_dir: Path, *, threads: int, max_seq: int, cache, work: Path):
+def _make_peer(name: str, model_dir: Path, *, threads: int, max_seq: int, cache, work: Path,
+               weights: str = "fp32"):
     from sandwich.bench import serving_peers as sp
 
     if name == "sandwichc":
-        return sp.SandwichPeer(model_dir, cache, threads=threads, max_seq=max_seq)
+        return sp.SandwichPeer(model_dir, cache, threads=threads, max_seq=max_seq, weights=weights)
+    if weights != "fp32" and name != "llama.cpp":
+        raise ConfigError(f"runs fp32 weights only here (--weights {weights} compares sandwichc "
+                          "with llama.cpp)")
     if name == "hf-transformers":
         return sp.HfPeer(model_dir, threads=threads)
     if name == "llama.cpp":
-        from sandwich.bench.gguf_export import write_gguf
-
-        gguf = work / f"{model_dir.name.removesuffix('.gguf')}.f32.gguf"
-        if not gguf.is_file():
-            write_gguf(model_dir, gguf)
+        gguf = sp.llama_cpp_gguf(model_dir, work, weights, threads=threads)
         return sp.LlamaCppPeer(gguf, threads=threads, max_seq=max_seq)
     if name == "openvino":
         from sandwich.bench.openvino_llama import OpenVinoLlamaPeer
@@ -237,7 +238,7 @@ PEERS = ("sandwichc", "hf-transformers", "llama.cpp", "openvino")
 
 def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: int, repeats: int,
                       threads: int, cache, work: Path, command: str, peers=PEERS,
-                      log=print) -> ServingResult:
+                      weights: str = "fp32", log=print) -> ServingResult:
     from sandwich.compiler.target import describe_machine
     from sandwich.models import load_model_config
     from sandwich.tuner.machine_bench import read_bandwidth_gbs
@@ -247,7 +248,8 @@ def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: 
     if unknown:
         raise ConfigError(f"unknown serving peer(s) {', '.join(unknown)}; choose from {', '.join(PEERS)}")
     load0 = warn_if_busy("the serving benchmark", log)
-    res = ServingResult(command, datetime.date.today().isoformat(), describe_machine(), threads, repeats)
+    res = ServingResult(command, datetime.date.today().isoformat(), describe_machine(), threads,
+                        repeats, weights=weights)
     max_seq = max(prompt_lens) + new_tokens
     for model in models:
         model_dir = model_dir_for(model, work)
@@ -260,7 +262,7 @@ def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: 
                 "up, timed and closed per round)")
         res.per_round_load[model] = not resident
         makers = {name: functools.partial(_make_peer, name, model_dir, threads=threads,
-                                          max_seq=max_seq, cache=cache, work=work)
+                                          max_seq=max_seq, cache=cache, work=work, weights=weights)
                   for name in peers}
         t = time_peers(makers, ids, new_tokens, repeats, anchor="sandwichc", resident=resident,
                        read_probe=lambda: read_bandwidth_gbs(threads), log=log)
@@ -279,6 +281,15 @@ def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: 
     return res
 
 
+def _weights_line(weights: str) -> str:
+    if weights == "fp32":
+        return "fp32 weights and "
+    from sandwich.weight_formats import parse_format
+
+    return (f"{weights} weights (sandwichc; llama.cpp: {parse_format(weights).ggml_type} made by "
+            "llama.cpp's own quantizer from the F32 GGUF, every tensor in that type) and ")
+
+
 def write_report(res: ServingResult, md: Path, js: Path) -> None:
     js.parent.mkdir(parents=True, exist_ok=True)
     js.write_text(json.dumps(res.to_json(), indent=1))
@@ -288,7 +299,7 @@ def write_report(res: ServingResult, md: Path, js: Path) -> None:
         "",
         f"Regenerate: `{res.command}`",
         "",
-        f"- machine: {res.machine}; {res.threads} threads for every system; fp32 weights and "
+        f"- machine: {res.machine}; {res.threads} threads for every system; {_weights_line(res.weights)}"
         f"fp32 KV caches everywhere (llama.cpp's and OpenVINO's default to f16 / u8); date {res.date}",
         "- one request at a time, greedy, the same checkpoint and prompt ids (random) for every "
         "system (a GGUF model is dequantized to fp32 by each; llama.cpp reads an F32 GGUF written "

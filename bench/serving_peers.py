@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
+
 from sandwich.errors import ConfigError
 
 
@@ -44,12 +46,13 @@ class SandwichPeer:
 
     name = "sandwichc"
 
-    def __init__(self, model_dir: Path, cache, *, threads: int, max_seq: int) -> None:
+    def __init__(self, model_dir: Path, cache, *, threads: int, max_seq: int,
+                 weights: str = "fp32") -> None:
         from sandwich.runtime.engine import Engine
         from sandwich.runtime.executor import Executor
         from sandwich.runtime.loader import load_model
 
-        ex = Executor(load_model(model_dir, cache, threads=threads), max_batch=1,
+        ex = Executor(load_model(model_dir, cache, threads=threads, weights=weights), max_batch=1,
                       max_seq=max_seq, threads=threads)
         self.engine = Engine(ex)
 
@@ -103,6 +106,77 @@ class HfPeer:
         self.model = None
 
 
+def llama_cpp_gguf(model: Path, work: Path, weights: str, *, threads: int) -> Path:
+    """The GGUF llama.cpp runs for `model` (an HF directory or a GGUF file): an F32 GGUF of
+    the same tensors written under `work` once, quantized by llama.cpp for an int format."""
+    from sandwich.bench.gguf_export import write_gguf
+
+    gguf = work / f"{model.name.removesuffix('.gguf')}.f32.gguf"
+    if not gguf.is_file():
+        write_gguf(model, gguf)
+    return gguf if weights == "fp32" else llama_cpp_quantized(gguf, weights, threads=threads)
+
+
+def llama_cpp_quantized(f32_gguf: Path, weights: str, *, threads: int) -> Path:
+    """The F32 GGUF quantized by llama.cpp's own quantizer to the GGUF type of `weights`
+    (Q8_0, Q4_0, Q4_1), every tensor in that type ("pure", as sandwichc quantizes every GEMM,
+    lm_head included); written once beside the F32 file and reused."""
+    from sandwich.weight_formats import parse_format
+
+    ggml = parse_format(weights).ggml_type
+    if ggml not in ("Q8_0", "Q4_0", "Q4_1"):
+        raise ConfigError(f"llama.cpp has no type for {weights} weights (it has Q8_0 = int8-g32, "
+                          "Q4_0 = int4-g32, Q4_1 = int4-g32-asym)")
+    out = f32_gguf.with_name(f32_gguf.name.replace(".f32.gguf", f".{ggml.lower()}.gguf"))
+    if out.is_file():
+        return out
+    try:
+        import llama_cpp
+    except ImportError:
+        raise ConfigError("llama.cpp peer needs llama-cpp-python (pip install -e .[serving])") from None
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ggml}")
+    params.nthread, params.pure = threads, True
+    tmp = out.with_name(out.name + ".tmp")
+    if llama_cpp.llama_model_quantize(str(f32_gguf).encode(), str(tmp).encode(), params) != 0:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(f"llama.cpp could not quantize {f32_gguf.name} to {ggml}")
+    tmp.replace(out)
+    return out
+
+
+def _llama(gguf_path: Path, *, threads: int, n_ctx: int, **extra):
+    """llama.cpp on a GGUF with an f32 KV cache (its default f16 halves the bytes a decode
+    step reads from it: the other systems keep theirs in f32), weights in its own memory."""
+    try:
+        from llama_cpp import GGML_TYPE_F32, Llama
+    except ImportError:
+        raise ConfigError("llama.cpp peer needs llama-cpp-python (pip install -e .[serving])") from None
+    return Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=threads,
+                 n_threads_batch=threads, n_batch=n_ctx, n_ubatch=n_ctx, type_k=GGML_TYPE_F32,
+                 type_v=GGML_TYPE_F32, use_mmap=False, verbose=False, **extra)
+
+
+class LlamaCppScorer:
+    """llama.cpp's log-probabilities of a window's tokens, for `sandwichc perplexity
+    --compare-llama-cpp`: the same ids and windows as ours, every logit kept."""
+
+    def __init__(self, gguf_path: Path, *, threads: int, ctx: int) -> None:
+        self.llm = _llama(gguf_path, threads=threads, n_ctx=ctx, logits_all=True)
+
+    def score(self, tokens) -> np.ndarray:
+        """Log-probability of each of tokens[1:] given the tokens before it."""
+        self.llm.reset()
+        self.llm.eval(list(tokens))
+        logits = np.array(self.llm.scores[: len(tokens) - 1], np.float64)
+        logits -= logits.max(axis=1, keepdims=True)
+        logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+        return logp[np.arange(len(tokens) - 1), np.asarray(tokens[1:])]
+
+    def close(self) -> None:
+        self.llm.close()
+
+
 class LlamaCppPeer:
     """llama.cpp (llama-cpp-python) on an F32 GGUF of the same weights, f32 KV cache, the
     weights read into its own memory (no mmap; see bench_serving)."""
@@ -110,18 +184,7 @@ class LlamaCppPeer:
     name = "llama.cpp"
 
     def __init__(self, gguf_path: Path, *, threads: int, max_seq: int) -> None:
-        try:
-            from llama_cpp import Llama
-        except ImportError:
-            raise ConfigError("llama.cpp peer needs llama-cpp-python (pip install -e .[serving])") from None
-        from llama_cpp import GGML_TYPE_F32
-
-        # its KV cache defaults to f16, which halves the bytes a decode step reads from
-        # the cache: the other systems keep theirs in f32, and so does this one
-        self.llm = Llama(model_path=str(gguf_path), n_ctx=max_seq, n_threads=threads,
-                         n_threads_batch=threads, n_batch=max_seq, n_ubatch=max_seq,
-                         type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32, use_mmap=False,
-                         verbose=False)
+        self.llm = _llama(gguf_path, threads=threads, n_ctx=max_seq)
 
     def generate(self, prompt: list[int], max_new_tokens: int) -> GenTiming:
         ids, stamps = [], []

@@ -3,6 +3,7 @@ converter writes one (tests/gguf_tiny.py): config from the metadata, weights deq
 un-permuted, logits against HF transformers loading the same file, the tokenizer against the
 `tokenizers` BPE it was built from, and bad files as one-line errors."""
 
+import importlib.util
 import subprocess
 import sys
 
@@ -272,3 +273,24 @@ def test_dsl_ops_build_for_a_two_position_cache(tiny, cache):
     ex = Executor(load_model(tiny[0], cache), max_batch=1, max_seq=2, ops="dsl", threads=2)
     slot, logits = ex.start([5])
     assert np.isfinite(ex.decode([slot], [int(logits.argmax())])).all()
+
+
+@pytest.mark.tvm
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                    reason="llama-cpp-python is not installed (pip install -e .[serving])")
+def test_cli_perplexity_compares_with_llama_cpp_on_the_same_tokens(tiny, cache, tmp_path):
+    """--compare-llama-cpp: llama.cpp scores the same windows on an F32 GGUF of the same
+    tensors; on fp32 weights the two perplexities agree to 1e-3."""
+    import json
+
+    path = tiny[0]
+    tune_model(path, cache)
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(CORPUS * 3))
+    cmd = [sys.executable, "-m", "sandwich.cli", "perplexity", "--model", str(path), "--text",
+           str(text), "--ctx", "16", "--cache-dir", str(cache.dir), "--json", "--no-tune",
+           "--compare-llama-cpp"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["llama_cpp"] == pytest.approx(out["perplexity"], rel=1e-3)

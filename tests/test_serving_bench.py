@@ -223,3 +223,42 @@ def test_every_peer_runs_a_gguf_model_and_emits_the_same_greedy_tokens(tmp_path,
         ids[name] = peer.generate(prompt, 8).ids
         peer.close()
     assert all(v == ids["sandwichc"] for v in ids.values()), ids
+
+
+def test_int_weights_compare_with_llama_cpp_only(tmp_path):
+    """--weights int8-g32: HF and OpenVINO run fp32 only, so they are skipped with a reason;
+    llama.cpp gets no type for a format it lacks (int4-g64)."""
+    from sandwich.bench.serving import _make_peer
+    from sandwich.bench.serving_peers import llama_cpp_quantized
+
+    for name in ("hf-transformers", "openvino"):
+        with pytest.raises(ConfigError, match="fp32 weights only"):
+            _make_peer(name, tmp_path, threads=2, max_seq=8, cache=None, work=tmp_path,
+                       weights="int8-g32")
+    with pytest.raises(ConfigError, match="llama.cpp has no type for int4-g64"):
+        llama_cpp_quantized(tmp_path / "m.f32.gguf", "int4-g64", threads=2)
+
+
+@pytest.mark.tvm
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                    reason="llama-cpp-python is not installed (pip install -e .[serving])")
+def test_llama_cpp_peer_runs_its_own_q8_0_beside_our_int8(tmp_path, cache):
+    """The int8-g32 comparison: sandwichc on its int8-g32 kernels, llama.cpp on a Q8_0 GGUF
+    its own quantizer made from the F32 GGUF (every tensor Q8_0); both generate."""
+    import gguf
+    from conftest import tune_model
+    from gguf_tiny import write_tiny_gguf
+
+    from sandwich.bench.serving import _make_peer
+
+    path, _ = write_tiny_gguf(tmp_path / "tiny.gguf")
+    tune_model(path, cache, weights="int8-g32")
+    prompt = [5, 9, 200, 17, 33, 100, 250, 7]
+    for name in ("sandwichc", "llama.cpp"):
+        peer = _make_peer(name, path, threads=2, max_seq=32, cache=cache, work=tmp_path,
+                          weights="int8-g32")
+        assert len(peer.generate(prompt, 6).ids) == 6
+        peer.close()
+    q8 = gguf.GGUFReader(str(tmp_path / "tiny.q8_0.gguf"))
+    matrices = [t for t in q8.tensors if len(t.shape) == 2 and t.shape[0] % 32 == 0]
+    assert matrices and {t.tensor_type.name for t in matrices} == {"Q8_0"}

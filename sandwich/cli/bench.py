@@ -9,7 +9,13 @@ import shlex
 import sys
 from pathlib import Path
 
-from sandwich.cli.common import add_cache_arg, add_threads_arg, cache_dir_arg, int_list
+from sandwich.cli.common import (
+    add_cache_arg,
+    add_threads_arg,
+    add_weights_arg,
+    cache_dir_arg,
+    int_list,
+)
 from sandwich.errors import ConfigError
 
 GEMM_RESULTS = "results/cpus/<mcpu>/gemm_vs_vendor"  # <mcpu>: LLVM's name of this CPU (`info`)
@@ -55,6 +61,7 @@ def register(sub) -> None:
                    "(default: <cache dir>/models)")
     s.add_argument("--json", dest="json_out", default="results/serving.json")
     s.add_argument("--md", default="results/serving.md")
+    add_weights_arg(s)
     add_threads_arg(s)
     add_cache_arg(s)
     s.set_defaults(func=_run_serving)
@@ -212,6 +219,7 @@ def _run_serving(args) -> int:
     res = run_serving_bench(models=args.model or ["llama-160m"], prompt_lens=lens,
                             new_tokens=args.new_tokens, repeats=args.repeats, threads=threads,
                             cache=cache, work=work, peers=[p for p in args.peers.split(",") if p],
+                            weights=args.weights,
                             command="sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     write_report(res, Path(args.md), Path(args.json_out))
     print(f"wrote {args.json_out}, {args.md}")

@@ -123,6 +123,10 @@ def register_serving(sub) -> None:
     x.add_argument("--ctx", type=int, default=512, help="tokens per window")
     x.add_argument("--json", action="store_true",
                    help='print {"perplexity": ..., "tokens": ..., "windows": ...}')
+    x.add_argument("--compare-llama-cpp", action="store_true",
+                   help="also score the same tokens and windows with llama.cpp (llama-cpp-python) "
+                   "on the same weights: an F32 GGUF of them, quantized by llama.cpp's own "
+                   "quantizer to the --weights format's type (Q8_0, Q4_0, Q4_1)")
     _model_run_args(x)
     _tune_args(x)
     x.add_argument("--no-progress", action="store_true")
@@ -231,10 +235,37 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     with tqdm(total=len(spans), unit="window", desc="perplexity", disable=args.no_progress,
               file=sys.stderr) as bar:
         res = perplexity(ids, args.ctx, ex.score, on_window=bar.update)
+    peer = _llama_cpp_perplexity(args, ids, cache, threads) if args.compare_llama_cpp else None
     if args.json:
         print(json.dumps({"perplexity": res.perplexity, "tokens": res.tokens,
-                          "windows": res.windows}))
+                          "windows": res.windows}
+                         | ({"llama_cpp": peer.perplexity} if peer else {})))
     else:
         print(f"perplexity {res.perplexity:.4f} over {res.tokens} tokens "
               f"({res.windows} windows of up to {args.ctx})")
+        if peer:
+            print(f"llama.cpp  {peer.perplexity:.4f} on the same tokens and windows "
+                  f"({args.weights} weights as llama.cpp quantizes them)")
     return 0
+
+
+def _llama_cpp_perplexity(args, ids, cache, threads: int):
+    """llama.cpp's perplexity on the same ids and windows, on its own quantization of the
+    same weights (bench/serving_peers.py)."""
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    from sandwich.bench.serving_peers import LlamaCppScorer, llama_cpp_gguf
+    from sandwich.gguf_config import gguf_path, is_gguf
+    from sandwich.runtime.perplexity import perplexity, windows
+
+    model = gguf_path(args.model) if is_gguf(args.model) else Path(args.model)
+    scorer = LlamaCppScorer(llama_cpp_gguf(model, cache.dir / "models", args.weights,
+                                           threads=threads), threads=threads, ctx=args.ctx)
+    try:
+        with tqdm(total=len(windows(len(ids), args.ctx)), unit="window", desc="llama.cpp",
+                  disable=args.no_progress, file=sys.stderr) as bar:
+            return perplexity(ids, args.ctx, scorer.score, on_window=bar.update)
+    finally:
+        scorer.close()
