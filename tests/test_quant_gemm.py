@@ -166,3 +166,22 @@ def test_bench_formats_bad_input_is_one_line(capsys, tmp_path, argv, match):
     assert code == 1 and len(err) == 1 and err[0].startswith("sandwichc: error:"), err
     assert match in err[0], err
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").rglob("*.so"))
+
+
+@pytest.mark.tvm
+def test_int8_tile_is_vpdpwssd_where_avx512_vnni_exists():
+    """Cross-compiled for znver4 (any host): madd16 is pmaddwd on 512-bit vectors, which LLVM
+    fuses with the accumulation into VNNI's vpdpwssd."""
+    import tvm
+
+    from sandwich.compiler.build import parse_tvmscript
+    from sandwich.compiler.gemm_dsl import gemm_dsl_tvmscript
+
+    s = KernelSchedule(MicroKernel(2, 32), ComputeSlice(4, 64, 64), Polymerization(1, 2, 1), 32,
+                       dtype="int8-g32")
+    src = gemm_dsl_tvmscript(s, n=128, k=256, lanes=16, isa="avx512")
+    assert "llvm.x86.avx512.pmaddw.d.512" in src
+    target = tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4",
+                                "num-cores": 2})
+    asm = tvm.compile(parse_tvmscript(src), target=target).mod.inspect_source("asm")
+    assert asm.count("vpdpwssd") >= 32
