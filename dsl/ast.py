@@ -69,7 +69,8 @@ class Unary:
 
 @dataclass(frozen=True)
 class Binary:
-    """op is one of + - * / % < <= > >= == != and or (integer '/' truncates, as in C)."""
+    """op is one of + - * / % < <= > >= == != and or (integer '/' and '%' are floor division
+    and its remainder, as TIR's floordiv and floormod: -7 / 2 is -4, -7 % 2 is 1)."""
 
     op: str
     left: Expr

@@ -22,9 +22,10 @@ NUMPY_DTYPES = {"f32": np.float32, "bf16": np.float32, "f16": np.float16, "i32":
 
 
 def _div(a, b):
+    """Integer '/' rounds toward minus infinity and '%' takes the divisor's sign, as the
+    compiled kernels do (TIR floordiv / floormod)."""
     if isinstance(a, int) and isinstance(b, int):
-        q = abs(a) // abs(b)
-        return q if (a >= 0) == (b >= 0) else -q
+        return a // b
     return a / b if b else (math.copysign(math.inf, a) if a else math.nan)
 
 

@@ -191,3 +191,30 @@ def test_madd16_is_pmaddwd_on_x86_and_the_same_arithmetic_elsewhere(isa):
     tx, ty, tp, tc = dev_arrays(x, y, p, np.zeros(16, np.int32))
     f(n, tx, ty, tp, tc)
     np.testing.assert_array_equal(tc.numpy(), want)
+
+
+def test_integer_division_is_floor_division_in_the_interpreter_and_in_tir():
+    """Negative operands: the reference interpreter and the compiled kernel agree."""
+    from sandwich.dsl.interp import run
+    from sandwich.dsl.load import load_source
+
+    src = """
+kernel divs(i32 n, i32 X[n], i32 Q[n], i32 R[n]) {
+    for (i32 i = 0; i < n; i++) {
+        Q[i] = X[i] / 4;
+        R[i] = X[i] % 4;
+    }
+}
+"""
+    kernel = load_source(src, file="divs.sw").kernels[0]
+    x = np.array([-9, -8, -7, -1, 0, 1, 7, 9], np.int32)
+    q, r = np.zeros_like(x), np.zeros_like(x)
+    run(kernel, tunables={}, vlen=VLEN, n=len(x), X=x, Q=q, R=r)
+    np.testing.assert_array_equal(q, x // 4)
+    np.testing.assert_array_equal(r, x % 4)
+    f = tvm.compile(lower_to_tir(kernel, tunables={}, vlen=VLEN),
+                    target=tvm.target.Target({"kind": "llvm", "num-cores": 2}))["main"]
+    tx, tq, tr = dev_arrays(x, np.zeros_like(x), np.zeros_like(x))
+    f(len(x), tx, tq, tr)
+    np.testing.assert_array_equal(tq.numpy(), q)
+    np.testing.assert_array_equal(tr.numpy(), r)
