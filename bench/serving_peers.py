@@ -106,34 +106,51 @@ class HfPeer:
         self.model = None
 
 
+def _llama_cpp():
+    """The llama_cpp module, or the one-line error that says how to install it."""
+    try:
+        import llama_cpp
+    except ImportError:
+        raise ConfigError("llama.cpp peer needs llama-cpp-python (pip install -e .[serving])") from None
+    return llama_cpp
+
+
+def llama_cpp_type(weights: str) -> str | None:
+    """The GGUF type llama.cpp quantizes `weights` to (None for fp32); ConfigError for a
+    format llama.cpp has no type for, before anything is written or loaded."""
+    from sandwich.weight_formats import parse_format
+
+    if weights == "fp32":
+        return None
+    ggml = parse_format(weights).ggml_type
+    if ggml not in ("Q8_0", "Q4_0", "Q4_1"):
+        raise ConfigError(f"llama.cpp has no type for {weights} weights (it has Q8_0 = int8-g32, "
+                          "Q4_0 = int4-g32, Q4_1 = int4-g32-asym)")
+    return ggml
+
+
 def llama_cpp_gguf(model: Path, work: Path, weights: str, *, threads: int) -> Path:
     """The GGUF llama.cpp runs for `model` (an HF directory or a GGUF file): an F32 GGUF of
     the same tensors written under `work` once, quantized by llama.cpp for an int format."""
     from sandwich.bench.gguf_export import write_gguf
 
+    ggml = llama_cpp_type(weights)
+    if ggml is not None:
+        _llama_cpp()  # before the F32 file is written
     gguf = work / f"{model.name.removesuffix('.gguf')}.f32.gguf"
     if not gguf.is_file():
         write_gguf(model, gguf)
-    return gguf if weights == "fp32" else llama_cpp_quantized(gguf, weights, threads=threads)
+    return gguf if ggml is None else llama_cpp_quantized(gguf, ggml, threads=threads)
 
 
-def llama_cpp_quantized(f32_gguf: Path, weights: str, *, threads: int) -> Path:
-    """The F32 GGUF quantized by llama.cpp's own quantizer to the GGUF type of `weights`
-    (Q8_0, Q4_0, Q4_1), every tensor in that type ("pure", as sandwichc quantizes every GEMM,
-    lm_head included); written once beside the F32 file and reused."""
-    from sandwich.weight_formats import parse_format
-
-    ggml = parse_format(weights).ggml_type
-    if ggml not in ("Q8_0", "Q4_0", "Q4_1"):
-        raise ConfigError(f"llama.cpp has no type for {weights} weights (it has Q8_0 = int8-g32, "
-                          "Q4_0 = int4-g32, Q4_1 = int4-g32-asym)")
+def llama_cpp_quantized(f32_gguf: Path, ggml: str, *, threads: int) -> Path:
+    """The F32 GGUF quantized by llama.cpp's own quantizer to `ggml` (Q8_0, Q4_0, Q4_1,
+    from llama_cpp_type), every tensor in that type ("pure", as sandwichc quantizes every
+    GEMM, lm_head included); written once beside the F32 file and reused."""
     out = f32_gguf.with_name(f32_gguf.name.replace(".f32.gguf", f".{ggml.lower()}.gguf"))
     if out.is_file():
         return out
-    try:
-        import llama_cpp
-    except ImportError:
-        raise ConfigError("llama.cpp peer needs llama-cpp-python (pip install -e .[serving])") from None
+    llama_cpp = _llama_cpp()
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ggml}")
     params.nthread, params.pure = threads, True
@@ -148,13 +165,11 @@ def llama_cpp_quantized(f32_gguf: Path, weights: str, *, threads: int) -> Path:
 def _llama(gguf_path: Path, *, threads: int, n_ctx: int, **extra):
     """llama.cpp on a GGUF with an f32 KV cache (its default f16 halves the bytes a decode
     step reads from it: the other systems keep theirs in f32), weights in its own memory."""
-    try:
-        from llama_cpp import GGML_TYPE_F32, Llama
-    except ImportError:
-        raise ConfigError("llama.cpp peer needs llama-cpp-python (pip install -e .[serving])") from None
-    return Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=threads,
-                 n_threads_batch=threads, n_batch=n_ctx, n_ubatch=n_ctx, type_k=GGML_TYPE_F32,
-                 type_v=GGML_TYPE_F32, use_mmap=False, verbose=False, **extra)
+    llama_cpp = _llama_cpp()
+    return llama_cpp.Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=threads,
+                           n_threads_batch=threads, n_batch=n_ctx, n_ubatch=n_ctx,
+                           type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32,
+                           use_mmap=False, verbose=False, **extra)
 
 
 class LlamaCppScorer:
@@ -166,12 +181,11 @@ class LlamaCppScorer:
 
     def score(self, tokens) -> np.ndarray:
         """Log-probability of each of tokens[1:] given the tokens before it."""
+        from sandwich.runtime.perplexity import next_token_logprobs
+
         self.llm.reset()
         self.llm.eval(list(tokens))
-        logits = np.array(self.llm.scores[: len(tokens) - 1], np.float64)
-        logits -= logits.max(axis=1, keepdims=True)
-        logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
-        return logp[np.arange(len(tokens) - 1), np.asarray(tokens[1:])]
+        return next_token_logprobs(self.llm.scores[: len(tokens) - 1], tokens[1:])
 
     def close(self) -> None:
         self.llm.close()

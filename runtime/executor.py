@@ -25,6 +25,7 @@ from sandwich.runtime.kv_cache import CapacityError, KVCache
 from sandwich.runtime.loader import LlamaModel
 from sandwich.runtime.moe import MoeFfn
 from sandwich.runtime.ops_fallback import NumpyOps, Segment
+from sandwich.runtime.perplexity import next_token_logprobs
 from sandwich.runtime.prefill_work import PrefillWork
 from sandwich.runtime.rope_tables import cos_sin
 
@@ -194,11 +195,9 @@ class Executor:
                 n = len(chunk)
                 x, h = self.buffers["x"][:n], self.buffers["h"][:n]
                 self.ops.bind("rmsnorm", x, self.model.norm, self.cfg.rms_norm_eps, out=h)()
-                logits = self.model.gemms.lm_head(h, self.model.lm_head).astype(np.float64)
-                logits -= logits.max(axis=1, keepdims=True)
-                logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
-                nxt = np.asarray(tokens[c0 + 1: c0 + n + 1])
-                out.append(logp[np.arange(len(nxt)), nxt])
+                logits = self.model.gemms.lm_head(h, self.model.lm_head)
+                nxt = tokens[c0 + 1: c0 + n + 1]
+                out.append(next_token_logprobs(logits[: len(nxt)], nxt))
         finally:
             self.kv.free(slot)
         return np.concatenate(out)

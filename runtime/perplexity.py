@@ -21,6 +21,14 @@ class Perplexity:
     nll: float  # summed negative log-likelihood (nats)
 
 
+def next_token_logprobs(logits: np.ndarray, next_ids: Sequence[int]) -> np.ndarray:
+    """Log-probability of next_ids[i] under the softmax of logits[i] (float64, stable)."""
+    x = np.asarray(logits, np.float64)
+    x = x - x.max(axis=1, keepdims=True)
+    logp = x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+    return logp[np.arange(len(next_ids)), np.asarray(next_ids)]
+
+
 def windows(n: int, ctx: int) -> list[tuple[int, int]]:
     """[begin, end) of each window; a last window of one token has nothing to score."""
     if ctx < 2:

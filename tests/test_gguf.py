@@ -294,3 +294,17 @@ def test_cli_perplexity_compares_with_llama_cpp_on_the_same_tokens(tiny, cache, 
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["llama_cpp"] == pytest.approx(out["perplexity"], rel=1e-3)
+
+
+def test_cli_perplexity_refuses_a_format_llama_cpp_lacks_before_running(tiny, tmp_path):
+    """--compare-llama-cpp with int4-g64 (llama.cpp has no such type): one line, exit 1,
+    before any kernel is tuned or any file written."""
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(CORPUS))
+    r = subprocess.run([sys.executable, "-m", "sandwich.cli", "perplexity", "--model", str(tiny[0]),
+                        "--text", str(text), "--weights", "int4-g64", "--compare-llama-cpp",
+                        "--cache-dir", str(tmp_path / "cache")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "llama.cpp has no type for int4-g64" in r.stderr
+    assert not (tmp_path / "cache" / "models").exists()

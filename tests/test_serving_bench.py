@@ -229,14 +229,15 @@ def test_int_weights_compare_with_llama_cpp_only(tmp_path):
     """--weights int8-g32: HF and OpenVINO run fp32 only, so they are skipped with a reason;
     llama.cpp gets no type for a format it lacks (int4-g64)."""
     from sandwich.bench.serving import _make_peer
-    from sandwich.bench.serving_peers import llama_cpp_quantized
 
     for name in ("hf-transformers", "openvino"):
         with pytest.raises(ConfigError, match="fp32 weights only"):
             _make_peer(name, tmp_path, threads=2, max_seq=8, cache=None, work=tmp_path,
                        weights="int8-g32")
     with pytest.raises(ConfigError, match="llama.cpp has no type for int4-g64"):
-        llama_cpp_quantized(tmp_path / "m.f32.gguf", "int4-g64", threads=2)
+        _make_peer("llama.cpp", tmp_path / "m", threads=2, max_seq=8, cache=None,
+                   work=tmp_path / "work", weights="int4-g64")
+    assert not (tmp_path / "work").exists()  # refused before the F32 file is written
 
 
 @pytest.mark.tvm

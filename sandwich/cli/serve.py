@@ -225,6 +225,8 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     spans = windows(len(ids), args.ctx)
     cache = KernelCache(cache_dir_arg(args))
     threads = args.threads or len(os.sched_getaffinity(0))
+    # llama.cpp's file first: a format it lacks, or no llama-cpp-python, fails before our run
+    peer_gguf = _llama_cpp_file(args, cache, threads) if args.compare_llama_cpp else None
     ensure_tuned(args, cache, threads)
     model = load_model(args.model, cache, threads=threads, weights=args.weights)
     if args.ctx > model.config.max_position_embeddings:
@@ -235,7 +237,9 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     with tqdm(total=len(spans), unit="window", desc="perplexity", disable=args.no_progress,
               file=sys.stderr) as bar:
         res = perplexity(ids, args.ctx, ex.score, on_window=bar.update)
-    peer = _llama_cpp_perplexity(args, ids, cache, threads) if args.compare_llama_cpp else None
+    peer = None
+    if peer_gguf is not None:
+        peer = _llama_cpp_perplexity(peer_gguf, ids, len(spans), args, threads)
     if args.json:
         print(json.dumps({"perplexity": res.perplexity, "tokens": res.tokens,
                           "windows": res.windows}
@@ -249,23 +253,28 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     return 0
 
 
-def _llama_cpp_perplexity(args, ids, cache, threads: int):
-    """llama.cpp's perplexity on the same ids and windows, on its own quantization of the
-    same weights (bench/serving_peers.py)."""
+def _llama_cpp_file(args, cache, threads: int):
+    """The GGUF llama.cpp scores: the same weights, quantized by llama.cpp to --weights' type."""
     from pathlib import Path
 
-    from tqdm import tqdm
-
-    from sandwich.bench.serving_peers import LlamaCppScorer, llama_cpp_gguf
+    from sandwich.bench.serving_peers import llama_cpp_gguf
     from sandwich.gguf_config import gguf_path, is_gguf
-    from sandwich.runtime.perplexity import perplexity, windows
 
     model = gguf_path(args.model) if is_gguf(args.model) else Path(args.model)
-    scorer = LlamaCppScorer(llama_cpp_gguf(model, cache.dir / "models", args.weights,
-                                           threads=threads), threads=threads, ctx=args.ctx)
+    return llama_cpp_gguf(model, cache.dir / "models", args.weights, threads=threads)
+
+
+def _llama_cpp_perplexity(gguf, ids, n_windows: int, args, threads: int):
+    """llama.cpp's perplexity on the same ids and windows (bench/serving_peers.py)."""
+    from tqdm import tqdm
+
+    from sandwich.bench.serving_peers import LlamaCppScorer
+    from sandwich.runtime.perplexity import perplexity
+
+    scorer = LlamaCppScorer(gguf, threads=threads, ctx=args.ctx)
     try:
-        with tqdm(total=len(windows(len(ids), args.ctx)), unit="window", desc="llama.cpp",
-                  disable=args.no_progress, file=sys.stderr) as bar:
+        with tqdm(total=n_windows, unit="window", desc="llama.cpp", disable=args.no_progress,
+                  file=sys.stderr) as bar:
             return perplexity(ids, args.ctx, scorer.score, on_window=bar.update)
     finally:
         scorer.close()
