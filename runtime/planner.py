@@ -39,6 +39,7 @@ from sandwich.runtime.plan_measure import (
 )
 from sandwich.topology.tree import tree_hash
 from sandwich.tuner.budget import get_budget
+from sandwich.tuner.guide import Guides, GuideSettings
 from sandwich.tuner.kernel_cache import KernelCache
 from sandwich.tuner.shared_tuning import tune_shapes
 from sandwich.tuner.tune import unique_shapes
@@ -58,6 +59,8 @@ class PlanSettings:
     calibrate: bool = True  # measure the simulator's per-core rates first
     max_group_levels: int = 1
     patience: int = 8
+    measure_share: float = 1.0  # the cost model's share of each search round (tune --measure-share)
+    explore: float = 0.1
 
 
 def machine_tree():
@@ -94,15 +97,17 @@ def search_candidates(cfg: ModelConfig, tree, s: PlanSettings, log: Callable[[st
 
 
 def tune_payloads(cfg: ModelConfig, cache: KernelCache, configs: list[ServiceConfig], *,
-                  seq_max: int, budget: str, log: Callable[[str], None], progress: bool) -> None:
+                  seq_max: int, budget: str, log: Callable[[str], None], progress: bool,
+                  guide: GuideSettings | None = None) -> None:
     """Every distinct (TP degree, threads per process) gets kernels tuned for it."""
+    guides = Guides(guide or GuideSettings(), cache_dir=cache.dir, fingerprint=cache.fingerprint)
     for tp, threads in plan_threads(cfg, configs):
         shapes = unique_shapes(make_payload(cfg, tp=tp, seq_max=seq_max))
         missing = [(n, op) for n, op in shapes if not cache.records(op.n, op.k, op.dtype, threads)]
         if missing:
             log(f"tuning {len(missing)} GEMM shape(s) for TP={tp} x {threads} thread(s)")
             tune_shapes(missing, seq_max=seq_max, threads=threads, budget=get_budget(budget),
-                        cache=cache, progress=progress)
+                        cache=cache, progress=progress, guides=guides)
 
 
 def _weights(model: str, tmp: Path) -> str:
@@ -139,7 +144,8 @@ def make_plan(model: str, cache: KernelCache, settings: PlanSettings = PlanSetti
     ranked, params = search_candidates(cfg, tree, settings, log)
     configs = [r.config for r in ranked]
     tune_payloads(cfg, cache, configs, seq_max=seq_max, budget=settings.budget, log=log,
-                  progress=progress)
+                  progress=progress, guide=GuideSettings(measure_share=settings.measure_share,
+                                                         explore=settings.explore))
     prompt = trace_prompt(cfg.vocab_size, settings.prompt_len)
     with tempfile.TemporaryDirectory(prefix="sandwichc-plan-") as tmp:
         factory = RunnerFactory(_weights(model, Path(tmp)), cache,

@@ -401,3 +401,24 @@ def test_time_cap_still_measures_min_trials_per_m():
                             threads=2, measure=meas, clock=lambda: next(clock),
                             settings=SearchSettings(max_seconds_per_m=5.0, min_trials_per_m=7))
     assert search.tune_m(16).trials == 7  # the cap passed at once, the floor still holds
+
+
+def test_a_measure_that_times_many_at_once_gets_whole_rounds():
+    """A measure with `many` (several machines) is handed a round's new candidates together;
+    the search finds what it finds one at a time."""
+    def fn(s, m):
+        return 100.0 * min(s.slice.b_k, 128) / 128 + s.micro_kernel.mu_m - 0.1 * s.slice.b_n / 64
+
+    one, _ = _search(fn, sigma=4, mk_keep=1)
+    batched, meas = _search(fn, sigma=4, mk_keep=1)
+    sizes = []
+
+    def many(items):
+        sizes.append(len(items))
+        return [meas(s, m) for s, m in items]
+
+    meas.many = many
+    for m in (1, 4, 16, 64):
+        assert batched.tune_m(m).schedule == one.tune_m(m).schedule
+    assert max(sizes) > 1 and [t.schedule for t in batched.trials] != []
+    assert sorted(t.schedule.key() for t in batched.trials) == sorted(t.schedule.key() for t in one.trials)

@@ -310,9 +310,11 @@ def meta_path(path: Path) -> Path:
     return path.with_name(path.stem + ".meta.json")
 
 
-def model_path(cache_dir: str | Path, fingerprint: str) -> Path:
-    """Where a target's cost model lives: beside the tuning database, like the machine model."""
-    return Path(cache_dir) / "cost_model" / f"{fingerprint}.json"
+def model_path(cache_dir: str | Path, fingerprint: str, dtype: str = "float32") -> Path:
+    """Where a target's cost model of one weight format lives: beside the tuning database,
+    like the machine model (the features count fp32 bytes, so formats do not share one)."""
+    suffix = "" if dtype == "float32" else f"_{dtype}"
+    return Path(cache_dir) / "cost_model" / f"{fingerprint}{suffix}.json"
 
 
 def load_or_fit(path: str | Path, samples: Sequence[Sample], *, kind: str = "regressor",

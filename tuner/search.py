@@ -1,15 +1,17 @@
 """The sandwich-kernel search (Sandwich §3.2, §6): fast start, finetune, sliding window, reuse.
 
 One `SandwichSearch` tunes one GEMM op (fixed N, K) over increasing M. It only sees an
-injected `measure(schedule, m)`, so tests drive it with fake timings.
+injected `measure(schedule, m)`, so tests drive it with fake timings, and an optional `guide`
+(tuner/guide.py, the cost model) that picks which candidates of each round are measured.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass, field, replace
+from typing import Protocol
 
 from sandwich.tuner.measure import Measure
 from sandwich.tuner.space import (
@@ -75,6 +77,15 @@ class MResult:
     stable: bool = False  # the previous winner came within reuse_gain of this one
 
 
+class Guide(Protocol):
+    """Ranks a round's candidates before they are measured (tuner/guide.py: the cost model)."""
+
+    def choose(self, schedules: Sequence[KernelSchedule], m: int, n: int, k: int,
+               keep: int = 1) -> list[bool]:
+        """Which of `schedules` to measure at M x N x K; at least `keep` of them."""
+        ...
+
+
 @dataclass
 class SearchState:
     """What carries over from one M to the next (and can be rebuilt from stored results)."""
@@ -89,19 +100,22 @@ class SandwichSearch:
 
     def __init__(self, *, n: int, k: int, pack_n: int, micro_kernels: list[MicroKernel],
                  threads: int, measure: Measure, settings: SearchSettings = SearchSettings(),
-                 clock: Callable[[], float] = time.perf_counter, dtype: str = "float32") -> None:
+                 clock: Callable[[], float] = time.perf_counter, dtype: str = "float32",
+                 guide: Guide | None = None) -> None:
         self.n, self.k, self.pack_n, self.dtype = n, k, pack_n, dtype
         self.all_mks = list(micro_kernels)
         self.threads = threads
         self.measure = measure
         self.settings = settings
         self.clock = clock
+        self.guide = guide
         self.state = SearchState()
         self.trials: list[Trial] = []
         self._seen: dict[tuple[KernelSchedule, int], float] = {}
         self._deadline: float | None = None
         self._first_trial = 0  # index into self.trials where the current M's trials start
         self._pending: list[MResult] = []  # stored winners not replayed yet (see resume)
+        self._skipped: set[tuple[KernelSchedule, int]] = set()  # the guide passed them over
 
     # -- bookkeeping -------------------------------------------------------------------
     def resume(self, results: list[MResult]) -> None:
@@ -132,6 +146,37 @@ class SandwichSearch:
             self._seen[key] = res.gflops if res.ok else 0.0
             self.trials.append(Trial(m, phase, sched, self._seen[key]))
         return self._seen[key]
+
+    def _choose(self, scheds: Sequence[KernelSchedule], m: int, keep: int = 1) -> list[bool]:
+        """Which candidates of one round to measure: all of them without a guide; with one,
+        those it picks, and those already measured (they cost nothing)."""
+        if self.guide is None:
+            return [True] * len(scheds)
+        picked = self.guide.choose(scheds, m, self.n, self.k, keep=keep)
+        out = [p or (s, m) in self._seen for s, p in zip(scheds, picked, strict=True)]
+        self._skipped.update((s, m) for s, p in zip(scheds, out, strict=True) if not p)
+        return out
+
+    @property
+    def measured(self) -> set[tuple[KernelSchedule, int]]:
+        """Every (schedule, M) measured, however often."""
+        return set(self._seen)
+
+    @property
+    def predicted_only(self) -> int:
+        """Candidates the guide ranked out and that were never measured."""
+        return len(self._skipped - self._seen.keys())
+
+    def _eval_many(self, scheds: Sequence[KernelSchedule], m: int, phase: str) -> list[float]:
+        """`_eval` of each; the new ones measured together where the measure can (`many`:
+        RPC workers time a round's candidates on several servers at once)."""
+        many = getattr(self.measure, "many", None)
+        new = [s for s in dict.fromkeys(scheds) if (s, m) not in self._seen]
+        if many is not None and len(new) > 1 and not self._time_spent():
+            for s, res in zip(new, many([(s, m) for s in new]), strict=True):
+                self._seen[(s, m)] = res.gflops if res.ok else 0.0
+                self.trials.append(Trial(m, phase, s, self._seen[(s, m)]))
+        return [self._eval(s, m, phase) for s in scheds]
 
     def _time_spent(self) -> bool:
         """Past this M's time cap, unless fewer than `min_trials_per_m` candidates were
@@ -218,7 +263,9 @@ class SandwichSearch:
                 if cand[d] == cur[d]:
                     misses[d] = 2
                     continue
-                g = self._eval(self._schedule(mk, ComputeSlice(*cand), pl), m, "fast_start")
+                grown = self._schedule(mk, ComputeSlice(*cand), pl)
+                here = self._schedule(mk, ComputeSlice(*cur), pl)
+                g = self._eval(grown, m, "fast_start") if self._choose([here, grown], m)[1] else 0.0
                 if g > best * (1 + self.settings.min_gain):
                     cur, best = cand, g
                     steps[d] += 1
@@ -238,12 +285,15 @@ class SandwichSearch:
         best = self._eval(self._schedule(mk, cur, pl), m, "finetune")
         units = {"b_m": mk.mu_m, "b_n": mk.mu_n, "b_k": 4 * K_UNIT}
         for _ in range(self.settings.finetune_steps):
-            options = []
+            cands = []
             for dim, unit in units.items():
                 grown = min(getattr(cur, dim) + unit, getattr(caps, dim))
                 if grown != getattr(cur, dim):
-                    cand = replace(cur, **{dim: grown})
-                    options.append((self._eval(self._schedule(mk, cand, pl), m, "finetune"), cand))
+                    cands.append(replace(cur, **{dim: grown}))
+            picked = self._choose([self._schedule(mk, c, pl) for c in [cur, *cands]], m)[1:]
+            cands = [c for c, p in zip(cands, picked, strict=True) if p]
+            options = list(zip(self._eval_many([self._schedule(mk, c, pl) for c in cands], m,
+                                               "finetune"), cands, strict=True))
             if not options:
                 break
             g, cand = max(options, key=lambda o: o[0])
@@ -262,20 +312,24 @@ class SandwichSearch:
         top = self._leaders(m)[: self.settings.confirm_top]
         if len(top) < 2 or self._time_spent():
             return best
-        rerun = []
-        for _, s in top:
-            self._remeasure(s, m, "confirm")
-            rerun.append((self._seen[(s, m)], s))
+        scheds = [s for _, s in top]
+        self._remeasure(scheds, m, "confirm")
+        rerun = [(self._seen[(s, m)], s) for s in scheds]
         return max(rerun + [best], key=lambda t: t[0])
 
-    def _remeasure(self, sched: KernelSchedule, m: int, phase: str) -> float:
-        """Time an already measured candidate again; it keeps its better run, and the new
-        run is returned."""
-        res = self.measure(sched, m)
-        again = res.gflops if res.ok else 0.0
-        self.trials.append(Trial(m, phase, sched, again))
-        self._seen[(sched, m)] = max(self._seen[(sched, m)], again)
-        return again
+    def _remeasure(self, scheds: Sequence[KernelSchedule], m: int, phase: str) -> list[float]:
+        """Time already measured candidates again (together where the measure can); each
+        keeps its better run, and the new runs are returned."""
+        many = getattr(self.measure, "many", None)
+        items = [(s, m) for s in scheds]
+        results = many(items) if many is not None and len(items) > 1 else [self.measure(*i) for i in items]
+        out = []
+        for sched, res in zip(scheds, results, strict=True):
+            again = res.gflops if res.ok else 0.0
+            self.trials.append(Trial(m, phase, sched, again))
+            self._seen[(sched, m)] = max(self._seen[(sched, m)], again)
+            out.append(again)
+        return out
 
     def _skinny_rounds(self, m: int) -> bool:
         """Skinny M is ranked in rounds (see `_rounds`), and its tallest tile always runs:
@@ -316,7 +370,7 @@ class SandwichSearch:
         shares: dict[KernelSchedule, list[float]] = {s: [] for s in finalists}
         for r in range(self.settings.skinny_rounds):
             order = finalists if r % 2 == 0 else finalists[::-1]
-            runs = {s: self._remeasure(s, m, "round") for s in order}
+            runs = dict(zip(order, self._remeasure(order, m, "round"), strict=True))
             top = max(runs.values())
             for s, g in runs.items():
                 shares[s].append(g / top if top > 0 else 0.0)
@@ -348,11 +402,20 @@ class SandwichSearch:
             return Polymerization(1, self.threads, 1)
         return Polymerization(self.threads, 1, 1)
 
-    def _probe(self, mk: MicroKernel, m: int) -> float:
+    def _probe_schedule(self, mk: MicroKernel, m: int) -> KernelSchedule:
+        """The one slice that ranks a micro-kernel against the others."""
         pl = self._default_poly(m, mk)
         caps = slice_caps(m, self.n, self.k, mk, pl)
-        s = clamp(ComputeSlice(4 * mk.mu_m, 4 * mk.mu_n, self.settings.probe_k), caps)
-        return self._eval(self._schedule(mk, s, pl), m, "probe")
+        return self._schedule(mk, clamp(ComputeSlice(4 * mk.mu_m, 4 * mk.mu_n, self.settings.probe_k),
+                                        caps), pl)
+
+    def _rank_micro_kernels(self, mks: list[MicroKernel], m: int) -> list[MicroKernel]:
+        """Micro-kernels by their probe, fastest first; those the guide left unmeasured last."""
+        probes = [self._probe_schedule(mk, m) for mk in mks]
+        picked = self._choose(probes, m, keep=self.settings.mk_keep)
+        gflops = iter(self._eval_many([s for s, p in zip(probes, picked, strict=True) if p], m, "probe"))
+        score = {mk: next(gflops) if p else -1.0 for mk, p in zip(mks, picked, strict=True)}
+        return sorted(mks, key=lambda mk: -score[mk])
 
     def tune_m(self, m: int) -> MResult:
         """Best schedule at this M: frozen schedule if reuse has kicked in, else the search."""
@@ -378,7 +441,7 @@ class SandwichSearch:
         prev = self._eval(hist[-1].schedule, m, "reuse") if hist else 0.0
         mks = [refine.micro_kernel] if refine else self.candidates(m)
         if len(mks) > self.settings.mk_keep:
-            ranked = sorted(mks, key=lambda mk: -self._probe(mk, m))
+            ranked = self._rank_micro_kernels(mks, m)
             mks = ranked[: self.settings.mk_keep]
             tallest = max(ranked, key=lambda mk: (mk.mu_m, mk.mu_n))
             if self._skinny_rounds(m) and tallest not in mks:
@@ -389,6 +452,9 @@ class SandwichSearch:
                                        start=refine.slice if refine else None)
             schemes = [pl for pl in polymerizations(self.threads, split_k=self.settings.split_k)
                        if useful(pl, m, self.n, self.k, mk)] or [Polymerization(1, 1, 1)]
+            starts = [self._schedule(mk, clamp(start, slice_caps(m, self.n, self.k, mk, pl)), pl)
+                      for pl in schemes]
+            schemes = [pl for pl, p in zip(schemes, self._choose(starts, m), strict=True) if p]
             for pl in schemes:
                 s, g = self.finetune(mk, m, start, pl)
                 if best is None or g > best[0]:

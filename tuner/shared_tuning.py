@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable
 
 from sandwich.tuner.budget import Budget
+from sandwich.tuner.guide import Guides
 from sandwich.tuner.kernel_cache import KernelCache
 from sandwich.tuner.rpc_measure import RpcTarget
 from sandwich.tuner.tune import OpReport, tune_op
@@ -53,7 +54,7 @@ def tune_shared(shapes: list[tuple[list[str], GemmOp]], *, seq_max: int, threads
                 on_shape: Callable[[list[str], GemmOp], None] = lambda *_: None,
                 ttl_s: float = TTL_S, renew_s: float = RENEW_S, poll_s: float = 1.0,
                 sleep: Callable[[float], None] = time.sleep,
-                remote: RpcTarget | None = None) -> list[OpReport]:
+                remote: RpcTarget | None = None, guides: Guides | None = None) -> list[OpReport]:
     """Tune every shape once between all tuners of this cache; reports in `shapes` order."""
     owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     # largest first (longest-processing-time order): the tuners finish close together
@@ -71,9 +72,12 @@ def tune_shared(shapes: list[tuple[list[str], GemmOp]], *, seq_max: int, threads
                     on_shape(names, op)
                     reports[i] = tune_op(names=names, op=op, seq_max=seq_max, threads=threads,
                                          budget=budget, cache=cache, on_step=on_step,
-                                         remote=remote)
+                                         remote=remote,
+                                         guide=guides(op.dtype) if guides else None)
                 finally:
                     cache.db.release(key, owner)
+                    if guides:  # what this shape taught the model outlives a killed tune
+                        guides.save()
                 pending.remove(i)
                 progressed = True
             if pending and not progressed:
@@ -82,7 +86,7 @@ def tune_shared(shapes: list[tuple[list[str], GemmOp]], *, seq_max: int, threads
 
 
 def tune_shapes(shapes, *, seq_max: int, threads: int, budget, cache, progress: bool = True,
-                remote: RpcTarget | None = None):
+                remote: RpcTarget | None = None, guides: Guides | None = None):
     """Tune each (names, op) over M in [1, seq_max] with a progress bar, sharing the work
     with other tuners of the same cache; the OpReports."""
     from tqdm import tqdm
@@ -90,5 +94,5 @@ def tune_shapes(shapes, *, seq_max: int, threads: int, budget, cache, progress: 
     with tqdm(total=len(shapes) * len(budget.m_samples(seq_max)), unit="M",
               disable=not progress, dynamic_ncols=True) as bar:
         return tune_shared(shapes, seq_max=seq_max, threads=threads, budget=budget, cache=cache,
-                           remote=remote, on_step=bar.update, on_shape=lambda names, op: bar.set_description(
+                           remote=remote, guides=guides, on_step=bar.update, on_shape=lambda names, op: bar.set_description(
                                f"{'+'.join(names)} {op.n}x{op.k}"))

@@ -15,11 +15,13 @@ from dataclasses import dataclass, field, replace
 from sandwich.errors import BuildError, ConfigError
 from sandwich.payload import Payload
 from sandwich.tuner.budget import Budget
+from sandwich.tuner.guide import ModelGuide
 from sandwich.tuner.kernel_cache import KernelCache
 from sandwich.tuner.machine_model import machine_model
 from sandwich.tuner.rpc_measure import RpcMeasure, RpcTarget
 from sandwich.tuner.search import MResult, SandwichSearch
 from sandwich.tuner.space import Isa, micro_kernels, pack_width
+from sandwich.tuner.trial_log import Sample
 from sandwich.tuner.tvm_measure import TvmMeasure
 from sandwich.types import GemmOp, KernelSchedule, TuneRecord
 
@@ -34,9 +36,14 @@ class OpReport:
     searched: int = 0
     cached: int = 0
     rebuilt: int = 0
-    trials: int = 0
+    trials: int = 0  # timings, the re-timings of finalists included
+    candidates: int = 0  # distinct (schedule, M) measured
+    predicted_only: int = 0  # candidates the cost model ranked out, never measured
+    rho: float = float("nan")  # the cost model's rank correlation on the last searched M
     seconds: float = 0.0
-    compile_seconds: float = 0.0
+    compile_seconds: float = 0.0  # building and checking kernels against numpy
+    measure_seconds: float = 0.0  # inside the measure calls: compile, check and time
+    model_seconds: float = 0.0  # training and querying the cost model
     rpc_retries: int = 0  # remote calls run again on another server (a server died or hung)
     results: list[MResult] = field(default_factory=list)
 
@@ -68,6 +75,29 @@ def _ensure_kernel(cache: KernelCache, measure: TvmMeasure | RpcMeasure, op: Gem
     return True
 
 
+class _Clocked:
+    """A measure that keeps the wall time spent in it, for `tune --stats`."""
+
+    def __init__(self, measure: TvmMeasure | RpcMeasure) -> None:
+        self.measure, self.seconds = measure, 0.0
+        if hasattr(measure, "many"):  # the search batches a round only for a measure that can
+            self.many = self._many
+
+    def __call__(self, schedule: KernelSchedule, m: int):
+        t0 = time.perf_counter()
+        try:
+            return self.measure(schedule, m)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _many(self, items):
+        t0 = time.perf_counter()
+        try:
+            return self.measure.many(items)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+
 def _append_trials(path, search: SandwichSearch, start: int) -> int:
     """Append the trials since `start` (one JSON line each: M, phase, schedule, GFLOPS)."""
     with open(path, "a") as f:
@@ -90,9 +120,10 @@ def weight_pack(cache: KernelCache, n: int, budget: Budget,
 
 def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget: Budget,
             cache: KernelCache, on_step: Callable[[int], None] = lambda _: None,
-            remote: RpcTarget | None = None) -> OpReport:
+            remote: RpcTarget | None = None, guide: ModelGuide | None = None) -> OpReport:
     """Tune one (N, K) over the budget's M samples, resuming from committed records;
-    with `remote`, every candidate is checked and timed on that tracker's servers."""
+    with `remote`, every candidate is checked and timed on that tracker's servers; with
+    `guide`, the cost model picks which candidates of each round are measured."""
     t0 = time.perf_counter()
     cpu = cache.cpu
     isa = Isa(cpu.lanes_f32, cpu.vector_registers)
@@ -109,10 +140,12 @@ def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget:
     measure = (TvmMeasure(cpu, threads, op.n, op.k, pack_n, seq_max, dtype=op.dtype)
                if remote is None else
                RpcMeasure(cpu, threads, op.n, op.k, pack_n, seq_max, remote, cache.fingerprint))
+    clocked = _Clocked(measure)
+    model_s0 = _model_seconds(guide)
     search = SandwichSearch(n=op.n, k=op.k, pack_n=pack_n,
                             micro_kernels=micro_kernels(isa, pack_n, widths=budget.mk_widths),
-                            threads=threads, measure=measure, settings=budget.settings,
-                            dtype=op.dtype)
+                            threads=threads, measure=clocked, settings=budget.settings,
+                            dtype=op.dtype, guide=guide)
     records = cache.records(op.n, op.k, op.dtype, threads)
     if any(r.record.schedule.pack_n != pack_n for r in records):
         # tuned for another weight layout (an older sandwichc): every M shares one packing,
@@ -132,6 +165,9 @@ def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget:
             on_step(1)
             continue
         res = search.tune_m(m)
+        if guide is not None:
+            guide.observe([Sample(t.schedule, t.m, op.n, op.k, t.gflops, t.phase)
+                           for t in search.trials[logged:]], "+".join(names))
         logged = _append_trials(log, search, logged)
         if res.gflops <= 0:
             raise BuildError(f"GEMM {op.name} N={op.n} K={op.k}: no schedule built and verified "
@@ -147,8 +183,17 @@ def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget:
     cache.db.checkpoint()  # this shape's records into the database file, out of the WAL
     report.seconds = time.perf_counter() - t0
     report.compile_seconds = measure.compile_seconds
+    report.measure_seconds = clocked.seconds
+    report.candidates, report.predicted_only = len(search.measured), search.predicted_only
+    report.model_seconds = _model_seconds(guide) - model_s0
+    if guide is not None:
+        report.rho = guide.stats.rho_by_shape.get("+".join(names), float("nan"))
     report.rpc_retries = getattr(measure, "retries", 0)
     return report
+
+
+def _model_seconds(guide: ModelGuide | None) -> float:
+    return 0.0 if guide is None else guide.stats.train_seconds + guide.stats.predict_seconds
 
 
 def verify_numerics(cache: KernelCache, *, n: int, k: int, ms: list[int], dtype: str = "float32",

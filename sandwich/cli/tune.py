@@ -56,6 +56,16 @@ def register(sub) -> None:
     tune.add_argument("--rpc-timeout", type=float, default=120.0,
                       help="seconds one remote call may take before its server is dropped and "
                       "the call goes to another")
+    tune.add_argument("--measure-share", type=float, default=1.0, metavar="S",
+                      help="let the XGBoost cost model (trained on this CPU's earlier trials, "
+                      "and on this tune's as it goes) rank each round of candidates and measure "
+                      "only its top share S; 1 measures every candidate (default)")
+    tune.add_argument("--explore", type=float, default=0.1, metavar="P",
+                      help="with --measure-share < 1: each candidate the model ranks out is "
+                      "measured anyway with this chance")
+    tune.add_argument("--stats", action="store_true",
+                      help="print, per GEMM, the candidates measured and ranked out, the cost "
+                      "model's rank correlation on the last M and the time spent per stage")
     add_cache_arg(tune)
     tune.set_defaults(func=cmd_tune)
 
@@ -162,11 +172,13 @@ def cmd_tune(args) -> int:
     from sandwich.models import load_model_config
     from sandwich.payload import make_payload
     from sandwich.tuner.budget import get_budget
+    from sandwich.tuner.guide import Guides, GuideSettings
     from sandwich.tuner.quiet import warn_if_busy
     from sandwich.tuner.shared_tuning import tune_shapes
     from sandwich.tuner.tune import unique_shapes
 
     cfg = load_model_config(args.model)
+    guide_settings = GuideSettings(measure_share=args.measure_share, explore=args.explore)
     if _plan_mode(args) == "on":
         return _tune_plan(args, cfg)
     payload = make_payload(cfg, tp=args.tp, seq_max=args.seq_max, weights=args.weights)
@@ -184,17 +196,20 @@ def cmd_tune(args) -> int:
     remote = _rpc_target(args, cache.fingerprint)
     if remote is None:  # (the servers' load is theirs to mind)
         warn_if_busy("the timings that rank schedules", lambda msg: print(msg, file=sys.stderr))
+    machine = None
     if budget.machine_model:  # measured once per CPU, before the tune, where it can say so
         from sandwich.tuner.machine_model import machine_model
 
-        machine_model(cache.dir, cache.cpu, cache.fingerprint,
-                      log=lambda msg: print(msg, file=sys.stderr, flush=True))
+        machine = machine_model(cache.dir, cache.cpu, cache.fingerprint,
+                                log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    guides = Guides(guide_settings, cache_dir=cache.dir, fingerprint=cache.fingerprint,
+                    constants=machine)
     print(f"tuning {cfg.name} (tp={args.tp}, seq_max={args.seq_max}, budget={budget.name}, "
           f"weights={args.weights}) "
           f"with {threads} threads on {cache.cpu.model} [{cache.fingerprint}], cache {cache.dir}")
     t0 = time.perf_counter()
     reports = tune_shapes(shapes, seq_max=args.seq_max, threads=threads, budget=budget, remote=remote,
-                          cache=cache, progress=not args.no_progress)
+                          cache=cache, progress=not args.no_progress, guides=guides)
     total = time.perf_counter() - t0
     print(f"{'op':<14}{'N':>7}{'K':>7}{'searched':>10}{'cached':>8}{'trials':>8}{'compile s':>11}"
           f"{'total s':>9}  best GFLOPS (M)")
@@ -208,8 +223,28 @@ def cmd_tune(args) -> int:
     if remote is not None:
         print(f"RPC: {sum(r.rpc_retries for r in reports)} remote call(s) run again on another "
               f"server after a server failed or did not answer")
+    if args.stats:
+        print_stats(reports, guides, total)
     print(f"done in {total:.1f} s")
     return 0
+
+
+def print_stats(reports, guides, total: float) -> None:
+    """`tune --stats`: what was measured, what the cost model ranked out, how well it ranked
+    the last M of each GEMM, and where the time went."""
+    print(f"{'op':<14}{'candidates':>11}{'timings':>9}{'ranked out':>11}{'rho':>7}"
+          f"{'compile s':>11}{'time s':>8}{'model s':>9}{'other s':>9}")
+    for r in reports:
+        timing = max(0.0, r.measure_seconds - r.compile_seconds)
+        other = max(0.0, r.seconds - r.measure_seconds - r.model_seconds)
+        rho = "-" if r.rho != r.rho else f"{r.rho:.2f}"
+        print(f"{'+'.join(r.names):<14}{r.candidates:>11}{r.trials:>9}{r.predicted_only:>11}{rho:>7}"
+              f"{r.compile_seconds:>11.1f}{timing:>8.1f}{r.model_seconds:>9.1f}{other:>9.1f}")
+    print(f"measured {sum(r.candidates for r in reports)} candidates in "
+          f"{sum(r.trials for r in reports)} timings; the cost model ranked out "
+          f"{sum(r.predicted_only for r in reports)} unmeasured"
+          + (f" and was trained {guides.trainings()} time(s)" if guides.settings.active else
+             " (not used: --measure-share 1)") + f"; {total:.1f} s in all")
 
 
 def _rpc_target(args, fingerprint: str):
@@ -275,7 +310,8 @@ def _tune_plan(args, cfg) -> int:
     t0 = time.perf_counter()
     settings = PlanSettings(top_k=args.top_k, seq_max=args.seq_max, budget=args.budget,
                             prompt_len=args.prompt_len, new_tokens=args.new_tokens,
-                            rounds=args.rounds, calibrate=not args.no_calibrate)
+                            rounds=args.rounds, calibrate=not args.no_calibrate,
+                            measure_share=args.measure_share, explore=args.explore)
     plan = make_plan(args.model, cache, settings, progress=not args.no_progress)
     print(format_plan(plan))
     print(f"done in {time.perf_counter() - t0:.1f} s")
