@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sandwich.bench.baselines import Peer, PeerSet, SkippedPeer
+from sandwich.bench.baselines.cache_peer import PREFIX as CACHE_PREFIX
+from sandwich.bench.baselines.cache_peer import CachePeer
 from sandwich.errors import ConfigError, ShapeError
 
 DEFAULT_PEERS = ("numpy", "torch", "openvino")
@@ -139,8 +141,12 @@ def make_peers(names: Iterable[str] = DEFAULT_PEERS, *, threads: int) -> PeerSet
     peers: list[Peer] = []
     skipped: list[SkippedPeer] = []
     for name in names:
+        if name.startswith(CACHE_PREFIX):
+            peers.append(CachePeer(name[len(CACHE_PREFIX):], threads))
+            continue
         if name not in _FACTORIES:
-            raise ConfigError(f"unknown GEMM peer {name!r}; choose from {', '.join(_FACTORIES)}")
+            raise ConfigError(f"unknown GEMM peer {name!r}; choose from {', '.join(_FACTORIES)}, "
+                              f"or {CACHE_PREFIX}DIR (another kernel cache's tuned GEMMs)")
         factory, install = _FACTORIES[name]
         try:
             peers.append(factory(threads))

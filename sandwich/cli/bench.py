@@ -143,6 +143,20 @@ def register(sub) -> None:
     add_cache_arg(f)
     f.set_defaults(func=_run_formats)
 
+    c = bsub.add_parser("caches", help="two kernel caches of this machine (two tunes) timed "
+                        "against each other, row by row in interleaved rounds")
+    c.add_argument("--a", required=True, metavar="DIR", help="the reference cache")
+    c.add_argument("--b", required=True, metavar="DIR", help="the cache compared with it")
+    c.add_argument("--model", action="append", help="embedded name or config.json path "
+                   "(repeatable; default llama-160m)")
+    c.add_argument("--m", default="1,2,4,8,16,32,64,128,256,512,1024,2048",
+                   help="comma-separated M values")
+    c.add_argument("--rounds", type=int, default=5, help="A B B A rounds per row")
+    c.add_argument("--json", dest="json_out", default=None, help="also write the rows as JSON")
+    c.add_argument("--md", default=None, help="also write a Markdown table")
+    add_threads_arg(c)
+    c.set_defaults(func=_run_caches)
+
     from sandwich.cli import bench_scheduling
 
     bench_scheduling.register(bsub)
@@ -183,6 +197,22 @@ def _run(args) -> int:
           f"{100 * s['geomean_fraction_of_peak_m_ge_512']:.0f}% of peak (min "
           f"{100 * s['min_fraction_of_peak_m_ge_512']:.0f}%)")
     print(f"wrote {args.json_out}, {args.md}, {args.png}")
+    return 0
+
+
+def _run_caches(args) -> int:
+    from sandwich.bench.cache_ab import run_ab, write_markdown
+
+    ms = int_list(args.m, "--m")
+    threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
+    res = run_ab(a_dir=args.a, b_dir=args.b, models=args.model or ["llama-160m"], ms=ms,
+                 threads=threads, rounds=args.rounds)
+    print(f"geomean B / A: all {res.geomean():.3f}, M <= 8 {res.geomean(lambda r: r.m <= 8):.3f}, "
+          f"M >= 512 {res.geomean(lambda r: r.m >= 512):.3f} ({len(res.rows)} rows, {threads} threads)")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(res.to_json(), indent=1))
+    if args.md:
+        write_markdown(res, Path(args.md), "sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     return 0
 
 

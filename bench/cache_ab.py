@@ -1,0 +1,140 @@
+"""`sandwichc bench caches`: two kernel caches of one machine (two tunes: with and without the
+cost model, two budgets, two versions) timed against each other row by row.
+
+`bench gemm` times each runner over every row and then the next runner, so a VM that slows
+down for a minute can hand one side a whole slow pass. Here each row's two GEMMs alternate,
+A B B A ..., for a number of rounds, and the row's figure is the median of the per-round
+ratios B / A: both sides of a ratio ran seconds apart. Up to M = 8 the weights rotate over
+copies beyond the LLC, as decode reads them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sandwich.bench.baselines.cache_peer import CachePeer
+from sandwich.bench.baselines.measure import check_gemm, random_gemm, time_rotated
+from sandwich.compiler.gemm_runner import aligned_empty
+from sandwich.compiler.target import describe_machine
+from sandwich.errors import ConfigError
+from sandwich.models import load_model_config
+from sandwich.payload import make_payload
+from sandwich.tuner.streaming import llc_bytes, rotation_copies
+from sandwich.tuner.timing import gflops, time_callable
+from sandwich.tuner.tune import unique_shapes
+
+ROTATE_MAX_M = 8
+TIMING = {"warmup": 2, "repeat": 7, "min_repeat_s": 0.03}
+
+
+@dataclass
+class AbRow:
+    op: str
+    n: int
+    k: int
+    m: int
+    rotated: bool
+    a_gflops: list[float] = field(default_factory=list)  # one per round
+    b_gflops: list[float] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float:
+        """Median over rounds of B's GFLOPS / A's in the same round."""
+        return statistics.median(b / a for a, b in zip(self.a_gflops, self.b_gflops, strict=True))
+
+
+@dataclass
+class AbResult:
+    a: str
+    b: str
+    threads: int
+    rounds: int
+    machine: str
+    date: str
+    rows: list[AbRow] = field(default_factory=list)
+
+    def geomean(self, pred: Callable[[AbRow], bool] = lambda r: True) -> float:
+        xs = [r.ratio for r in self.rows if pred(r)]
+        return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else math.nan
+
+    def to_json(self) -> dict:
+        return {"a": self.a, "b": self.b, "threads": self.threads, "rounds": self.rounds,
+                "machine": self.machine, "date": self.date,
+                "geomean_b_over_a": self.geomean(),
+                "rows": [{"op": r.op, "n": r.n, "k": r.k, "m": r.m, "rotated": r.rotated,
+                          "a_gflops": r.a_gflops, "b_gflops": r.b_gflops, "ratio": r.ratio}
+                         for r in self.rows]}
+
+
+def _inputs(m: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    a, w = random_gemm(m, n, k, seed=m)
+    aligned = aligned_empty(a.shape)
+    aligned[...] = a
+    return aligned, w
+
+
+def run_ab(*, a_dir: str, b_dir: str, models: list[str], ms: list[int], threads: int,
+           rounds: int = 5, log: Callable[[str], None] = print) -> AbResult:
+    """Time every unique GEMM of the models at every M from both caches, interleaved."""
+    if rounds < 1:
+        raise ConfigError(f"--rounds must be >= 1, got {rounds}")
+    if Path(a_dir).resolve() == Path(b_dir).resolve():
+        raise ConfigError("--a and --b are the same cache: nothing to compare")
+    sides = (CachePeer(a_dir, threads), CachePeer(b_dir, threads))
+    res = AbResult(a_dir, b_dir, threads, rounds, describe_machine(),
+                   datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    llc = llc_bytes()
+    for model in models:
+        payload = make_payload(load_model_config(model), tp=1, seq_max=max(ms))
+        for names, op in unique_shapes(payload):
+            if op.dtype != "float32":
+                raise ConfigError(f"bench caches times fp32 GEMMs; {'+'.join(names)} is {op.dtype}")
+            for m in ms:
+                x, w = _inputs(m, op.n, op.k)
+                rotated = m <= ROTATE_MAX_M
+                copies = rotation_copies(w.nbytes, llc) if rotated else 1
+                handles = [[side.prepare(w) for _ in range(copies)] for side in sides]
+                for side, hs in zip(sides, handles, strict=True):  # once: numpy at M = 2048 is slow
+                    check_gemm(side.run(x, hs[0]), x, w, what=side.name)
+                row = AbRow("+".join(names), op.n, op.k, m, rotated)
+                for r in range(rounds):
+                    order = (0, 1, 1, 0) if r % 2 == 0 else (1, 0, 0, 1)
+                    got: dict[int, list[float]] = {0: [], 1: []}
+                    for i in order:
+                        run, hs = sides[i].run, handles[i]
+                        t = (time_rotated(run, x, hs, **TIMING) if len(hs) > 1 else
+                             time_callable(lambda run=run, h=hs[0], x=x: run(x, h), **TIMING))
+                        got[i].append(gflops(2.0 * m * op.n * op.k, t.median_s))
+                    row.a_gflops.append(max(got[0]))
+                    row.b_gflops.append(max(got[1]))
+                res.rows.append(row)
+                log(f"{row.op:<14} M={m:<5} {op.n}x{op.k}{' rotated' if rotated else ''}: "
+                    f"A {statistics.median(row.a_gflops):7.1f}  B {statistics.median(row.b_gflops):7.1f} "
+                    f"GFLOPS  B/A x{row.ratio:.3f}")
+    return res
+
+
+def write_markdown(res: AbResult, path: Path, command: str) -> None:
+    lines = ["# Two kernel caches, interleaved: B / A", "",
+             f"Command: `{command}`", f"Machine: {res.machine}; {res.threads} threads; {res.date}.",
+             f"A = `{res.a}`, B = `{res.b}`. Each row: {res.rounds} rounds of A B B A (or B A A B), "
+             "each side's better run per round; the row's ratio is the median over rounds of "
+             "B / A. Rows up to M = 8 rotate the weights beyond the LLC.", "",
+             f"Geomean B / A: all {res.geomean():.3f}, M <= 8 "
+             f"{res.geomean(lambda r: r.m <= 8):.3f}, 16 <= M <= 256 "
+             f"{res.geomean(lambda r: 16 <= r.m <= 256):.3f}, M >= 512 "
+             f"{res.geomean(lambda r: r.m >= 512):.3f}.", "",
+             "| op | N x K | M | A GFLOPS (median) | B GFLOPS (median) | B / A |",
+             "|---|---|---|---|---|---|"]
+    for r in res.rows:
+        lines.append(f"| {r.op} | {r.n}x{r.k} | {r.m}{' (rotated)' if r.rotated else ''} | "
+                     f"{statistics.median(r.a_gflops):.1f} | {statistics.median(r.b_gflops):.1f} | "
+                     f"{r.ratio:.3f} |")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
