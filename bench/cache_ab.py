@@ -11,17 +11,14 @@ copies beyond the LLC, as decode reads them.
 from __future__ import annotations
 
 import datetime
-import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from sandwich.bench.baselines.cache_peer import CachePeer
-from sandwich.bench.baselines.measure import check_gemm, random_gemm, time_rotated
-from sandwich.compiler.gemm_runner import aligned_empty
+from sandwich.bench.baselines.measure import check_gemm, time_rotated
+from sandwich.bench.gemm import aligned_problem, geomean
 from sandwich.compiler.target import describe_machine
 from sandwich.errors import ConfigError
 from sandwich.models import load_model_config
@@ -61,8 +58,7 @@ class AbResult:
     rows: list[AbRow] = field(default_factory=list)
 
     def geomean(self, pred: Callable[[AbRow], bool] = lambda r: True) -> float:
-        xs = [r.ratio for r in self.rows if pred(r)]
-        return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else math.nan
+        return geomean([r.ratio for r in self.rows if pred(r)])
 
     def to_json(self) -> dict:
         return {"a": self.a, "b": self.b, "threads": self.threads, "rounds": self.rounds,
@@ -71,13 +67,6 @@ class AbResult:
                 "rows": [{"op": r.op, "n": r.n, "k": r.k, "m": r.m, "rotated": r.rotated,
                           "a_gflops": r.a_gflops, "b_gflops": r.b_gflops, "ratio": r.ratio}
                          for r in self.rows]}
-
-
-def _inputs(m: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    a, w = random_gemm(m, n, k, seed=m)
-    aligned = aligned_empty(a.shape)
-    aligned[...] = a
-    return aligned, w
 
 
 def run_ab(*, a_dir: str, b_dir: str, models: list[str], ms: list[int], threads: int,
@@ -97,7 +86,7 @@ def run_ab(*, a_dir: str, b_dir: str, models: list[str], ms: list[int], threads:
             if op.dtype != "float32":
                 raise ConfigError(f"bench caches times fp32 GEMMs; {'+'.join(names)} is {op.dtype}")
             for m in ms:
-                x, w = _inputs(m, op.n, op.k)
+                x, w = aligned_problem(m, op.n, op.k)
                 rotated = m <= ROTATE_MAX_M
                 copies = rotation_copies(w.nbytes, llc) if rotated else 1
                 handles = [[side.prepare(w) for _ in range(copies)] for side in sides]

@@ -65,7 +65,7 @@ class BenchResult:
                 "rotated_summary": summarize_rotated(self.rotated_rows, ["sandwich", *self.peers])}
 
 
-def _geomean(xs: list[float]) -> float:
+def geomean(xs: list[float]) -> float:
     xs = [x for x in xs if x > 0]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else 0.0
 
@@ -77,11 +77,11 @@ def summarize(rows: list[dict], peers: list[str], peak: float) -> dict:
 
     large = [r["sandwich_gflops"] / peak for r in rows if r["m"] >= 512 and peak > 0]
     return {
-        "geomean_speedup_all": _geomean(speedups(lambda r: True)),
-        "geomean_speedup_m_le_64": _geomean(speedups(lambda r: r["m"] <= 64)),
-        "geomean_speedup_m_ge_512": _geomean(speedups(lambda r: r["m"] >= 512)),
+        "geomean_speedup_all": geomean(speedups(lambda r: True)),
+        "geomean_speedup_m_le_64": geomean(speedups(lambda r: r["m"] <= 64)),
+        "geomean_speedup_m_ge_512": geomean(speedups(lambda r: r["m"] >= 512)),
         "min_fraction_of_peak_m_ge_512": min(large) if large else 0.0,
-        "geomean_fraction_of_peak_m_ge_512": _geomean(large),
+        "geomean_fraction_of_peak_m_ge_512": geomean(large),
     }
 
 
@@ -209,9 +209,13 @@ def run_bench(*, models: list[str], ms: list[int], tp: int, peer_names: list[str
 
 
 def _inputs(row: dict) -> tuple[np.ndarray, np.ndarray]:
-    """The row's seeded A and W, A in a 64-byte aligned buffer (as the executor's activations
-    are) for every runner alike."""
-    a, w = random_gemm(row["m"], row["n"], row["k"], seed=row["m"])
+    return aligned_problem(row["m"], row["n"], row["k"])
+
+
+def aligned_problem(m: int, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """A seeded A and W of one GEMM row, A in a 64-byte aligned buffer (as the executor's
+    activations are) for every runner alike."""
+    a, w = random_gemm(m, n, k, seed=m)
     aligned = aligned_empty(a.shape)
     aligned[...] = a
     return aligned, w
