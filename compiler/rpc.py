@@ -155,6 +155,11 @@ class RemoteSession:
         return float(self.sess.get_function(STREAMED_FUNC)(module, copies, passes, *args))
 
 
-def remote_error(e: BaseException) -> BuildError:
+class RemoteFailure(BuildError):
+    """The server failed, not the kernel: the server died, hung up, did not answer in time,
+    or none came free. A measure never counts it against the candidate."""
+
+
+def remote_error(e: BaseException) -> RemoteFailure:
     """A failed remote call as one line (the server died, hung up or raised)."""
-    return BuildError(f"RPC call failed: {first_line(e)}")
+    return RemoteFailure(f"RPC call failed: {first_line(e)}")

@@ -15,8 +15,8 @@ from sandwich.errors import SandwichError
 from sandwich.runtime.executor import Executor
 from sandwich.runtime.kv_handoff import HandoffSpec, KVHandoff
 from sandwich.runtime.loader import load_model
-from sandwich.runtime.workers import one_line, spawn_worker, wait_ready
 from sandwich.tuner.kernel_cache import KernelCache
+from sandwich.workers import one_line, spawn_worker, wait_ready
 
 
 class PoolError(SandwichError):

@@ -28,9 +28,9 @@ from sandwich.runtime.kv_handoff import HandoffSpec, KVHandoff
 from sandwich.runtime.loader import read_config
 from sandwich.runtime.prefill_work import PrefillWork
 from sandwich.runtime.shard import check_tp, load_shard, vocab_sharded
-from sandwich.runtime.workers import one_line, spawn_worker, wait_ready
 from sandwich.tuner.kernel_cache import KernelCache
 from sandwich.types import ServiceConfig
+from sandwich.workers import one_line, spawn_worker, wait_ready
 
 
 class TPError(SandwichError):

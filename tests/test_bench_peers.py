@@ -92,8 +92,10 @@ def test_time_rotated_visits_every_handle_in_turn():
     t = measure.time_rotated(lambda a, h: seen.append(h), None, ["w0", "w1", "w2"],
                              repeat=2, min_repeat_s=0.0)
     assert t.median_s > 0 and t.repeats == 2
-    assert seen[:6] == ["w0", "w1", "w2", "w0", "w1", "w2"]  # warm-up covers all three
-    assert set(seen) == {"w0", "w1", "w2"}
+    assert seen[:3] == ["w0", "w1", "w2"]  # warm-up covers all three
+    # then the two repeats, on the next handles in turn: with min_repeat_s = 0 one call fills
+    # a repeat, which the warm-up already showed, so no call is spent sizing them
+    assert seen[3:] == ["w0", "w1"]
     with pytest.raises(ConfigError):
         measure.time_rotated(lambda a, h: None, None, [])
 

@@ -68,6 +68,26 @@ def test_one_family_serves_every_slice():
     assert len(meas.kernels) == 1 and len(meas.verified) == 3
 
 
+def test_checks_reuse_reference_rows_and_catch_a_wrong_kernel():
+    from sandwich.compiler.gemm_formats import quantized_activations
+    from sandwich.tuner.reference import ReferenceRows, reference_matmul
+
+    meas = TvmMeasure(CPU, 2, 4 * LANES, 64, 4 * LANES, seq_max=40)
+    assert meas(_sched(2, 4 * LANES, (4, 4 * LANES, 32), (1, 1, 1), pack=4 * LANES), 17).ok
+    done = meas.reference.done  # the rows the checks needed, each computed once
+    assert 1 <= done <= 40
+    assert np.allclose(meas.reference(done), reference_matmul(meas.a[:done], meas.w), rtol=1e-12)
+    # rows added later extend the same reference; a row transform (the kernel's 16-bit
+    # activation rounding) applies row by row
+    rows = ReferenceRows(meas.a, meas.w, quantized_activations)
+    rows(3)
+    assert np.allclose(rows(40), reference_matmul(quantized_activations(meas.a), meas.w), rtol=1e-12)
+    # a kernel that disagrees with the reference is refused, never timed
+    meas.reference._out[:done] += 1.0
+    res = meas(_sched(2, 4 * LANES, (8, 4 * LANES, 64), (1, 1, 1), pack=4 * LANES), 17)
+    assert not res.ok and "is wrong at M=" in res.error
+
+
 def test_skinny_m_is_timed_on_weights_streamed_past_the_llc():
     meas = TvmMeasure(CPU, 2, 4 * LANES, 64, 4 * LANES, seq_max=32, llc_bytes=1 << 20)
     assert meas(_sched(1, 4 * LANES, (1, 4 * LANES, 64), (1, 1, 1), pack=4 * LANES), 1).ok

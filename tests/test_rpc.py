@@ -1,6 +1,7 @@
 """Issue 29, item 1: tuning through TVM's RPC tracker and servers on 127.0.0.1 (each server
-limited to one thread): the records match a local tune's, a server killed mid-tune costs
-nothing, and a wrong server, a dead tracker or an empty key is one line."""
+limited to one thread): the records match a local tune's, with one worker or several
+measuring at once; a server killed mid-tune costs nothing; and a wrong server, a dead
+tracker or an empty key is one line."""
 
 import json
 import math
@@ -106,9 +107,11 @@ def test_an_rpc_tune_stores_what_a_local_tune_does(farm, tmp_path):
     addr, _ = farm
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(TINY))
-    p = _tune(cfg, tmp_path / "rpc", "--rpc", str(addr), "--rpc-key", "farm")
+    # three workers asked, two servers: two measure at once (a third would wait forever)
+    p = _tune(cfg, tmp_path / "rpc", "--rpc", str(addr), "--rpc-key", "farm", "--rpc-workers", "3")
     assert p.returncode == 0, p.stderr
-    assert "measuring on the RPC servers under key 'farm'" in p.stdout
+    assert "measuring on the RPC servers under key 'farm' at" in p.stdout
+    assert "2 at once" in p.stdout and "--rpc-workers 3: the tracker has 2 server(s)" in p.stderr
     local = _tune(cfg, tmp_path / "local")
     assert local.returncode == 0, local.stderr
     remote, here = _records(tmp_path / "rpc"), _records(tmp_path / "local")
@@ -144,15 +147,16 @@ def test_wrong_servers_and_dead_trackers_are_one_line(farm, tmp_path):
     assert not (tmp_path / "c" / "tuning.sqlite").exists() or not _records(tmp_path / "c")
 
 
-def test_a_server_killed_mid_tune_costs_nothing(farm, tmp_path):
-    addr, procs = farm
+def _kill_a_busy_server_mid_tune(addr, procs, tmp_path, *extra):
+    """Start a tune on the farm, kill a server in a session once a record is stored, and
+    return the tune's (stdout, stderr) after checking it finished and its cache verifies."""
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(TINY))
     cache = tmp_path / "rpc"
     tune = subprocess.Popen([sys.executable, "-m", "sandwich.cli", "tune", "--model", str(cfg),
                              "--seq-max", "16", "--budget", "tiny", "--threads", "1",
                              "--no-progress", "--cache-dir", str(cache), "--rpc", str(addr),
-                             "--rpc-key", "farm", "--rpc-timeout", "20"],
+                             "--rpc-key", "farm", "--rpc-timeout", "20", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "TVM_NUM_THREADS": "1"})
 
@@ -165,7 +169,7 @@ def test_a_server_killed_mid_tune_costs_nothing(farm, tmp_path):
 
     _wait_for(first_record, "the first record", timeout=300)
     # the busy server is the one with a session process
-    busy = [p for p in procs[1:] if psutil.Process(p.pid).children(recursive=True)]
+    busy = [p for p in procs[1:] if p.poll() is None and psutil.Process(p.pid).children(recursive=True)]
     assert busy, "no server is in a session"
     _kill(busy[0])
     out, err = tune.communicate(timeout=600)
@@ -173,3 +177,21 @@ def test_a_server_killed_mid_tune_costs_nothing(farm, tmp_path):
     retried = int(out.split("RPC: ")[1].split()[0])
     assert retried >= 1, out  # the killed server's call ran again on the other one
     _verify(cache)
+    return out, err
+
+
+def test_a_server_killed_mid_tune_costs_nothing(farm, tmp_path):
+    addr, procs = farm
+    _kill_a_busy_server_mid_tune(addr, procs, tmp_path)
+
+
+def test_a_server_killed_under_two_workers_leaves_one_measuring(farm, tmp_path):
+    addr, procs = farm  # the test above killed one server: start another
+    procs.append(_spawn("-m", "sandwich.cli", "rpc-server", "--tracker", str(addr), "--key", "farm",
+                        "--threads", "1", "--port", str(_free_port())))
+    _wait_for(lambda: servers_under(addr, "farm") == 2, "two servers at the tracker")
+    # two shapes are enough; a server that never came free is given up on after 10 s
+    out, err = _kill_a_busy_server_mid_tune(addr, procs, tmp_path, "--rpc-workers", "2",
+                                            "--ops", "qkv,gate_up", "--rpc-timeout", "10")
+    assert "2 at once" in out
+    assert "stopped" in err and "measuring on 1 server(s)" in err, err

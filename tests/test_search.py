@@ -361,6 +361,27 @@ def test_time_callable_stops_early_on_long_calls():
     assert 3 <= t.repeats < 50 and t.min_s >= 0.009
 
 
+def test_time_callable_gives_up_on_a_slow_first_repeat_and_folds_a_long_warm_up():
+    import time
+
+    from sandwich.tuner.timing import time_callable
+
+    calls = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(0.01)
+
+    t = time_callable(fn, warmup=1, repeat=5, min_repeat_s=0.002, give_up_s=0.005)
+    assert t.repeats == 1 and len(calls) == 2  # the warm-up sized the repeats; one repeat
+    calls.clear()
+    t = time_callable(fn, warmup=1, repeat=5, min_repeat_s=0.002, give_up_s=0.05)
+    assert t.repeats == 5 and len(calls) == 6  # not slow enough to give up on
+    calls.clear()
+    time_callable(fn, warmup=1, repeat=3, min_repeat_s=0.006)
+    assert len(calls) == 5  # a short warm-up: one more call to size the repeats
+
+
 def test_time_cap_per_m_stops_measuring():
     clock = iter(float(i) for i in range(10**6))
     meas = FakeMeasure(_good)
@@ -383,6 +404,23 @@ def test_reuse_tolerates_small_drops_only():
     assert search.state.frozen is not None
     assert search.tune_m(64).reused  # 5% down: within reuse_drop
     assert not search.tune_m(128).reused  # 15% down: searched again
+
+
+def test_one_slow_run_of_the_frozen_schedule_is_timed_again_before_a_search():
+    slow_once = {64: 1}  # the frozen schedule's first run at M = 64 lands in a busy moment
+
+    def fn(s, m):
+        if m in slow_once and slow_once[m]:
+            slow_once[m] -= 1
+            return _good(s, 32) * 0.5
+        return _good(s, 32)
+
+    search, meas = _search(fn, sigma=2, reuse_patience=2)
+    for m in (8, 16, 32):
+        search.tune_m(m)
+    res = search.tune_m(64)
+    assert res.reused and res.trials == 2  # timed twice, the better run kept, nothing searched
+    assert [s for s, m in meas.calls if m == 64] == [search.state.frozen] * 2
 
 
 def test_split_k_only_while_its_partial_sums_are_cheap():

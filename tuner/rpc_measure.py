@@ -19,10 +19,17 @@ import numpy as np
 
 from sandwich.compiler.gemm_dsl import build_gemm_dsl
 from sandwich.compiler.gemm_template import slice_args
-from sandwich.compiler.rpc import RemoteSession, TrackerAddress, remote_error, servers_under
+from sandwich.compiler.rpc import (
+    RemoteFailure,
+    RemoteSession,
+    TrackerAddress,
+    remote_error,
+    servers_under,
+)
 from sandwich.compiler.target import CpuInfo
 from sandwich.errors import BuildError, ConfigError
 from sandwich.tuner.measure import MeasureResult
+from sandwich.tuner.reference import ReferenceRows
 from sandwich.tuner.streaming import llc_bytes, rotation_copies
 from sandwich.tuner.timing import gflops
 from sandwich.tuner.tvm_measure import check_ms, random_problem, result_error
@@ -31,21 +38,25 @@ from sandwich.types import KernelSchedule
 
 @dataclass(frozen=True)
 class RpcTarget:
-    """Where candidates are measured: a tracker, the key of its servers, how long a call may take."""
+    """Where candidates are measured: a tracker, the key of its servers, how long a call may
+    take, and on how many of the servers at once (tuner/rpc_pool.py)."""
 
     tracker: TrackerAddress
     key: str
     call_timeout_s: float = 120.0
+    workers: int = 1
 
-    def check(self, fingerprint: str) -> None:
+    def check(self, fingerprint: str) -> int:
         """Fail before tuning when the tracker is down, the key has no server, or a server
-        is of another target: one line each."""
-        if servers_under(self.tracker, self.key) == 0:
+        is of another target: one line each. Returns how many servers the key has."""
+        servers = servers_under(self.tracker, self.key)
+        if servers == 0:
             raise ConfigError(f"RPC tracker {self.tracker} has no server under key {self.key!r}; "
                               f"start one with `sandwichc rpc-server --tracker {self.tracker} "
                               f"--key {self.key}`")
         session = RemoteSession(self.tracker, self.key)
         _check_fingerprint(session, fingerprint, self)
+        return servers
 
 
 def _check_fingerprint(session: RemoteSession, fingerprint: str, target: RpcTarget) -> None:
@@ -106,6 +117,7 @@ class RpcMeasure:
     stream_max_m: int = 8
     stream_passes: int = 3
     max_copies: int = 1024
+    failover: bool = True  # a failed server's call runs again on another (False: raise at once)
     compile_seconds: float = 0.0
     remote_seconds: float = 0.0
     retries: int = 0
@@ -116,12 +128,24 @@ class RpcMeasure:
     def __post_init__(self) -> None:
         self.w, self.wp, self.a = random_problem(self.n, self.k, self.pack_n, self.seq_max,
                                                  threads=1, seed=self.seed)
+        self.reference = ReferenceRows(self.a, self.w)  # fp32 weights only (tune refuses others)
         self._remote: _Remote | None = None
 
     # -- sessions ------------------------------------------------------------------------
+    def take_session(self, other: RpcMeasure) -> None:
+        """Go on with `other`'s server (a worker moving on to the next shape keeps its
+        server, and the tracker need not find it another)."""
+        if other._remote is not None:
+            self._remote = _Remote(other._remote.session)
+
     def _session(self) -> _Remote:
         if self._remote is None:
-            session = RemoteSession(self.target.tracker, self.target.key)
+            t = self.target
+            try:  # the tracker queues a request while every server of the key is in a session
+                session = _call_with_timeout(lambda: RemoteSession(t.tracker, t.key), t.call_timeout_s)
+            except TimeoutError:
+                why = f"RPC: no server under key {t.key!r} came free in {t.call_timeout_s:.0f} s"
+                raise (ConfigError(why) if self.failover else RemoteFailure(why)) from None
             _check_fingerprint(session, self.fingerprint, self.target)
             self._remote = _Remote(session)
         return self._remote
@@ -145,6 +169,8 @@ class RpcMeasure:
                 raise
             except Exception as e:  # a dead or hung server: TVMError, TimeoutError, OSError
                 self._remote = None
+                if not self.failover:
+                    raise remote_error(e) from None
                 self.retries += 1
                 deadline = deadline or time.monotonic() + self.target.call_timeout_s
                 if time.monotonic() > deadline:
@@ -191,14 +217,16 @@ class RpcMeasure:
         fam = schedule.family()
         if remote.weights is None:
             remote.weights = remote.session.tensor(self.wp[0])  # fp32: one array
-        return remote.session.load(fam.key(), self.kernels[fam])
+        # N and K are built in: a session kept across shapes (tuner/rpc_pool.py) must not
+        # load one shape's kernel for another's
+        return remote.session.load(f"{fam.key()}_n{self.n}_k{self.k}", self.kernels[fam])
 
     def _check(self, remote: _Remote, schedule: KernelSchedule) -> str:
         module = self._module(remote, schedule)
         for m in check_ms(schedule, self.seq_max):
             args = self._args(remote, schedule, m, remote.weights)
             remote.session.run(module, args)
-            err = result_error(args[2].numpy(), self.a[:m], self.w, schedule,
+            err = result_error(args[2].numpy(), self.reference(m), schedule,
                                where=" on the RPC server")
             if err:
                 return err
@@ -218,6 +246,8 @@ class RpcMeasure:
     def __call__(self, schedule: KernelSchedule, m: int) -> MeasureResult:
         try:
             self.kernel(schedule)
+        except RemoteFailure:
+            raise  # the server's failure, not the candidate's
         except BuildError as e:
             return MeasureResult(0.0, 0.0, error=str(e))
         seconds = self._on_server(lambda r: self._time(r, schedule, m))

@@ -16,7 +16,7 @@ from sandwich.tuner.budget import Budget
 from sandwich.tuner.guide import Guides
 from sandwich.tuner.kernel_cache import KernelCache
 from sandwich.tuner.rpc_measure import RpcTarget
-from sandwich.tuner.tune import OpReport, tune_op
+from sandwich.tuner.tune import OpReport, open_pool, tune_op
 from sandwich.types import GemmOp
 
 TTL_S = 30.0  # a lease not renewed for this long belonged to a tuner that died
@@ -60,7 +60,8 @@ def tune_shared(shapes: list[tuple[list[str], GemmOp]], *, seq_max: int, threads
     # largest first (longest-processing-time order): the tuners finish close together
     pending = sorted(range(len(shapes)), key=lambda i: -shapes[i][1].n * shapes[i][1].k)
     reports: dict[int, OpReport] = {}
-    with _Heartbeat(cache, owner, renew_s):
+    with _Heartbeat(cache, owner, renew_s), \
+            open_pool(remote, cache=cache, threads=threads, seq_max=seq_max) as remote:
         while pending:
             progressed = False
             for i in list(pending):

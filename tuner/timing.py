@@ -25,16 +25,25 @@ def time_callable(
     min_repeat_s: float = 0.02,
     max_number: int = 1000,
     max_total_s: float | None = None,
+    give_up_s: float | None = None,
 ) -> Timing:
-    """Time `fn` after `warmup` calls; each repeat runs it enough times to last `min_repeat_s`.
+    """Time `fn` after `warmup` calls; each repeat runs it enough times to last `min_repeat_s`
+    (found from one more call, or from the last warm-up call when that alone lasted twice as
+    long: at large M one GEMM call of a big layer takes seconds).
 
     With `max_total_s`, repeats stop early (after at least 3) once that much time is spent:
-    long kernels need fewer samples for the same confidence."""
+    long kernels need fewer samples for the same confidence. With `give_up_s`, a first repeat
+    slower than that is the only one: a candidate far behind the best needs no second look."""
+    one = 0.0
     for _ in range(warmup):
+        t0 = time.perf_counter()
         fn()
-    t0 = time.perf_counter()
-    fn()
-    one = max(time.perf_counter() - t0, 1e-7)
+        one = time.perf_counter() - t0
+    if one < 2 * min_repeat_s:  # a long warm-up call already says one call fills a repeat
+        t0 = time.perf_counter()
+        fn()
+        one = time.perf_counter() - t0
+    one = max(one, 1e-7)
     number = max(1, min(max_number, int(min_repeat_s / one)))
     samples: list[float] = []
     start = time.perf_counter()
@@ -43,6 +52,8 @@ def time_callable(
         for _ in range(number):
             fn()
         samples.append((time.perf_counter() - t0) / number)
+        if give_up_s is not None and len(samples) == 1 and samples[0] > give_up_s:
+            break
         if max_total_s is not None and len(samples) >= 3 and time.perf_counter() - start > max_total_s:
             break
     return Timing(median_s=statistics.median(samples), min_s=min(samples), repeats=len(samples))

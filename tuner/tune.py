@@ -8,8 +8,10 @@ the kernel files.
 from __future__ import annotations
 
 import json
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from sandwich.errors import BuildError, ConfigError
@@ -19,6 +21,7 @@ from sandwich.tuner.guide import ModelGuide
 from sandwich.tuner.kernel_cache import KernelCache
 from sandwich.tuner.machine_model import machine_model
 from sandwich.tuner.rpc_measure import RpcMeasure, RpcTarget
+from sandwich.tuner.rpc_pool import RpcPool
 from sandwich.tuner.search import MResult, SandwichSearch
 from sandwich.tuner.space import Isa, micro_kernels, pack_width
 from sandwich.tuner.trial_log import Sample
@@ -120,9 +123,11 @@ def weight_pack(cache: KernelCache, n: int, budget: Budget,
 
 def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget: Budget,
             cache: KernelCache, on_step: Callable[[int], None] = lambda _: None,
-            remote: RpcTarget | None = None, guide: ModelGuide | None = None) -> OpReport:
+            remote: RpcTarget | RpcPool | None = None,
+            guide: ModelGuide | None = None) -> OpReport:
     """Tune one (N, K) over the budget's M samples, resuming from committed records;
-    with `remote`, every candidate is checked and timed on that tracker's servers; with
+    with `remote`, every candidate is checked and timed on that tracker's servers (several
+    at once with a pool, which a tune of many shapes opens once: `open_pool`); with
     `guide`, the cost model picks which candidates of each round are measured."""
     t0 = time.perf_counter()
     cpu = cache.cpu
@@ -132,14 +137,42 @@ def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget:
     if not pack_n:
         raise ConfigError(f"GEMM {op.name}: N={op.n} is not a multiple of the vector width "
                           f"{isa.lanes}; pad the model dimension")
+    if remote is not None and op.dtype != "float32":
+        raise ConfigError(f"tune --rpc measures fp32 weights only so far, not {op.dtype}")
+    with open_pool(remote, cache=cache, threads=threads, seq_max=seq_max) as remote:
+        if isinstance(remote, RpcPool):
+            measure = remote.shape(op.n, op.k, pack_n)
+        elif remote is not None:
+            measure = RpcMeasure(cpu, threads, op.n, op.k, pack_n, seq_max, remote, cache.fingerprint)
+        else:
+            measure = TvmMeasure(cpu, threads, op.n, op.k, pack_n, seq_max, dtype=op.dtype)
+        return _tune_shape(measure, names=names, op=op, pack_n=pack_n, seq_max=seq_max,
+                           threads=threads, budget=budget, cache=cache, on_step=on_step,
+                           guide=guide, t0=t0)
+
+
+@contextmanager
+def open_pool(remote: RpcTarget | RpcPool | None, *, cache: KernelCache, threads: int,
+              seq_max: int) -> Iterator[RpcTarget | RpcPool | None]:
+    """A pool of RPC workers for `remote.workers` > 1, closed on leaving; anything else as
+    it is (an open pool stays open: whoever opened it closes it)."""
+    if not isinstance(remote, RpcTarget) or remote.workers <= 1:
+        yield remote
+        return
+    with RpcPool(remote, cpu=cache.cpu, threads=threads, seq_max=seq_max,
+                 fingerprint=cache.fingerprint,
+                 log=lambda line: print(line, file=sys.stderr, flush=True)) as pool:
+        yield pool
+
+
+def _tune_shape(measure: TvmMeasure | RpcMeasure | RpcPool, *, names: list[str], op: GemmOp,
+                pack_n: int, seq_max: int, threads: int, budget: Budget, cache: KernelCache,
+                on_step: Callable[[int], None], guide: ModelGuide | None, t0: float) -> OpReport:
+    """tune_op's search over the M samples, once its measure is made."""
+    isa = Isa(cache.cpu.lanes_f32, cache.cpu.vector_registers)
     samples = budget.m_samples(seq_max)
     m_hi = _ranges(samples, seq_max)
     report = OpReport(names, op.n, op.k)
-    if remote is not None and op.dtype != "float32":
-        raise ConfigError(f"tune --rpc measures fp32 weights only so far, not {op.dtype}")
-    measure = (TvmMeasure(cpu, threads, op.n, op.k, pack_n, seq_max, dtype=op.dtype)
-               if remote is None else
-               RpcMeasure(cpu, threads, op.n, op.k, pack_n, seq_max, remote, cache.fingerprint))
     clocked = _Clocked(measure)
     model_s0 = _model_seconds(guide)
     search = SandwichSearch(n=op.n, k=op.k, pack_n=pack_n,

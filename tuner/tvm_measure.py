@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,39 +22,43 @@ from sandwich.compiler.gemm_runner import (
 from sandwich.compiler.target import CpuInfo
 from sandwich.errors import BuildError, ConfigError
 from sandwich.tuner.measure import MeasureResult
-from sandwich.tuner.reference import reference_matmul
+from sandwich.tuner.reference import ReferenceRows, reference_matmul
 from sandwich.tuner.streaming import llc_bytes, rotation_copies
 from sandwich.tuner.timing import gflops, time_callable
 from sandwich.types import KernelSchedule
 from sandwich.weight_formats import dequantize, quantize
 
 
-def result_error(out: np.ndarray, a: np.ndarray, w: np.ndarray, schedule: KernelSchedule,
+def kernel_rows(dtype: str, k: int) -> Callable[[np.ndarray], np.ndarray] | None:
+    """What the kernel multiplies for rows of A: for an int format with 16-bit activations,
+    the activations as the kernel quantizes them; None for A itself."""
+    return quantized_activations if int_activations(weight_format(dtype), k) else None
+
+
+def result_error(out: np.ndarray, ref: np.ndarray, schedule: KernelSchedule,
                  rtol: float = 1e-4, where: str = "") -> str:
-    """Compare a kernel's output for `a` with a float64 reference; '' when it matches. The
-    reference does the kernel's own math: for an int format with 16-bit activations, on the
-    activations as the kernel quantizes them."""
-    if int_activations(weight_format(schedule.dtype), a.shape[1]):
-        a = quantized_activations(a)
-    ref = reference_matmul(a, w)
+    """Compare a kernel's output with its float64 reference; '' when it matches."""
     err = np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30)
     if not np.isfinite(err) or err > rtol:
-        return f"kernel {schedule.key()} is wrong at M={a.shape[0]}{where}: max relative error {err:.3g}"
+        return f"kernel {schedule.key()} is wrong at M={ref.shape[0]}{where}: max relative error {err:.3g}"
     return ""
 
 
 def check_against_numpy(func, schedule: KernelSchedule, a: np.ndarray,
                         wp: np.ndarray | tuple[np.ndarray, ...], w: np.ndarray,
-                        rtol: float = 1e-4) -> str:
+                        rtol: float = 1e-4, ref: np.ndarray | None = None) -> str:
     """Run the kernel on `a` and compare with a float64 reference on `w` (for an int format,
-    the dequantized weights); '' when it matches."""
+    the dequantized weights), or with `ref` when the caller keeps it; '' when it matches."""
     m, n = a.shape[0], w.shape[1]
     out = np.full((m, n), np.nan, dtype=np.float32)
     ws = None
     if schedule.polymerization.t_k > 1:
         ws = np.empty((schedule.polymerization.t_k * m, n), dtype=np.float32)
     call_gemm(func, a, wp, out, schedule, ws)
-    return result_error(out, a, w, schedule, rtol)
+    if ref is None:
+        rows = kernel_rows(schedule.dtype, a.shape[1])
+        ref = reference_matmul(rows(a) if rows else a, w)
+    return result_error(out, ref, schedule, rtol)
 
 
 def random_problem(n: int, k: int, pack_n: int, seq_max: int, *, threads: int, seed: int,
@@ -98,6 +103,7 @@ class TvmMeasure:
     stream_max_m: int = 8  # up to this M, weights are timed as streamed from DRAM
     llc_bytes: int = field(default_factory=llc_bytes)
     max_copies: int = 1024
+    give_up: float = 1.3  # past skinny M, a first repeat this much slower than the M's best ends
     compile_seconds: float = 0.0
     kernels: dict[KernelSchedule, object] = field(default_factory=dict)  # family -> executable
     failed: dict[KernelSchedule, str] = field(default_factory=dict)
@@ -108,8 +114,10 @@ class TvmMeasure:
                                                  threads=self.threads, seed=self.seed,
                                                  dtype=self.dtype)
         self.c = aligned_empty((self.seq_max, self.n))
+        self.reference = ReferenceRows(self.a, self.w, kernel_rows(self.dtype, self.k))
         self.ws_buf = np.empty(0, dtype=np.float32)
         self._streamed: list[tuple[np.ndarray, ...]] = []
+        self._best_s: dict[int, float] = {}  # M -> the fastest run timed at it
 
     def streamed_weights(self) -> list[np.ndarray]:
         """Copies of the packed weights, together 8x the last-level cache, that skinny-M
@@ -145,7 +153,8 @@ class TvmMeasure:
                 ex = self.kernels[fam]
                 func = ex["main"]
                 for m in check_ms(schedule, self.seq_max):
-                    err = check_against_numpy(func, schedule, self.a[:m], self.wp, self.w)
+                    err = check_against_numpy(func, schedule, self.a[:m], self.wp, self.w,
+                                              ref=self.reference(m))
                     if err:
                         raise BuildError(err)
             except (BuildError, ConfigError) as e:
@@ -167,10 +176,16 @@ class TvmMeasure:
             if self.ws_buf.size < t_k * m * self.n:
                 self.ws_buf = aligned_empty((t_k * self.seq_max * self.n,))
             ws = workspace_view(self.ws_buf, t_k, m, self.n)
-        weights = self.streamed_weights() if m <= self.stream_max_m else [self.wp]
+        skinny = m <= self.stream_max_m
+        weights = self.streamed_weights() if skinny else [self.wp]
         calls = itertools.cycle([gemm_args(self.a[:m], wp, self.c[:m], schedule, ws) for wp in weights])
+        # a big GEMM's call lasts up to seconds at large M, where most candidates of a round
+        # are far behind the leader: one repeat of those ranks them as well as three
+        best = self._best_s.get(m)
+        give_up = None if skinny or best is None else self.give_up * best
         t = time_callable(lambda: func(*next(calls)), warmup=1, repeat=self.repeat,
-                          min_repeat_s=self.min_repeat_s, max_total_s=0.5)
+                          min_repeat_s=self.min_repeat_s, max_total_s=0.5, give_up_s=give_up)
+        self._best_s[m] = min(t.min_s, best or t.min_s)
         # the search ranks by the best repeat: interference from other processes only ever
         # slows a run down, so the minimum is the steadiest estimate on a shared machine
         return MeasureResult(gflops(2.0 * m * self.n * self.k, t.min_s), t.min_s)
@@ -178,10 +193,11 @@ class TvmMeasure:
 
 def check_fits(n: int, k: int, seq_max: int, threads: int) -> None:
     """Refuse, before allocating, a seq_max whose buffers would not fit in memory: A and C
-    over every M, a split-K workspace per thread, the float64 reference of the checks."""
+    over every M, a split-K workspace per thread, the float64 reference of the checks and
+    the float64 weights it is computed from."""
     import psutil
 
-    need = 4 * seq_max * (k + n * (1 + threads)) + 8 * seq_max * n + 4 * n * k
+    need = 4 * seq_max * (k + n * (1 + threads)) + 8 * seq_max * n + 12 * n * k
     avail = psutil.virtual_memory().available
     if need > 0.8 * avail:
         raise ConfigError(f"tuning N={n} K={k} up to M={seq_max} needs about {need / 2**30:.1f} "

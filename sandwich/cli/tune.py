@@ -7,6 +7,7 @@ import os
 import random
 import sys
 import time
+from dataclasses import replace
 
 from sandwich.cli.common import add_cache_arg, add_threads_arg, add_weights_arg, cache_dir_arg
 from sandwich.errors import CacheError, ConfigError
@@ -53,6 +54,9 @@ def register(sub) -> None:
     tune.add_argument("--rpc", metavar="HOST:PORT", help="measure on the TVM RPC servers of this "
                       "tracker (python -m tvm.exec.rpc_tracker); servers: `sandwichc rpc-server`")
     tune.add_argument("--rpc-key", default="sandwichc", help="the servers' key at the tracker")
+    tune.add_argument("--rpc-workers", type=int, default=1, metavar="N",
+                      help="measure on N of the key's servers at once (each round's candidates "
+                           "spread over them; at most the servers the tracker has)")
     tune.add_argument("--rpc-timeout", type=float, default=120.0,
                       help="seconds one remote call may take before its server is dropped and "
                       "the call goes to another")
@@ -257,10 +261,17 @@ def _rpc_target(args, fingerprint: str):
 
     if args.rpc_timeout <= 0:
         raise ConfigError(f"--rpc-timeout must be > 0, got {args.rpc_timeout}")
+    if args.rpc_workers < 1:
+        raise ConfigError(f"--rpc-workers must be >= 1, got {args.rpc_workers}")
     target = RpcTarget(TrackerAddress.parse(args.rpc), args.rpc_key, args.rpc_timeout)
-    target.check(fingerprint)
-    print(f"measuring on the RPC servers under key {args.rpc_key!r} at {target.tracker}")
-    return target
+    servers = target.check(fingerprint)
+    workers = min(args.rpc_workers, servers)
+    if workers < args.rpc_workers:  # a worker more than the servers would wait for one forever
+        print(f"--rpc-workers {args.rpc_workers}: the tracker has {servers} server(s) under key "
+              f"{args.rpc_key!r}; measuring on {workers} at once", file=sys.stderr)
+    print(f"measuring on the RPC servers under key {args.rpc_key!r} at {target.tracker}"
+          + (f", {workers} at once" if workers > 1 else ""))
+    return replace(target, workers=workers)
 
 
 def cmd_rpc_server(args) -> int:

@@ -1,4 +1,4 @@
-"""Worker processes of this runtime (tensor-parallel ranks, Splitwise's prompt pool): spawned
+"""Worker processes (tensor-parallel ranks, Splitwise's prompt pool, RPC measuring workers): spawned
 with their own TVM thread count, answering over a pipe."""
 
 from __future__ import annotations
