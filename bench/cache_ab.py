@@ -70,8 +70,10 @@ class AbResult:
 
 
 def run_ab(*, a_dir: str, b_dir: str, models: list[str], ms: list[int], threads: int,
-           rounds: int = 5, log: Callable[[str], None] = print) -> AbResult:
-    """Time every unique GEMM of the models at every M from both caches, interleaved."""
+           rounds: int = 5, log: Callable[[str], None] = print,
+           llc: int | None = None) -> AbResult:
+    """Time every unique GEMM of the models at every M from both caches, interleaved;
+    decode rows rotate copies of the weights 8x `llc` (this machine's LLC unless given)."""
     if rounds < 1:
         raise ConfigError(f"--rounds must be >= 1, got {rounds}")
     if Path(a_dir).resolve() == Path(b_dir).resolve():
@@ -79,7 +81,7 @@ def run_ab(*, a_dir: str, b_dir: str, models: list[str], ms: list[int], threads:
     sides = (CachePeer(a_dir, threads), CachePeer(b_dir, threads))
     res = AbResult(a_dir, b_dir, threads, rounds, describe_machine(),
                    datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-    llc = llc_bytes()
+    llc = llc or llc_bytes()
     for model in models:
         payload = make_payload(load_model_config(model), tp=1, seq_max=max(ms))
         for names, op in unique_shapes(payload):

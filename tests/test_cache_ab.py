@@ -45,8 +45,9 @@ def test_another_cache_is_a_gemm_peer(two_caches):
 def test_bench_caches_pairs_every_row(two_caches, tmp_path):
     cfg, (a_dir, b_dir) = two_caches
     lines = []
+    # a given 64 KiB LLC: 8 copies of the tiny weights rotate, not the thousands a real LLC takes
     res = run_ab(a_dir=str(a_dir), b_dir=str(b_dir), models=[str(cfg)], ms=[1, 2], threads=2,
-                 rounds=2, log=lines.append)
+                 rounds=2, log=lines.append, llc=1 << 16)
     assert {(r.op, r.m) for r in res.rows} == {(op, m) for op in ("qkv", "o", "gate_up+lm_head", "down")
                                                for m in (1, 2)}
     assert all(len(r.a_gflops) == len(r.b_gflops) == 2 and r.ratio > 0 and r.rotated for r in res.rows)
