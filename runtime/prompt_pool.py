@@ -16,7 +16,7 @@ from sandwich.runtime.executor import Executor
 from sandwich.runtime.kv_handoff import HandoffSpec, KVHandoff
 from sandwich.runtime.loader import load_model
 from sandwich.tuner.kernel_cache import KernelCache
-from sandwich.workers import one_line, spawn_worker, wait_ready
+from sandwich.workers import one_line, spawn_worker, stop_worker, wait_ready
 
 
 class PoolError(SandwichError):
@@ -128,13 +128,5 @@ class PromptPool:
         if self._closed:
             return
         self._closed = True
-        try:
-            self._conn.send(("close",))
-        except OSError:
-            pass
-        self._proc.join(timeout=10)
-        if self._proc.is_alive():
-            self._proc.terminate()
-            self._proc.join(timeout=5)
-        self._conn.close()
+        stop_worker(self._proc, self._conn, ("close",), grace_s=10)
         self.handoff.close()

@@ -45,3 +45,17 @@ def wait_ready(conn, proc, what: str) -> str | None:
         msg = ("error", f"exited with code {proc.exitcode} (a script that spawns {what} "
                         f"needs `if __name__ == '__main__':`)")
     return None if msg[0] == "ready" else str(msg[1])
+
+
+def stop_worker(proc, conn, message: object, *, grace_s: float) -> None:
+    """Ask a worker to leave (`message` on its pipe), give it `grace_s` to do so, then end
+    it (one stuck in a call never reads the message); closes this side's pipe."""
+    try:
+        conn.send(message)
+    except (OSError, ValueError):  # its process is gone, or the pipe already closed
+        pass
+    proc.join(timeout=grace_s)
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(timeout=5)
+    conn.close()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from multiprocessing.connection import wait
 
 from sandwich.compiler.gemm_dsl import build_gemm_dsl
@@ -28,28 +28,15 @@ from sandwich.errors import BuildError, ConfigError
 from sandwich.tuner.measure import MeasureResult
 from sandwich.tuner.rpc_measure import RpcMeasure, RpcTarget
 from sandwich.types import KernelSchedule
-from sandwich.workers import one_line, spawn_worker
+from sandwich.workers import one_line, spawn_worker, stop_worker
 
 
-@dataclass(frozen=True)
-class MeasureSpec:
-    """What a worker builds its RpcMeasure from (it crosses the process boundary)."""
-
-    cpu: CpuInfo
-    threads: int
-    n: int
-    k: int
-    pack_n: int
-    seq_max: int
-    target: RpcTarget
-    fingerprint: str
-    seed: int = 0
-
-
-def _measure_for(spec: MeasureSpec, last: RpcMeasure | None) -> RpcMeasure:
-    if last is not None and (last.n, last.k, last.pack_n) == (spec.n, spec.k, spec.pack_n):
+def _measure_for(spec: dict, last: RpcMeasure | None) -> RpcMeasure:
+    """The worker's measure for `spec` (RpcMeasure's keywords): the last one while the shape
+    stays, else a new one on the last one's server."""
+    if last is not None and (last.n, last.k, last.pack_n) == (spec["n"], spec["k"], spec["pack_n"]):
         return last
-    measure = RpcMeasure(**{f.name: getattr(spec, f.name) for f in fields(spec)}, failover=False)
+    measure = RpcMeasure(**spec, failover=False)
     if last is not None:
         measure.take_session(last)
     return measure
@@ -110,15 +97,7 @@ class _Worker:
     name: str
 
     def stop(self) -> None:
-        try:
-            self.conn.send(None)
-        except (OSError, ValueError):
-            pass
-        self.proc.join(timeout=2)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(timeout=5)
-        self.conn.close()
+        stop_worker(self.proc, self.conn, None, grace_s=2)
 
 
 class RpcPool:
@@ -134,7 +113,7 @@ class RpcPool:
         self.fingerprint, self.seed, self.log = fingerprint, seed, log
         # a worker silent this long is stopped: two calls and a build
         self.hang_s = hang_s or 2 * target.call_timeout_s + 60.0
-        self.spec: MeasureSpec | None = None
+        self.spec: dict | None = None  # RpcMeasure's keywords for the shape being tuned
         self._pool: list[_Worker] = []
         for i in range(target.workers):
             proc, conn = spawn_worker(_worker_main, (), threads=threads, name=f"sandwichc-rpc-{i}")
@@ -142,8 +121,9 @@ class RpcPool:
 
     def shape(self, n: int, k: int, pack_n: int) -> RpcPool:
         """Measure this (N, K) from now on; the per-shape counts start again."""
-        self.spec = MeasureSpec(self.cpu, self.threads, n, k, pack_n, self.seq_max, self.target,
-                                self.fingerprint, self.seed)
+        self.spec = dict(cpu=self.cpu, threads=self.threads, n=n, k=k, pack_n=pack_n,
+                         seq_max=self.seq_max, target=self.target, fingerprint=self.fingerprint,
+                         seed=self.seed)
         self.compile_seconds, self.retries = 0.0, 0
         self.failed: dict[KernelSchedule, str] = {}
         self.verified: set[KernelSchedule] = set()
@@ -188,7 +168,7 @@ class RpcPool:
         if fam not in self.kernels:
             t0 = time.perf_counter()
             try:
-                self.kernels[fam] = build_gemm_dsl(schedule, n=self.spec.n, k=self.spec.k,
+                self.kernels[fam] = build_gemm_dsl(schedule, n=self.spec["n"], k=self.spec["k"],
                                                    cpu=self.cpu, threads=self.threads)
             finally:
                 self.compile_seconds += time.perf_counter() - t0
