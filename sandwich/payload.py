@@ -10,6 +10,11 @@ from sandwich.models import ModelConfig
 from sandwich.types import GemmOp
 from sandwich.weight_formats import check_shape, gemm_dtype, parse_format
 
+# the runtime runs lm_head on the last token of each sequence in a step only (runtime/executor.py:
+# _head), so its M is a batch size, never a prompt length; rows past this are tuned no further
+# and run the schedule tuned here (perplexity scores every row through it)
+HEAD_M_MAX = 256
+
 
 @dataclass(frozen=True)
 class Payload:
@@ -48,7 +53,8 @@ def make_payload(cfg: ModelConfig, *, tp: int = 1, seq_max: int = 2048,
         GemmOp("qkv", n=(heads + 2 * kv_heads) * d, k=cfg.hidden_size, count=layers),
         GemmOp("o", n=cfg.hidden_size, k=heads * d, count=layers),
         *_ffn(cfg, inter),
-        GemmOp("lm_head", n=cfg.vocab_size if cfg.vocab_size % tp else cfg.vocab_size // tp, k=cfg.hidden_size),
+        GemmOp("lm_head", n=cfg.vocab_size if cfg.vocab_size % tp else cfg.vocab_size // tp,
+               k=cfg.hidden_size, m_max=HEAD_M_MAX),
     )
     fmt = parse_format(weights)
     for op in ops:

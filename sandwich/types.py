@@ -60,6 +60,7 @@ class GemmOp(JsonMixin):
     k: int
     dtype: str = "float32"
     count: int = 1  # how many times it runs per forward pass (layers)
+    m_max: int | None = None  # the largest M the runtime runs it at, if that is below seq_max
 
 
 @dataclass(frozen=True)

@@ -107,12 +107,14 @@ def test_an_rpc_tune_stores_what_a_local_tune_does(farm, tmp_path):
     addr, _ = farm
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(TINY))
-    # three workers asked, two servers: two measure at once (a third would wait forever)
-    p = _tune(cfg, tmp_path / "rpc", "--rpc", str(addr), "--rpc-key", "farm", "--rpc-workers", "3")
+    # three workers asked, two servers: two measure at once (a third would wait forever);
+    # two of the payload's shapes are enough to compare
+    p = _tune(cfg, tmp_path / "rpc", "--ops", "qkv,down", "--rpc", str(addr), "--rpc-key", "farm",
+              "--rpc-workers", "3")
     assert p.returncode == 0, p.stderr
     assert "measuring on the RPC servers under key 'farm' at" in p.stdout
     assert "2 at once" in p.stdout and "--rpc-workers 3: the tracker has 2 server(s)" in p.stderr
-    local = _tune(cfg, tmp_path / "local")
+    local = _tune(cfg, tmp_path / "local", "--ops", "qkv,down")
     assert local.returncode == 0, local.stderr
     remote, here = _records(tmp_path / "rpc"), _records(tmp_path / "local")
     # the same shapes, M ranges and weight layout; which schedule wins is measured, and at
@@ -182,7 +184,7 @@ def _kill_a_busy_server_mid_tune(addr, procs, tmp_path, *extra):
 
 def test_a_server_killed_mid_tune_costs_nothing(farm, tmp_path):
     addr, procs = farm
-    _kill_a_busy_server_mid_tune(addr, procs, tmp_path)
+    _kill_a_busy_server_mid_tune(addr, procs, tmp_path, "--ops", "qkv,gate_up")
 
 
 def test_a_server_killed_under_two_workers_leaves_one_measuring(farm, tmp_path):

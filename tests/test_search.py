@@ -1,5 +1,7 @@
 """The sandwich-kernel search driven by fake timings: exact visits, window, reuse, resume."""
 
+from dataclasses import replace
+
 from sandwich.tuner.measure import MeasureResult
 from sandwich.tuner.search import MResult, SandwichSearch, SearchSettings
 from sandwich.tuner.space import (
@@ -41,6 +43,35 @@ def test_micro_kernels_never_spill():
         assert mk.mu_m * vec + vec + 1 <= 32
     assert MicroKernel(6, 64) in micro_kernels(isa, 64)
     assert MicroKernel(7, 64) not in micro_kernels(isa, 64)
+
+
+def test_narrow_tiles_are_tried_only_where_the_panel_probe_keeps_them():
+    avx2 = Isa(lanes=8, registers=16)
+    widths = lambda **kw: {mk.mu_n for mk in micro_kernels(avx2, 16, widths=2, **kw)}  # noqa: E731
+    assert widths() == {8, 16}  # no machine model: both widths
+    assert widths(panel_gflops={1: 45.8, 2: 74.7, 3: 81.5}) == {16}  # Zen 3's probe
+    assert widths(panel_gflops={1: 70.0, 2: 74.7}) == {8, 16}  # within NARROW_KEEP
+    assert widths(panel_gflops={1: 70.0}) == {8, 16}  # the panel's own width unprobed
+
+
+def test_default_budget_thins_large_m_and_lm_head_stops_at_a_batch():
+    from sandwich.models import load_model_config
+    from sandwich.payload import HEAD_M_MAX, make_payload
+    from sandwich.tuner.budget import get_budget
+    from sandwich.tuner.tune import op_samples, unique_shapes
+
+    default = get_budget("default")
+    ms = default.m_samples(2048)
+    assert ms[:6] == [1, 2, 3, 4, 6, 8] and ms[-4:] == [256, 512, 1024, 2048]
+    assert all(b / a < 1.5 for a, b in zip(ms[5:-4], ms[6:-3], strict=True))  # two per doubling (rounded)
+    payload = make_payload(load_model_config("llama-160m"), seq_max=2048)
+    shapes = {"+".join(names): op for names, op in unique_shapes(payload)}
+    assert op_samples(shapes["lm_head"], default, 2048)[-1] == HEAD_M_MAX
+    assert op_samples(shapes["qkv"], default, 2048)[-1] == 2048
+    # a shape lm_head shares with an op that runs at every M is searched at every M
+    tied = replace(payload, ops=(*payload.ops, replace(shapes["lm_head"], name="x", m_max=None)))
+    (merged,) = [op for names, op in unique_shapes(tied) if "x" in names]
+    assert op_samples(merged, default, 2048)[-1] == 2048
 
 
 def test_pack_width_gives_a_decode_batch_a_whole_register_tile():
@@ -351,6 +382,26 @@ def test_reuse_unfreezes_when_the_frozen_schedule_falls_off():
     assert res.schedule.slice.b_k == 512 == 2 * frozen.slice.b_k  # its first step doubles
 
 
+def test_past_refine_from_a_search_starts_from_the_last_winner():
+    def fn(s, m):
+        g = _good(s, m)
+        return g * 0.5 if m >= 64 and s.slice.b_k != 512 else g  # large M wants another slice
+
+    search, meas = _search(fn, reuse_patience=99, refine_from=64)
+    for m in (16, 32):
+        search.tune_m(m)
+    last = search.state.history[-1].schedule
+    before = len(meas.calls)
+    res = search.tune_m(64)
+    tried = [s for s, m in meas.calls[before:] if m == 64]
+    assert {s.micro_kernel for s in tried} == {last.micro_kernel}  # no micro-kernel probes
+    assert res.schedule.slice.b_k == 512 == 2 * last.slice.b_k  # its first step doubles
+    fresh, fresh_meas = _search(fn, reuse_patience=99)
+    for m in (16, 32, 64):
+        fresh.tune_m(m)
+    assert len({s.micro_kernel for s, m in fresh_meas.calls if m == 64}) > 1
+
+
 def test_time_callable_stops_early_on_long_calls():
     import time
 
@@ -361,7 +412,7 @@ def test_time_callable_stops_early_on_long_calls():
     assert 3 <= t.repeats < 50 and t.min_s >= 0.009
 
 
-def test_time_callable_gives_up_on_a_slow_first_repeat_and_folds_a_long_warm_up():
+def test_time_callable_gives_up_on_a_slow_warm_up_or_first_repeat_and_folds_a_long_warm_up():
     import time
 
     from sandwich.tuner.timing import time_callable
@@ -373,7 +424,10 @@ def test_time_callable_gives_up_on_a_slow_first_repeat_and_folds_a_long_warm_up(
         time.sleep(0.01)
 
     t = time_callable(fn, warmup=1, repeat=5, min_repeat_s=0.002, give_up_s=0.005)
-    assert t.repeats == 1 and len(calls) == 2  # the warm-up sized the repeats; one repeat
+    assert t.repeats == 1 and len(calls) == 1 and t.min_s >= 0.009  # a long, slow warm-up: done
+    calls.clear()
+    t = time_callable(fn, warmup=1, repeat=5, min_repeat_s=0.006, give_up_s=0.005)
+    assert t.repeats == 1 and len(calls) == 3  # a short warm-up, a sizing call, one slow repeat
     calls.clear()
     t = time_callable(fn, warmup=1, repeat=5, min_repeat_s=0.002, give_up_s=0.05)
     assert t.repeats == 5 and len(calls) == 6  # not slow enough to give up on

@@ -18,17 +18,24 @@ class Budget:
     dense_until: int  # every M up to here is searched, then `per_octave` points per doubling
     per_octave: int
     machine_model: bool = True  # measure the machine model (once per CPU) and pack by it
+    sparse_from: int | None = None  # from this M on, one point per doubling
 
 
     def m_samples(self, seq_max: int) -> list[int]:
-        """Increasing M values to search; each covers M up to the next one."""
+        """Increasing M values to search; each covers M up to the next one.
+
+        Past `sparse_from` a GEMM is compute-bound and its best schedules run within noise of
+        each other from one half-octave to the next (Sheared-LLaMA-1.3B on Zen 3: every winner
+        from M = 256 to 2048 at 156-187 GFLOPS), while one timing costs most there (lm_head
+        at M = 1448: 45 s of search): one point per doubling is enough."""
         if seq_max <= 0:
             raise ConfigError(f"--seq-max must be >= 1, got {seq_max}")
         ms = set(range(1, min(self.dense_until, seq_max) + 1))
         m = self.dense_until
         while m < seq_max:
-            for i in range(1, self.per_octave + 1):
-                ms.add(min(seq_max, round(m * 2 ** (i / self.per_octave))))
+            per = 1 if self.sparse_from is not None and m >= self.sparse_from else self.per_octave
+            for i in range(1, per + 1):
+                ms.add(min(seq_max, round(m * 2 ** (i / per))))
             m *= 2
         return sorted(x for x in ms if x <= seq_max)
 
@@ -41,8 +48,8 @@ BUDGETS = {
                     mk_widths=1, dense_until=4, per_octave=1),
     "default": Budget("default", SearchSettings(sigma=16, mk_keep=2, finetune_steps=2, reuse_patience=2,
                                                      max_seconds_per_m=12.0, min_trials_per_m=10,
-                                                     skinny_rounds=7),
-                      mk_widths=2, dense_until=8, per_octave=2),
+                                                     skinny_rounds=7, refine_from=256),
+                      mk_widths=2, dense_until=4, per_octave=2, sparse_from=256),
     "full": Budget("full", SearchSettings(sigma=16, mk_keep=4, finetune_steps=6, reuse_patience=3,
                                                skinny_rounds=9),
                    mk_widths=3, dense_until=16, per_octave=4),

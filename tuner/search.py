@@ -47,6 +47,7 @@ class SearchSettings:
     skinny_tie: float = 0.03  # median shares this close are a tie, broken by traffic shape
     max_seconds_per_m: float | None = None  # past this, candidates count as no gain ...
     min_trials_per_m: int = 0  # ... once this many were measured at the M (long calls need them)
+    refine_from: int | None = None  # from this M on, a search refines the last winner
 
 
 def _shares_panels(s: KernelSchedule) -> bool:
@@ -444,6 +445,12 @@ class SandwichSearch:
         else:
             refine = None
         hist = self.state.history
+        if refine is None and hist and self.settings.refine_from is not None \
+                and m >= self.settings.refine_from:
+            # large M is compute-bound and a call costs most: the last winner's micro-kernel,
+            # its slice as fast start's first point (each dimension's first step a doubling),
+            # every polymerization, rather than every micro-kernel probed afresh
+            refine = hist[-1].schedule
         prev = self._eval(hist[-1].schedule, m, "reuse") if hist else 0.0
         mks = [refine.micro_kernel] if refine else self.candidates(m)
         if len(mks) > self.settings.mk_keep:

@@ -16,7 +16,7 @@ from sandwich.tuner.budget import Budget
 from sandwich.tuner.guide import Guides
 from sandwich.tuner.kernel_cache import KernelCache
 from sandwich.tuner.rpc_measure import RpcTarget
-from sandwich.tuner.tune import OpReport, open_pool, tune_op
+from sandwich.tuner.tune import OpReport, op_samples, open_pool, tune_op
 from sandwich.types import GemmOp
 
 TTL_S = 30.0  # a lease not renewed for this long belonged to a tuner that died
@@ -92,7 +92,7 @@ def tune_shapes(shapes, *, seq_max: int, threads: int, budget, cache, progress: 
     with other tuners of the same cache; the OpReports."""
     from tqdm import tqdm
 
-    with tqdm(total=len(shapes) * len(budget.m_samples(seq_max)), unit="M",
+    with tqdm(total=sum(len(op_samples(op, budget, seq_max)) for _, op in shapes), unit="M",
               disable=not progress, dynamic_ncols=True) as bar:
         return tune_shared(shapes, seq_max=seq_max, threads=threads, budget=budget, cache=cache,
                            remote=remote, guides=guides, on_step=bar.update, on_shape=lambda names, op: bar.set_description(

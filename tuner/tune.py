@@ -52,15 +52,23 @@ class OpReport:
 
 
 def unique_shapes(payload: Payload) -> list[tuple[list[str], GemmOp]]:
-    """Ops that share (N, K) share kernels: tune each shape once."""
+    """Ops that share (N, K) share kernels: tune each shape once, over the M of all of them."""
     shapes: dict[tuple[int, int, str], tuple[list[str], GemmOp]] = {}
     for op in payload.ops:
         key = (op.n, op.k, op.dtype)
         if key in shapes:
-            shapes[key][0].append(op.name)
+            names, first = shapes[key]
+            m_max = None if None in (first.m_max, op.m_max) else max(first.m_max, op.m_max)
+            shapes[key] = ([*names, op.name], replace(first, m_max=m_max))
         else:
             shapes[key] = ([op.name], op)
     return list(shapes.values())
+
+
+def op_samples(op: GemmOp, budget: Budget, seq_max: int) -> list[int]:
+    """The M values searched for one op: an op the runtime never runs past `op.m_max` rows
+    (lm_head) is searched up to there, its last schedule covering the rest up to seq_max."""
+    return budget.m_samples(min(seq_max, op.m_max or seq_max))
 
 
 def _ranges(samples: list[int], seq_max: int) -> dict[int, int]:
@@ -110,15 +118,22 @@ def _append_trials(path, search: SandwichSearch, start: int) -> int:
     return len(search.trials)
 
 
+def panel_probe(cache: KernelCache, budget: Budget,
+                log: Callable[[str], None] = lambda _: None) -> dict[int, float] | None:
+    """The machine model's GFLOPS of each panel width's tallest tile, where the budget
+    measures a machine model (the tiny budget of the tests goes by the register file alone)."""
+    if not budget.machine_model:
+        return None
+    model = machine_model(cache.dir, cache.cpu, cache.fingerprint, log=log)
+    return model.panel_gflops if model else None
+
+
 def weight_pack(cache: KernelCache, n: int, budget: Budget,
                 log: Callable[[str], None] = lambda _: None) -> int:
-    """The panel width an (N, K)'s weights are packed in for every M (space.pack_width),
-    from the machine model where the budget measures one (the tiny budget of the tests
-    packs by the register file alone)."""
+    """The panel width an (N, K)'s weights are packed in for every M (space.pack_width)."""
     cpu = cache.cpu
-    model = machine_model(cache.dir, cpu, cache.fingerprint, log=log) if budget.machine_model else None
     return pack_width(n, Isa(cpu.lanes_f32, cpu.vector_registers), rows=budget.settings.skinny_m,
-                      panel_gflops=model.panel_gflops if model else None)
+                      panel_gflops=panel_probe(cache, budget, log))
 
 
 def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget: Budget,
@@ -170,13 +185,14 @@ def _tune_shape(measure: TvmMeasure | RpcMeasure | RpcPool, *, names: list[str],
                 on_step: Callable[[int], None], guide: ModelGuide | None, t0: float) -> OpReport:
     """tune_op's search over the M samples, once its measure is made."""
     isa = Isa(cache.cpu.lanes_f32, cache.cpu.vector_registers)
-    samples = budget.m_samples(seq_max)
+    samples = op_samples(op, budget, seq_max)
     m_hi = _ranges(samples, seq_max)
     report = OpReport(names, op.n, op.k)
     clocked = _Clocked(measure)
     model_s0 = _model_seconds(guide)
     search = SandwichSearch(n=op.n, k=op.k, pack_n=pack_n,
-                            micro_kernels=micro_kernels(isa, pack_n, widths=budget.mk_widths),
+                            micro_kernels=micro_kernels(isa, pack_n, widths=budget.mk_widths,
+                                                        panel_gflops=panel_probe(cache, budget)),
                             threads=threads, measure=clocked, settings=budget.settings,
                             dtype=op.dtype, guide=guide)
     records = cache.records(op.n, op.k, op.dtype, threads)
