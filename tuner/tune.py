@@ -131,9 +131,13 @@ def panel_probe(cache: KernelCache, budget: Budget,
 def weight_pack(cache: KernelCache, n: int, budget: Budget,
                 log: Callable[[str], None] = lambda _: None) -> int:
     """The panel width an (N, K)'s weights are packed in for every M (space.pack_width)."""
+    return _pack_n(cache, n, budget, panel_probe(cache, budget, log))
+
+
+def _pack_n(cache: KernelCache, n: int, budget: Budget, panels: dict[int, float] | None) -> int:
     cpu = cache.cpu
     return pack_width(n, Isa(cpu.lanes_f32, cpu.vector_registers), rows=budget.settings.skinny_m,
-                      panel_gflops=panel_probe(cache, budget, log))
+                      panel_gflops=panels)
 
 
 def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget: Budget,
@@ -148,7 +152,8 @@ def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget:
     cpu = cache.cpu
     isa = Isa(cpu.lanes_f32, cpu.vector_registers)
     op = replace(op, n=cache.kernel_n(op.n))  # a vocabulary of 49153 tunes 49168
-    pack_n = weight_pack(cache, op.n, budget)
+    panels = panel_probe(cache, budget)  # once: it packs the weights and picks the tiles
+    pack_n = _pack_n(cache, op.n, budget, panels)
     if not pack_n:
         raise ConfigError(f"GEMM {op.name}: N={op.n} is not a multiple of the vector width "
                           f"{isa.lanes}; pad the model dimension")
@@ -161,8 +166,8 @@ def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget:
             measure = RpcMeasure(cpu, threads, op.n, op.k, pack_n, seq_max, remote, cache.fingerprint)
         else:
             measure = TvmMeasure(cpu, threads, op.n, op.k, pack_n, seq_max, dtype=op.dtype)
-        return _tune_shape(measure, names=names, op=op, pack_n=pack_n, seq_max=seq_max,
-                           threads=threads, budget=budget, cache=cache, on_step=on_step,
+        return _tune_shape(measure, names=names, op=op, pack_n=pack_n, panels=panels,
+                           seq_max=seq_max, threads=threads, budget=budget, cache=cache, on_step=on_step,
                            guide=guide, t0=t0)
 
 
@@ -181,9 +186,11 @@ def open_pool(remote: RpcTarget | RpcPool | None, *, cache: KernelCache, threads
 
 
 def _tune_shape(measure: TvmMeasure | RpcMeasure | RpcPool, *, names: list[str], op: GemmOp,
-                pack_n: int, seq_max: int, threads: int, budget: Budget, cache: KernelCache,
-                on_step: Callable[[int], None], guide: ModelGuide | None, t0: float) -> OpReport:
-    """tune_op's search over the M samples, once its measure is made."""
+                pack_n: int, panels: dict[int, float] | None, seq_max: int, threads: int,
+                budget: Budget, cache: KernelCache, on_step: Callable[[int], None],
+                guide: ModelGuide | None, t0: float) -> OpReport:
+    """tune_op's search over the M samples, once its measure is made (`panels`: the
+    machine model's panel probe, which rules narrow tiles in or out)."""
     isa = Isa(cache.cpu.lanes_f32, cache.cpu.vector_registers)
     samples = op_samples(op, budget, seq_max)
     m_hi = _ranges(samples, seq_max)
@@ -192,7 +199,7 @@ def _tune_shape(measure: TvmMeasure | RpcMeasure | RpcPool, *, names: list[str],
     model_s0 = _model_seconds(guide)
     search = SandwichSearch(n=op.n, k=op.k, pack_n=pack_n,
                             micro_kernels=micro_kernels(isa, pack_n, widths=budget.mk_widths,
-                                                        panel_gflops=panel_probe(cache, budget)),
+                                                        panel_gflops=panels),
                             threads=threads, measure=clocked, settings=budget.settings,
                             dtype=op.dtype, guide=guide)
     records = cache.records(op.n, op.k, op.dtype, threads)
