@@ -57,3 +57,13 @@ def tune_model(model, cache, *, tp=1, threads=2, budget="tiny", weights="fp32"):
     for names, op in unique_shapes(payload):
         tune_op(names=names, op=op, seq_max=2, threads=threads, budget=get_budget(budget),
                 cache=cache)
+
+
+@pytest.fixture()
+def tiny_config(tmp_path):
+    """A one-layer Llama config.json (tests/cli_run.py: TINY), for the command-line tests."""
+    from cli_run import TINY
+
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps(TINY))
+    return f

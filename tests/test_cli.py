@@ -1,55 +1,23 @@
-"""The `sandwichc` command line: one-line errors, concurrency, resume after SIGKILL."""
+"""The `sandwichc` command line: one-line errors (tests/test_cli_resume.py: shared caches and
+SIGKILL; tests/test_cli_bench.py: bench gemm)."""
 
 import json
-import os
-import signal
-import sqlite3
-import subprocess
-import sys
-import time
 
 import pytest
-
-from sandwich.compiler.target import detect_cpu
-
-TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-        "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 1,
-        "vocab_size": 256, "max_position_embeddings": 64}
-
-
-def run(*args, cache=None, timeout=300, cwd=None):
-    cmd = [sys.executable, "-m", "sandwich.cli", *args]
-    if cache is not None:
-        cmd += ["--cache-dir", str(cache)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                          env={**os.environ, "TVM_NUM_THREADS": "2"})
-
-
-def _one_line_error(p, match):
-    assert p.returncode == 1, p.stderr
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("sandwichc: error:"), p.stderr
-    assert match in lines[0]
-
-
-@pytest.fixture()
-def tiny_config(tmp_path):
-    f = tmp_path / "config.json"
-    f.write_text(json.dumps(TINY))
-    return f
+from cli_run import TINY, one_line_error, run
 
 
 def test_bad_input_one_line_errors(tmp_path, tiny_config):
-    _one_line_error(run("tune", "--model", "nope", cache=tmp_path / "c"), "unknown model")
+    one_line_error(run("tune", "--model", "nope", cache=tmp_path / "c"), "unknown model")
     bad = tmp_path / "bad.json"
     bad.write_text("{ nope")
-    _one_line_error(run("tune", "--model", str(bad), cache=tmp_path / "c"), "not valid JSON")
-    _one_line_error(run("tune", "--model", str(tiny_config), "--seq-max", "0",
+    one_line_error(run("tune", "--model", str(bad), cache=tmp_path / "c"), "not valid JSON")
+    one_line_error(run("tune", "--model", str(tiny_config), "--seq-max", "0",
                         cache=tmp_path / "c"), "--seq-max must be >= 1")
     corrupt = tmp_path / "corrupt"
     corrupt.mkdir()
     (corrupt / "tuning.sqlite").write_bytes(b"garbage" * 200)
-    _one_line_error(run("cache", "ls", cache=corrupt), "unreadable")
+    one_line_error(run("cache", "ls", cache=corrupt), "unreadable")
 
 
 def test_info_prints_target():
@@ -57,88 +25,6 @@ def test_info_prints_target():
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     assert d["target"]["kind"] == "llvm" and len(d["fingerprint"]) == 16
-
-
-@pytest.mark.tvm
-def test_concurrent_tunes_share_a_cache(tmp_path, tiny_config):
-    cache = tmp_path / "shared"
-    args = [sys.executable, "-m", "sandwich.cli", "tune", "--model", str(tiny_config),
-            "--seq-max", "8", "--budget", "tiny", "--no-progress", "--plan", "off", "--cache-dir", str(cache)]
-    procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
-    outs = [p.communicate(timeout=300) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
-    v = run("cache", "verify", "--numerics", "6", "--seq-max", "8", cache=cache)
-    assert v.returncode == 0 and "verified" in v.stdout, v.stdout + v.stderr
-
-
-@pytest.mark.tvm
-def test_sigkill_resumes_from_committed_records(tmp_path, tiny_config):
-    cache = tmp_path / "killed"
-    args = [sys.executable, "-m", "sandwich.cli", "tune", "--model", str(tiny_config),
-            "--seq-max", "16", "--budget", "tiny", "--no-progress", "--plan", "off",
-            "--cache-dir", str(cache)]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    db = cache / "tuning.sqlite"
-    committed = 0
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-        if db.exists():
-            try:
-                committed = sqlite3.connect(db, timeout=1).execute(
-                    "SELECT COUNT(*) FROM records").fetchone()[0]
-            except sqlite3.Error:
-                continue
-            if committed >= 2:
-                break
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert committed >= 2
-    kept = sqlite3.connect(db).execute("SELECT COUNT(*) FROM records").fetchone()[0]
-    p = run("tune", "--model", str(tiny_config), "--seq-max", "16", "--budget", "tiny",
-            "--no-progress", "--plan", "off", cache=cache)
-    assert p.returncode == 0, p.stderr
-    cached = sum(int(line.split()[4]) for line in p.stdout.splitlines()
-                 if line.split() and line.split()[0] in ("qkv", "o", "gate_up+lm_head", "down"))
-    assert cached >= kept
-    again = run("tune", "--model", str(tiny_config), "--seq-max", "16", "--budget", "tiny",
-                "--no-progress", "--plan", "off", cache=cache)
-    assert again.returncode == 0
-    rows = [line.split() for line in again.stdout.splitlines()
-            if line.split() and line.split()[0] in ("qkv", "o", "gate_up+lm_head", "down")]
-    assert len(rows) == 4 and all(r[3] == "0" for r in rows)  # nothing searched again
-
-
-@pytest.mark.tvm
-def test_bench_gemm_end_to_end(tmp_path, tiny_config):
-    cache = tmp_path / "bench"
-    t = run("tune", "--model", str(tiny_config), "--seq-max", "8", "--budget", "tiny",
-            "--no-progress", "--ops", "qkv", cache=cache)
-    assert t.returncode == 0, t.stderr
-    missing = run("bench", "gemm", "--model", str(tiny_config), "--m", "1", "--peers", "numpy",
-                  "--json", str(tmp_path / "x.json"), cache=cache)
-    _one_line_error(missing, "run `sandwichc tune`")  # o, gate_up, down were never tuned
-    t = run("tune", "--model", str(tiny_config), "--seq-max", "8", "--budget", "tiny",
-            "--no-progress", "--plan", "off", cache=cache)
-    assert t.returncode == 0, t.stderr
-    b = run("bench", "gemm", "--model", str(tiny_config), "--m", "1,3,8", "--peers", "numpy",
-            "--no-rotate", "--passes", "2", cache=cache, cwd=tmp_path)
-    assert b.returncode == 0, b.stderr
-    # issue 30, item 4: each CPU's figures under its own LLVM name, side by side
-    out = tmp_path / "results" / "cpus" / detect_cpu().mcpu / "gemm_vs_vendor"
-    assert all(out.with_suffix(ext).stat().st_size > 0 for ext in (".json", ".md", ".png"))
-    d = json.loads(out.with_suffix(".json").read_text())
-    # the bar: the machine probe, then every row x 2 runners x 2 passes, each named as it runs
-    steps = 1 + len(d["rows"]) * 2 * 2
-    assert f"{steps}/{steps}" in b.stderr and "pass 2/2 numpy" in b.stderr, b.stderr
-    assert d["threads"] == 2 and d["peak_gflops"] > 0 and d["read_gbs"] > 0 and d["passes"] == 2
-    assert {r["m"] for r in d["rows"]} == {1, 3, 8}
-    assert all(r["sandwich_gflops"] > 0 and r["numpy_gflops"] > 0 for r in d["rows"])
-    for r in d["rows"]:  # every runner timed once per pass, its best reported
-        for name in ("sandwich", "numpy"):
-            assert len(r[f"{name}_gflops_passes"]) == 2
-            assert r[f"{name}_gflops"] == max(r[f"{name}_gflops_passes"])
 
 
 def _main_error(capsys, argv, match):

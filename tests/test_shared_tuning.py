@@ -2,13 +2,17 @@
 a shape leased by a live tuner is skipped and come back to; a dead tuner's lease expires.
 The search itself is replaced by a recorder: no kernel is compiled."""
 
+import os
+import socket
+import subprocess
+import sys
 import time
 
 import pytest
 
 from sandwich.tuner import shared_tuning
 from sandwich.tuner.budget import get_budget
-from sandwich.tuner.tuning_db import TuningDB
+from sandwich.tuner.tuning_db import TuningDB, lease_owner
 from sandwich.types import GemmOp
 
 KEY = ("fp", 64, 64, "float32", 1)
@@ -26,6 +30,22 @@ def test_a_lease_is_exclusive_until_released_or_expired(tmp_path):
     assert db.claim(KEY, "c", ttl_s=30)
     db.renew("c")
     assert not db.claim(KEY, "a", ttl_s=30)
+
+
+def test_a_lease_of_a_process_gone_from_this_host_is_taken_at_once(tmp_path):
+    db = TuningDB(tmp_path / "t.sqlite")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid no longer runs (reaped)
+    host = socket.gethostname()
+    assert db.claim(KEY, f"{host}:{os.getpid()}:aaaa", ttl_s=30)
+    assert not db.claim(KEY, lease_owner(), ttl_s=30)  # this test's own process is alive
+    db.release(KEY, f"{host}:{os.getpid()}:aaaa")
+    assert db.claim(KEY, f"{host}:{gone.pid}:bbbb", ttl_s=30)
+    me = lease_owner()
+    assert db.claim(KEY, me, ttl_s=30)  # a fresh heartbeat, yet its owner is gone
+    db.release(KEY, me)
+    assert db.claim(KEY, f"{host}-other:{gone.pid}:cccc", ttl_s=30)
+    assert not db.claim(KEY, me, ttl_s=30)  # another host's pids are not this one's to judge
 
 
 class _Cache:

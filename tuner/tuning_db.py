@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,6 +40,26 @@ CREATE TABLE IF NOT EXISTS kernels (
     PRIMARY KEY (fingerprint, n, k, dtype, schedule_key)
 );
 """
+
+
+def lease_owner() -> str:
+    """Who holds a lease: this host, this process, and a nonce (pids are reused)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _dead_here(owner: str) -> bool:
+    """Whether `owner` (see lease_owner) is a process of this host that no longer runs."""
+    host, _, rest = owner.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it runs, under another user
+        return False
+    return False
 
 
 @dataclass(frozen=True)
@@ -226,12 +249,15 @@ class TuningDB:
     # -- leases: concurrent tuners split the shapes instead of each searching all of them --
     def claim(self, key: tuple, owner: str, *, ttl_s: float) -> bool:
         """Take the lease on one shape key (fingerprint, n, k, dtype, threads) unless a live
-        tuner holds it; a lease whose heartbeat is older than ttl_s belonged to a dead one."""
+        tuner holds it; a lease whose heartbeat is older than ttl_s belonged to a dead one,
+        and so does one held by a process of this host that no longer runs (a rerun after a
+        kill starts at once instead of waiting out the heartbeat)."""
         now = time.time()
         with self._tx() as c:
             row = c.execute("SELECT owner, heartbeat FROM leases WHERE fingerprint=? AND n=? AND "
                             "k=? AND dtype=? AND threads=?", key).fetchone()
-            if row is not None and row[0] != owner and now - row[1] <= ttl_s:
+            if row is not None and row[0] != owner and now - row[1] <= ttl_s \
+                    and not _dead_here(row[0]):
                 return False
             c.execute("INSERT OR REPLACE INTO leases VALUES (?,?,?,?,?,?,?)", (*key, owner, now))
             return True
