@@ -59,7 +59,7 @@ class PlanSettings:
     calibrate: bool = True  # measure the simulator's per-core rates first
     max_group_levels: int = 1
     patience: int = 8
-    measure_share: float = 1.0  # the cost model's share of each search round (tune --measure-share)
+    measure_share: float | None = None  # the cost model's share of each search round (None: the budget's)
     explore: float = 0.1
 
 
@@ -144,8 +144,9 @@ def make_plan(model: str, cache: KernelCache, settings: PlanSettings = PlanSetti
     ranked, params = search_candidates(cfg, tree, settings, log)
     configs = [r.config for r in ranked]
     tune_payloads(cfg, cache, configs, seq_max=seq_max, budget=settings.budget, log=log,
-                  progress=progress, guide=GuideSettings(measure_share=settings.measure_share,
-                                                         explore=settings.explore))
+                  progress=progress,
+                  guide=GuideSettings(measure_share=get_budget(settings.budget).share(settings.measure_share),
+                                      explore=settings.explore))
     prompt = trace_prompt(cfg.vocab_size, settings.prompt_len)
     with tempfile.TemporaryDirectory(prefix="sandwichc-plan-") as tmp:
         factory = RunnerFactory(_weights(model, Path(tmp)), cache,

@@ -11,9 +11,10 @@ from sandwich.types import GemmOp
 from sandwich.weight_formats import check_shape, gemm_dtype, parse_format
 
 # the runtime runs lm_head on the last token of each sequence in a step only (runtime/executor.py:
-# _head), so its M is a batch size, never a prompt length; rows past this are tuned no further
-# and run the schedule tuned here (perplexity scores every row through it)
-HEAD_M_MAX = 256
+# _head), so its M is a batch size, never a prompt length (`serve --max-batch`: 16 by default);
+# past this, one more search at 4x covers the rest (tuner/tune.py: op_samples), for the rows
+# `perplexity` scores
+HEAD_M_MAX = 64
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from sandwich.tuner.space import (
     polymerizations,
     slice_caps,
     stream_pause_share,
+    useful,
     weight_imbalance,
 )
 from sandwich.types import ComputeSlice, KernelSchedule, MicroKernel, Polymerization
@@ -66,7 +67,11 @@ def test_default_budget_thins_large_m_and_lm_head_stops_at_a_batch():
     assert all(b / a < 1.5 for a, b in zip(ms[5:-4], ms[6:-3], strict=True))  # two per doubling (rounded)
     payload = make_payload(load_model_config("llama-160m"), seq_max=2048)
     shapes = {"+".join(names): op for names, op in unique_shapes(payload)}
-    assert op_samples(shapes["lm_head"], default, 2048)[-1] == HEAD_M_MAX
+    head = op_samples(shapes["lm_head"], default, 2048)
+    assert head[-2:] == [HEAD_M_MAX, 4 * HEAD_M_MAX]  # a batch, then once for perplexity's rows
+    assert head[:-1] == default.m_samples(HEAD_M_MAX)
+    assert op_samples(shapes["lm_head"], default, 48) == default.m_samples(48)
+    assert op_samples(shapes["lm_head"], default, 100)[-1] == 100
     assert op_samples(shapes["qkv"], default, 2048)[-1] == 2048
     # a shape lm_head shares with an op that runs at every M is searched at every M
     tied = replace(payload, ops=(*payload.ops, replace(shapes["lm_head"], name="x", m_max=None)))
@@ -178,9 +183,14 @@ def test_skinny_m_rounds_outvote_one_lucky_run():
     assert res.schedule.micro_kernel == MicroKernel(4, 64)
     rounds = [t for t in search.trials if t.phase == "round"]
     finalists = {t.schedule for t in rounds}
-    assert len(rounds) == 5 * len(finalists)
     # each micro-kernel's best within half of the leader is a finalist; the 1-row tile is far behind
     assert {s.micro_kernel for s in finalists} == {MicroKernel(2, 64), MicroKernel(4, 64)}
+    # after two rounds the finalists never within 10% of a round's best are out (the 2-row
+    # tile, at half the 4-row one's speed once its lucky run is past); the rest run all five
+    runs = {f: sum(t.schedule == f for t in rounds) for f in finalists}
+    near = {f for f in finalists if _good(f, 4) >= 0.9 * res.gflops}
+    assert near and all(runs[f] == (5 if f in near else 2) for f in finalists), runs
+    assert all(runs[f] == 2 for f in finalists if f.micro_kernel == MicroKernel(2, 64))
     # past skinny_m the usual confirm runs instead
     search, _ = _search(fn, skinny_rounds=5, skinny_m=2)
     search.tune_m(4)
@@ -400,6 +410,24 @@ def test_past_refine_from_a_search_starts_from_the_last_winner():
     for m in (16, 32, 64):
         fresh.tune_m(m)
     assert len({s.micro_kernel for s, m in fresh_meas.calls if m == 64}) > 1
+
+
+def test_a_guided_refine_measures_every_polymerization():
+    class Stingy:  # a guide that measures only what it must
+        def choose(self, schedules, m, n, k, keep=1):
+            return [i < keep for i in range(len(schedules))]
+
+    search, meas = _search(_good, reuse_patience=99, refine_from=64)
+    search.guide = Stingy()
+    for m in (16, 32):
+        search.tune_m(m)
+    before = len(meas.calls)
+    search.tune_m(64)
+    mk = search.state.history[-1].schedule.micro_kernel
+    useful_ones = {pl for pl in polymerizations(2, split_k=True) if useful(pl, 64, 1024, 512, mk)}
+    assert len(useful_ones) == 2  # the N and M splits (split-K: partial sums too big for K = 512)
+    # without the rule the stingy guide leaves the M split unmeasured: only the N split runs
+    assert {s.polymerization for s, m in meas.calls[before:] if m == 64} == useful_ones
 
 
 def test_time_callable_stops_early_on_long_calls():

@@ -45,6 +45,7 @@ class SearchSettings:
     skinny_m: int = 8  # up to this M only full-panel micro-kernels (mu_n == pack_n) are tried
     skinny_rounds: int = 1  # up to skinny_m, finalists are re-timed in this many interleaved rounds
     skinny_tie: float = 0.03  # median shares this close are a tie, broken by traffic shape
+    skinny_cut: float = 0.9  # after two rounds, a finalist never within this share of a round's best is out
     max_seconds_per_m: float | None = None  # past this, candidates count as no gain ...
     min_trials_per_m: int = 0  # ... once this many were measured at the M (long calls need them)
     refine_from: int | None = None  # from this M on, a search refines the last winner
@@ -352,7 +353,8 @@ class SandwichSearch:
         timed a few seconds apart are not comparable: one tune crowned a 4-row tile timed at
         42 GB/s over a 6-row tile timed at 35 GB/s, a gap the moments alone explain. Each round
         times every finalist once, back to back, and scores it as a share of that round's
-        best; the order flips each round so neither end is favoured. The finalists are the
+        best; the order flips each round so neither end is favoured, and after two rounds those
+        never near a round's best drop out (`_halve`). The finalists are the
         `confirm_top` leaders plus each micro-kernel's best within half of the leader (the
         slow moments here run at about 0.6x), so a tile whose slices all ran in a slow
         moment is still in the final, while probe-only slices far behind are not; so is the
@@ -370,15 +372,26 @@ class SandwichSearch:
             return best
         shares: dict[KernelSchedule, list[float]] = {s: [] for s in finalists}
         for r in range(self.settings.skinny_rounds):
+            if r == 2 and self.settings.skinny_rounds > 3:
+                finalists = self._halve(finalists, shares)
             order = finalists if r % 2 == 0 else finalists[::-1]
             runs = dict(zip(order, self._remeasure(order, m, "round"), strict=True))
             top = max(runs.values())
             for s, g in runs.items():
                 shares[s].append(g / top if top > 0 else 0.0)
-        median = {s: statistics.median(v) for s, v in shares.items()}
+        median = {s: statistics.median(shares[s]) for s in finalists}
         tied = [s for s in finalists if median[s] >= max(median.values()) - self.settings.skinny_tie]
         win = min(tied, key=lambda s: (*self._traffic_shape(s, m), -median[s], -self._seen[(s, m)]))
         return self._seen[(win, m)], win
+
+    def _halve(self, finalists: list[KernelSchedule],
+               shares: dict[KernelSchedule, list[float]]) -> list[KernelSchedule]:
+        """The finalists that came within `skinny_cut` of a round's best in the first two
+        rounds (at least two): a finalist 10% behind twice, each time timed back to back with
+        the others in the same DRAM moment, does not win the median, and the rounds were
+        half of a decode M's timings (Sheared-LLaMA-1.3B on Zen 3: 770 of 1,685 up to M = 8)."""
+        kept = [s for s in finalists if max(shares[s]) >= self.settings.skinny_cut]
+        return kept if len(kept) >= 2 else sorted(finalists, key=lambda s: -max(shares[s]))[:2]
 
     def _traffic_shape(self, s: KernelSchedule, m: int) -> tuple[bool, float, float]:
         """What breaks a tie between skinny-M finalists: first, whether threads share weight
@@ -467,7 +480,11 @@ class SandwichSearch:
                        if useful(pl, m, self.n, self.k, mk)] or [Polymerization(1, 1, 1)]
             starts = [self._schedule(mk, clamp(start, slice_caps(m, self.n, self.k, mk, pl)), pl)
                       for pl in schemes]
-            schemes = [pl for pl, p in zip(schemes, self._choose(starts, m), strict=True) if p]
+            # a refine has one micro-kernel, and its polymerizations are what large M turns on:
+            # each start is measured whatever the model says (at a 25% share it ranked qkv's
+            # split-M start out at M = 1024 on Sheared-LLaMA: 0.70 of the unguided winner)
+            keep = len(starts) if refine else 1
+            schemes = [pl for pl, p in zip(schemes, self._choose(starts, m, keep=keep), strict=True) if p]
             for pl in schemes:
                 s, g = self.finetune(mk, m, start, pl)
                 if best is None or g > best[0]:

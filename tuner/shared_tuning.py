@@ -5,18 +5,16 @@ is taken over. A shape another tuner finished is then found cached."""
 
 from __future__ import annotations
 
-import os
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable
 
 from sandwich.tuner.budget import Budget
-from sandwich.tuner.guide import Guides
+from sandwich.tuner.guide import Guides, GuideSettings
 from sandwich.tuner.kernel_cache import KernelCache
 from sandwich.tuner.rpc_measure import RpcTarget
 from sandwich.tuner.tune import OpReport, op_samples, open_pool, tune_op
+from sandwich.tuner.tuning_db import lease_owner
 from sandwich.types import GemmOp
 
 TTL_S = 30.0  # a lease not renewed for this long belonged to a tuner that died
@@ -56,7 +54,7 @@ def tune_shared(shapes: list[tuple[list[str], GemmOp]], *, seq_max: int, threads
                 sleep: Callable[[float], None] = time.sleep,
                 remote: RpcTarget | None = None, guides: Guides | None = None) -> list[OpReport]:
     """Tune every shape once between all tuners of this cache; reports in `shapes` order."""
-    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    owner = lease_owner()
     # largest first (longest-processing-time order): the tuners finish close together
     pending = sorted(range(len(shapes)), key=lambda i: -shapes[i][1].n * shapes[i][1].k)
     reports: dict[int, OpReport] = {}
@@ -89,8 +87,13 @@ def tune_shared(shapes: list[tuple[list[str], GemmOp]], *, seq_max: int, threads
 def tune_shapes(shapes, *, seq_max: int, threads: int, budget, cache, progress: bool = True,
                 remote: RpcTarget | None = None, guides: Guides | None = None):
     """Tune each (names, op) over M in [1, seq_max] with a progress bar, sharing the work
-    with other tuners of the same cache; the OpReports."""
+    with other tuners of the same cache; the OpReports. Without `guides`, the cost model
+    takes the budget's share of each round."""
     from tqdm import tqdm
+
+    if guides is None:
+        guides = Guides(GuideSettings(measure_share=budget.measure_share), cache_dir=cache.dir,
+                        fingerprint=cache.fingerprint)
 
     with tqdm(total=sum(len(op_samples(op, budget, seq_max)) for _, op in shapes), unit="M",
               disable=not progress, dynamic_ncols=True) as bar:

@@ -60,10 +60,11 @@ def register(sub) -> None:
     tune.add_argument("--rpc-timeout", type=float, default=120.0,
                       help="seconds one remote call may take before its server is dropped and "
                       "the call goes to another")
-    tune.add_argument("--measure-share", type=float, default=1.0, metavar="S",
+    tune.add_argument("--measure-share", type=float, default=None, metavar="S",
                       help="let the XGBoost cost model (trained on this CPU's earlier trials, "
                       "and on this tune's as it goes) rank each round of candidates and measure "
-                      "only its top share S; 1 measures every candidate (default)")
+                      "only its top share S; 1 measures every candidate (default: 0.25 with "
+                      "--budget default, 1 with the others)")
     tune.add_argument("--explore", type=float, default=0.1, metavar="P",
                       help="with --measure-share < 1: each candidate the model ranks out is "
                       "measured anyway with this chance")
@@ -182,11 +183,11 @@ def cmd_tune(args) -> int:
     from sandwich.tuner.tune import unique_shapes
 
     cfg = load_model_config(args.model)
-    guide_settings = GuideSettings(measure_share=args.measure_share, explore=args.explore)
+    budget = get_budget(args.budget)
+    guide_settings = GuideSettings(measure_share=budget.share(args.measure_share), explore=args.explore)
     if _plan_mode(args) == "on":
         return _tune_plan(args, cfg)
     payload = make_payload(cfg, tp=args.tp, seq_max=args.seq_max, weights=args.weights)
-    budget = get_budget(args.budget)
     threads = _threads(args)
     shapes = unique_shapes(payload)
     if args.ops:
