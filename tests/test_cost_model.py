@@ -11,7 +11,7 @@ from schedule_fakes import CONSTANTS, MS, SHAPES, speed, synthetic
 
 from sandwich.errors import CacheError
 from sandwich.tuner import cost_model as cm
-from sandwich.tuner.cost_model_eval import evaluate_target, score_groups, table
+from sandwich.tuner.cost_model_eval import evaluate_target, noise_ceiling, score_groups, table
 from sandwich.tuner.trial_log import merge_repeats, parse_schedule_key, read_trials
 from sandwich.types import ComputeSlice, KernelSchedule, MicroKernel, Polymerization
 
@@ -159,3 +159,19 @@ def test_held_out_evaluation_reports_both_modes(data):
     assert all(s.test_ms == len(MS) - len(MS) // 2 for s in scores)
     assert min(s.within for s in scores if s.mode == "half") >= 0.7
     assert "| **mean** |" in table(scores)
+
+
+def test_the_noise_ceiling_follows_the_repeats_spread(data):
+    """Repeats that agree leave a perfect model at rho 1; repeats 20% apart pull it down, and
+    a log with no repeats gives no ceiling."""
+    from dataclasses import replace
+
+    none, no_pairs = noise_ceiling(data)
+    assert no_pairs == 0 and math.isnan(none)
+    same = data + [replace(s, phase="confirm") for s in data]
+    rho, pairs = noise_ceiling(same)
+    assert rho == pytest.approx(1.0) and pairs == len(merge_repeats(data))
+    apart = data + [replace(s, gflops=s.gflops * (1.2 if i % 2 else 1 / 1.2)) for i, s in enumerate(data)]
+    rough, _ = noise_ceiling(apart)
+    assert 0.3 < rough < 0.99
+    assert noise_ceiling(same, m_max=8)[1] < pairs

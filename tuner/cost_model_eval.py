@@ -116,6 +116,29 @@ def evaluate_target(fingerprint: str, samples: Sequence[Sample], constants=None,
     return out
 
 
+def noise_ceiling(samples: Sequence[Sample], *, m_max: int | None = None, m_min: int = 1,
+                  draws: int = 5, seed: int = 0) -> tuple[float, int]:
+    """The within-M Spearman a perfect model would reach against one timing of each candidate,
+    and the repeated pairs it is estimated from: each simulated timing multiplies the measured
+    GFLOPS by a repeat-noise factor drawn from the logs' own repeats (the log ratio of a
+    candidate's first two timings at one M, over sqrt 2). Optimistic: the measured values it
+    starts from already carry that noise, which spreads them."""
+    runs: dict[tuple, list[float]] = {}
+    for s in samples:
+        if m_min <= s.m <= (m_max or s.m) and s.gflops > 0:
+            runs.setdefault((s.source, s.m, s.schedule.key()), []).append(s.gflops)
+    logs = np.array([math.log(v[1] / v[0]) for v in runs.values() if len(v) >= 2])
+    if not len(logs):
+        return math.nan, 0
+    groups: dict[tuple, list[float]] = {}
+    for (source, m, _), v in runs.items():
+        groups.setdefault((source, m), []).append(statistics.median(v))
+    rng = np.random.default_rng(seed)
+    rhos = [spearman(g, np.asarray(g) * np.exp(rng.choice(logs, len(g)) / math.sqrt(2)))
+            for g in groups.values() if len(g) >= 3 for _ in range(draws)]
+    return _mean([r for r in rhos if not math.isnan(r)]), len(logs)
+
+
 def machine_constants(logs_root: Path, fingerprint: str) -> dict[str, float]:
     """The target constants of the machine model stored beside the logs ({} when none)."""
     from sandwich.tuner.machine_model import MachineModel
@@ -178,6 +201,12 @@ def main(argv: Sequence[str]) -> int:
         return 2
     scores, skipped = evaluate(Path(argv[0]))
     text = table(scores) + f"\nmalformed log lines skipped: {skipped}\n"
+    for folder in sorted(p for p in Path(argv[0]).iterdir() if p.is_dir()):
+        samples = read_trials(folder).samples
+        for name, lo, hi in (("M <= 8", 1, 8), ("M > 8", 9, None)):
+            rho, pairs = noise_ceiling(samples, m_min=lo, m_max=hi)
+            text += (f"noise ceiling of within-M rho, {folder.name}, {name}: {rho:.2f} "
+                     f"(from {pairs} repeated timings)\n")
     print(text)
     if len(argv) > 1:
         Path(argv[1]).write_text(text)
