@@ -99,8 +99,10 @@ def search_candidates(cfg: ModelConfig, tree, s: PlanSettings, log: Callable[[st
 def tune_payloads(cfg: ModelConfig, cache: KernelCache, configs: list[ServiceConfig], *,
                   seq_max: int, budget: str, log: Callable[[str], None], progress: bool,
                   guide: GuideSettings | None = None) -> None:
-    """Every distinct (TP degree, threads per process) gets kernels tuned for it."""
-    guides = Guides(guide or GuideSettings(), cache_dir=cache.dir, fingerprint=cache.fingerprint)
+    """Every distinct (TP degree, threads per process) gets kernels tuned for it; without
+    `guide`, the cost model takes the budget's share, as tune_shapes does."""
+    guides = Guides(guide or GuideSettings(measure_share=get_budget(budget).measure_share),
+                    cache_dir=cache.dir, fingerprint=cache.fingerprint)
     for tp, threads in plan_threads(cfg, configs):
         shapes = unique_shapes(make_payload(cfg, tp=tp, seq_max=seq_max))
         missing = [(n, op) for n, op in shapes if not cache.records(op.n, op.k, op.dtype, threads)]
