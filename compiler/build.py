@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 from sandwich.compiler.gemm_template import GemmProblem, gemm_tvmscript
+from sandwich.compiler.llvm_splice import DPBF16PS, splice_module
 from sandwich.compiler.target import CpuInfo, tvm_target
 from sandwich.errors import BuildError
 from sandwich.types import KernelSchedule
@@ -31,7 +32,7 @@ def compile_source(source: str, cpu: CpuInfo, threads: int):
     except Exception as e:  # TVM raises many types; the user sees one line
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise BuildError(f"TVM failed to compile the kernel: {first}") from e
-    return ex
+    return splice_module(ex) if DPBF16PS in source else ex
 
 
 def build_gemm(schedule: KernelSchedule, *, n: int, k: int, cpu: CpuInfo, threads: int):

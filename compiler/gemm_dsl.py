@@ -111,8 +111,9 @@ def family_tunables(schedule: KernelSchedule, k: int) -> dict[str, int]:
 
 
 def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int,
-                       isa: str | None = None) -> str:
-    """TVMScript of the family; refuses the schedules the hand template refuses."""
+                       isa: str | None = None, bf16_dot: bool = False) -> str:
+    """TVMScript of the family; refuses the schedules the hand template refuses. `bf16_dot`:
+    the target has avx512_bf16, so bf16 weights take vdpbf16ps (else f32 FMAs on them)."""
     validate(schedule, GemmProblem(n=n, k=k, lanes=lanes))
     split_k = schedule.polymerization.t_k > 1
     args = ("A", *weight_args(schedule.dtype, k), "C") + (("WS",) if split_k else ()) + ("bmb", "bnt", "bk")
@@ -123,12 +124,13 @@ def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int,
         # workspace and reloads after every store (the hand template pays for that)
         return to_tvmscript(_kernel(), tunables=family_tunables(schedule, k), vlen=lanes,
                             fixed={"N": n, "K": k, "G": fmt.group_size(k)}, args=args, align=4,
-                            scalars="inline", fold=True, isa=isa)
+                            scalars="inline", fold=True, isa=isa, bf16_dot=bf16_dot)
     except DSLError as e:  # e.g. a tile outside the kernel's tunable domains
         raise ConfigError(f"GEMM schedule {schedule.key()} is outside {KERNEL}.sw: {e}") from e
 
 
 def build_gemm_dsl(schedule: KernelSchedule, *, n: int, k: int, cpu: CpuInfo, threads: int):
     """Compile the DSL GEMM for the family of one schedule (any M, any slice)."""
-    src = gemm_dsl_tvmscript(schedule, n=n, k=k, lanes=cpu.lanes_f32, isa=cpu.isa)
+    src = gemm_dsl_tvmscript(schedule, n=n, k=k, lanes=cpu.lanes_f32, isa=cpu.isa,
+                             bf16_dot="+avx512bf16" in cpu.mattr)
     return compile_source(src, cpu, threads)

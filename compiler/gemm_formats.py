@@ -13,10 +13,10 @@ ACT_MAX = 32767.0  # activations quantized to 16 bits: madd16's halves
 
 def weight_format(dtype: str) -> WeightFormat:
     """The weight format a schedule's dtype names ("float32" is fp32); the family builds
-    fp32 and the int formats (bf16 has no kernel yet)."""
+    every format of sandwich/weight_formats.py."""
     fmt = format_of(dtype)
-    if fmt.bits not in (32, 8, 4):
-        raise ConfigError(f"no GEMM kernel for {fmt.name} weights yet (built: fp32, int8, int4)")
+    if fmt.bits not in (32, 16, 8, 4):
+        raise ConfigError(f"no GEMM kernel for {fmt.name} weights (built: fp32, bf16, int8, int4)")
     return fmt
 
 
@@ -26,9 +26,18 @@ def weight_args(dtype: str, k: int) -> tuple[str, ...]:
     fmt = weight_format(dtype)
     if fmt.bits == 32:
         return ("W",)
+    if fmt.bits == 16:
+        return ("WB",)
     scales = "SF" if fmt.scale_dtype == "float32" else "S"
     values = ("Q8" if fmt.bits == 8 else "Q4") + ("P" if int_activations(fmt, k) else "")
     return (values, scales) + (("Z",) if not fmt.symmetric else ())
+
+
+def check_rtol(dtype: str) -> float:
+    """Element-wise tolerance of a kernel against float64 A @ W on its weights' values, relative
+    to sum |a| |w|: bf16 rounds A to 8 bits of mantissa (each product within 2^-9), the other
+    formats multiply A as it is (or on 16 bits)."""
+    return 2.0 ** -8 if weight_format(dtype).bits == 16 else 1e-4
 
 
 def int_activations(fmt: WeightFormat, k: int) -> bool:

@@ -43,7 +43,8 @@ def pack_weight(w: np.ndarray | QuantizedWeight, pack_n: int, dtype: str = "floa
 
 def pack_quantized(qw: QuantizedWeight, pack_n: int, *, pairs: bool | None = None
                    ) -> list[np.ndarray]:
-    """A weight in an int format -> the family's arrays in call order (gemm_formats.weight_args):
+    """A weight in bf16 (pack_bf16) or an int format -> the family's arrays in call order
+    (gemm_formats.weight_args):
     values [N / pack_n, K (int8) or K / 2 (int4), pack_n], then scales and, when asymmetric,
     minimums [N / pack_n, K / G, pack_n] in the format's scale type; done once at load time.
     int4 bytes are re-paired so that byte k / 2 holds value k (low nibble) and k + 1 (high).
@@ -54,6 +55,8 @@ def pack_quantized(qw: QuantizedWeight, pack_n: int, *, pairs: bool | None = Non
     k, n = qw.shape
     if n % pack_n:
         raise ShapeError(f"weight N={n} is not a multiple of the packed width {pack_n}")
+    if qw.fmt.bits == 16:
+        return [pack_bf16(qw, pack_n)]
     values = qw.q
     if qw.fmt.bits == 4:
         if k % 2:
@@ -77,6 +80,18 @@ def pack_quantized(qw: QuantizedWeight, pack_n: int, *, pairs: bool | None = Non
         packed[...] = a.reshape(n // pack_n, pack_n, a.shape[1]).transpose(0, 2, 1)
         out.append(packed)
     return out
+
+
+def pack_bf16(qw: QuantizedWeight, pack_n: int) -> np.ndarray:
+    """bf16 weight -> WB[N / pack_n, K / 2, pack_n] int32: element [p, kk, j] holds the bits of
+    column p pack_n + j's values 2 kk (low half) and 2 kk + 1, the pair a vdpbf16ps lane takes."""
+    k, n = qw.shape
+    if k % 2:
+        raise ShapeError(f"bf16 weights need an even K, got K={k}")
+    pairs = qw.q.reshape(n, k // 2, 2).view(np.uint32).reshape(n, k // 2)  # little-endian
+    packed = aligned_empty((n // pack_n, k // 2, pack_n), np.int32)
+    packed[...] = pairs.view(np.int32).reshape(n // pack_n, pack_n, k // 2).transpose(0, 2, 1)
+    return packed
 
 
 def aligned_empty(shape: tuple[int, ...], dtype=np.float32, align: int = 64) -> np.ndarray:
@@ -122,6 +137,9 @@ def gemm_args(a: np.ndarray, wp: np.ndarray | tuple[np.ndarray, ...], out: np.nd
     if min(sizes) < 1:  # the kernel divides by them: a zero is SIGFPE, a negative wrong output
         raise ShapeError(f"schedule {schedule.key()} has a slice of {sizes} blocks; every size "
                          f"must be positive")
+    if weight_format(schedule.dtype).bits == 16 and sizes[2] % 2 and sizes[2] < a.shape[1]:
+        raise ShapeError(f"schedule {schedule.key()}: bf16 weights are read in pairs along K, "
+                         f"so b_k={sizes[2]} must be even")
     return args + list(sizes)
 
 

@@ -22,6 +22,7 @@ from sandwich.compiler import lower_vector as V
 from sandwich.compiler.lower_args import check_fixed, signature
 from sandwich.compiler.lower_static import SCALARS, StaticParts
 from sandwich.dsl import ast as A
+from sandwich.dsl.builtins import FUNCS
 from sandwich.dsl.errors import DSLError
 from sandwich.dsl.highlevel import ast as H
 from sandwich.dsl.highlevel.printer import print_expr
@@ -50,9 +51,10 @@ def _assigned(stmts) -> set[str]:
 
 class _Emitter(V.VectorLoops, StaticParts):
     def __init__(self, kernel: H.Kernel, consts: dict, vlen: int, scalars: str = "box",
-                 fold: bool = False, isa: str | None = None) -> None:
+                 fold: bool = False, isa: str | None = None, bf16_dot: bool = False) -> None:
         self.consts, self.vlen, self.scalars, self.fold = consts, vlen, scalars, fold
         self.isa = isa  # the target's vector ISA (compiler/target.py), for intrinsics
+        self.bf16_dot = bf16_dot and isa == "avx512"  # vdpbf16ps for dotbf16
         self.ramp: str | None = None  # the lane variable of an explicit vector loop
         self.ramp_start = ""  # its first lane, as TVMScript
         self.wide = False  # lowering a side_by_side pair: vectors of 2 vlen lanes
@@ -104,6 +106,8 @@ class _Emitter(V.VectorLoops, StaticParts):
             return e.dtype
         if isinstance(e, A.Binary) and e.op in ("<", "<=", ">", ">=", "==", "!=", "and", "or"):
             return "bool"
+        if isinstance(e, A.Call) and FUNCS[e.func][1] != "same":
+            return FUNCS[e.func][1]
         parts = {A.Unary: lambda: [e.operand], A.Binary: lambda: [e.left, e.right],
                  A.Call: lambda: list(e.args[-2:])}[type(e)]()
         types = [self.dtype(p) for p in parts]
@@ -150,6 +154,10 @@ class _Emitter(V.VectorLoops, StaticParts):
                 return f"({args[0]} * {args[1]} + {args[2]})"
             if e.func == "madd16":
                 return self.madd16(e, *args)
+            if e.func == "dotbf16":
+                return self.dotbf16(e, *args)
+            if e.func == "bf16pair":
+                return V.bf16_pair(*args)
             if e.func == "exp" and self.in_vector and self.dtype(e) == "f32":
                 return V.fast_exp(args[0])
             return f"{_FUNCS[e.func]}({', '.join(args)})"
@@ -289,7 +297,7 @@ class _Emitter(V.VectorLoops, StaticParts):
 def to_tvmscript(kernel: H.Kernel, *, tunables: dict[str, int], vlen: int,
                  fixed: dict | None = None, args: tuple[str, ...] | None = None,
                  align: int | None = None, scalars: str = "box", fold: bool = False,
-                 isa: str | None = None) -> str:
+                 isa: str | None = None, bf16_dot: bool = False) -> str:
     """TVMScript source of `main(<params in order>)` for one point of the search space.
 
     `fixed` scalar parameters keep their place in the signature (a call with another value
@@ -297,7 +305,8 @@ def to_tvmscript(kernel: H.Kernel, *, tunables: dict[str, int], vlen: int,
     leaves them out. `align` relaxes the data alignment TVM demands of array arguments.
     `scalars` says how immutable integer scalars are held (compiler/lower_static.py:
     "box", "inline" or "let"); `fold` writes constant parts of expressions as numbers.
-    `isa` (CpuInfo.isa) lets the lowering use that ISA's intrinsics (madd16: pmaddwd).
+    `isa` (CpuInfo.isa) lets the lowering use that ISA's intrinsics (madd16: pmaddwd), and
+    `bf16_dot` (the target has avx512_bf16) vdpbf16ps for dotbf16.
     """
     if scalars not in SCALARS:
         raise DSLError(f"scalars must be one of {SCALARS}, got {scalars!r}")
@@ -305,7 +314,7 @@ def to_tvmscript(kernel: H.Kernel, *, tunables: dict[str, int], vlen: int,
     fixed = dict(fixed or {})
     check_fixed(kernel, fixed)
     consts = {**tunables, A.VLEN: vlen, **fixed}
-    e = _Emitter(kernel, consts, vlen, scalars, fold, isa)
+    e = _Emitter(kernel, consts, vlen, scalars, fold, isa, bf16_dot)
     sig = signature(kernel, args, fixed)
     for p in kernel.params:
         if p.shape and p not in sig:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sandwich.compiler.llvm_splice import DPBF16PS
 from sandwich.dsl import ast as A
 from sandwich.dsl.check import _names
+from sandwich.dsl.errors import DSLError
 from sandwich.dsl.highlevel import ast as H
 
 _IDENTITY = {"+": "T.float32(0.0)", "max": 'T.float32("-inf")', "min": 'T.float32("inf")'}
@@ -163,6 +165,24 @@ def affine(start: str, index: str, step: str) -> str:
 PMADDWD = {8: "llvm.x86.avx2.pmadd.wd", 16: "llvm.x86.avx512.pmaddw.d.512"}
 
 
+# vector widths with x86's vdpbf16ps (avx512_bf16): pairs of bf16 multiplied and added to
+# f32 lanes; called through a stand-in that compiler/llvm_splice.py turns into the intrinsic
+DPBF16PS_LANES = (16,)
+
+
+def _bf16_bits(x: str) -> str:
+    """x (float32) rounded to bf16, nearest even: its 16 bits in a uint32."""
+    b = f'T.reinterpret("uint32", {x})'
+    return (f"T.shift_right({b} + T.uint32(32767) + T.bitwise_and(T.shift_right({b}, "
+            f"T.uint32(16)), T.uint32(1)), T.uint32(16))")
+
+
+def bf16_pair(x: str, y: str) -> str:
+    """TVMScript of bf16pair(x, y) (dsl/builtins.py): the two bf16s' bits in an int32."""
+    return (f'T.reinterpret("int32", T.bitwise_or({_bf16_bits(x)}, '
+            f"T.shift_left({_bf16_bits(y)}, T.uint32(16))))")
+
+
 def calls(stmts, func: str) -> bool:
     """Whether any expression of `stmts` (assignments only) calls `func`."""
     def walk(e):
@@ -214,11 +234,14 @@ class VectorLoops:
 
     def explicit(self, s, reds, step, const_trips) -> bool:
         """Whether a `vector` loop is written as explicit vector statements (T.Ramp lanes)
-        rather than left to TVM's vectoriser: loops of plain assignments that call madd16,
-        on x86 (TVM vectorises calls lane by lane, and pmaddwd is not lane-wise)."""
-        return (self.isa in ("avx2", "avx512") and self.vlen in PMADDWD and not reds
-                and step == "1" and const_trips is not None and const_trips % self.vlen == 0
-                and all(isinstance(t, A.Assign) for t in s.body) and calls(s.body, "madd16"))
+        rather than left to TVM's vectoriser: loops of plain assignments that call madd16 on
+        x86, or dotbf16 where vdpbf16ps exists (TVM vectorises calls lane by lane, and neither
+        instruction is lane-wise)."""
+        intrinsic = ((self.isa in ("avx2", "avx512") and self.vlen in PMADDWD
+                      and calls(s.body, "madd16"))
+                     or (self.bf16_dot and self.vlen in DPBF16PS_LANES and calls(s.body, "dotbf16")))
+        return (intrinsic and not reds and step == "1" and const_trips is not None
+                and const_trips % self.vlen == 0 and all(isinstance(t, A.Assign) for t in s.body))
 
     def ramp_loop(self, s, u, start, const_trips, depth: int) -> None:
         vl, chunks = self.vlen, const_trips // self.vlen
@@ -270,6 +293,26 @@ class VectorLoops:
             a = f'T.reinterpret("int16x{2 * vl}", T.Broadcast({p}, {vl}))'
             return f'T.call_llvm_pure_intrin("int32x{vl}", "{PMADDWD[vl]}", {w}, {a})'
         return f"({x} * T.shift_right(T.shift_left({p}, 16), 16) + {y} * T.shift_right({p}, 16))"
+
+    def dotbf16(self, e, acc: str, w: str, p: str) -> str:
+        """vdpbf16ps when acc and w are vectors and p is one pair for every lane, else the
+        same products on the bf16 values widened to f32 (exact), in the same order."""
+        va, vw, vp = (self.varies(a) for a in e.args)
+        if va and vw and not vp and self.bf16_dot:
+            vl = self.vlen
+            return (f'T.call_pure_extern("float32x{vl}", "{DPBF16PS}", {acc}, {w}, '
+                    f'T.Broadcast({p}, {vl}))')
+        if self.ramp is not None:
+            raise DSLError("dotbf16 in an explicit vector loop needs its accumulator and weight "
+                           "to vary along the loop and its activation pair not to")
+
+        def hi(x: str) -> str:
+            return f'T.reinterpret("float32", T.bitwise_and({x}, -65536))'
+
+        def lo(x: str) -> str:
+            return f'T.reinterpret("float32", T.shift_left({x}, 16))'
+
+        return f"(({acc} + {hi(w)} * {hi(p)}) + {lo(w)} * {lo(p)})"
 
     def vector(self, s, reds, u, start, step, trips, const_trips, depth: int) -> None:
         """Full vlen-wide chunks in a T.vectorized loop, then the tail as a serial loop."""

@@ -19,6 +19,13 @@ FUNCS: dict[str, tuple[tuple[str, ...], str]] = {
     # 16-bit halves: one 32-bit lane of x86's pmaddwd (vpdpwssd with VNNI), which the
     # vector lowering emits when a `vectorize` loop's x and y vary along it and p does not
     "madd16": (("int", "int", "int"), "i32"),
+    # dotbf16(acc, w, p) = acc + hi(w) * hi(p) + lo(w) * lo(p) in f32, where w and p each hold
+    # two bf16 values as bits (lo + 65536 * hi): one lane of x86's vdpbf16ps, which the vector
+    # lowering emits where the CPU has avx512_bf16 and w varies along a `vectorize` loop while
+    # p does not; elsewhere the same products in f32 (bf16 values are exact in f32)
+    "dotbf16": (("float", "int", "int"), "f32"),
+    # bf16pair(x, y): x and y rounded to bf16 (nearest even), their bits as lo + 65536 * hi
+    "bf16pair": (("float", "float"), "i32"),
 }
 
 LOW_KEYWORDS = frozenset({

@@ -49,11 +49,36 @@ def _madd16(x: int, y: int, p: int) -> int:
     return x * lo + y * (p >> 16)
 
 
+def _bf16(bits: int) -> float:
+    """The f32 value of 16 bf16 bits."""
+    return float(np.array([(bits & 0xFFFF) << 16], np.uint32).view(np.float32)[0])
+
+
+def _bf16_bits(x: float) -> int:
+    """x rounded to bf16, nearest even (what bf16pair packs)."""
+    b = int(np.array([x], np.float32).view(np.uint32)[0])
+    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
+
+
+def _dotbf16(acc: float, w: int, p: int) -> float:
+    """acc + hi(w) hi(p) + lo(w) lo(p) (dsl/builtins.py), summed in f32 as vdpbf16ps does."""
+    f32 = np.float32
+    hi = f32(acc) + f32(_bf16(w >> 16)) * f32(_bf16(p >> 16))
+    return float(hi + f32(_bf16(w)) * f32(_bf16(p)))
+
+
+def _bf16pair(x: float, y: float) -> int:
+    """x and y as bf16 bits, lo + 65536 * hi, as a signed 32-bit value."""
+    v = _bf16_bits(x) | (_bf16_bits(y) << 16)
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
 _FUNCS = {"exp": _exp, "log": math.log, "sqrt": math.sqrt, "rsqrt": lambda x: 1 / math.sqrt(x),
           "tanh": math.tanh, "sigmoid": lambda x: 1 / (1 + _exp(-x)), "sin": math.sin,
           "cos": math.cos, "erf": math.erf, "floor": math.floor, "ceil": math.ceil,
           "pow": math.pow, "fma": lambda a, b, c: a * b + c, "max": max, "min": min, "abs": abs,
-          "select": lambda c, a, b: a if c else b, "madd16": _madd16}
+          "select": lambda c, a, b: a if c else b, "madd16": _madd16,
+          "dotbf16": _dotbf16, "bf16pair": _bf16pair}
 
 
 def _cast(dtype: str, v):

@@ -148,6 +148,12 @@ def _to_bf16(x: np.ndarray) -> np.ndarray:
     return n.astype(np.uint16)
 
 
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    """x rounded to bf16 (nearest even), as float32: what a bf16 GEMM multiplies for A."""
+    bits = _to_bf16(np.ascontiguousarray(x, dtype=np.float32))
+    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
 def _pack4(qs: np.ndarray) -> np.ndarray:
     """(N, G, g) values 0..15 -> (N, G*g/2) bytes: j low, j + g/2 high in each group."""
     half = qs.shape[-1] // 2

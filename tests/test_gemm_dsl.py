@@ -82,6 +82,16 @@ def test_int_formats_are_right_in_the_reference_interpreter(fmt, act):
                act=act)
 
 
+@pytest.mark.parametrize("tun, sl, m", [
+    (dict(mu_m=3, mu_n=4, pack_n=8, t_m=1, t_n=1, t_k=2), (1, 2, 48), 7),
+    (dict(mu_m=2, mu_n=4, pack_n=4, t_m=2, t_n=2, t_k=1), (1, 2, 16), 9),
+])
+def test_bf16_is_right_in_the_reference_interpreter(tun, sl, m):
+    """The bf16 branch without TVM (dotbf16 on pairs along K), against numpy on the
+    activations and weights rounded to bf16: tails, split-K, threads over M and N."""
+    _interpret(tun, sl, m, "bf16", k=96, rtol=1e-5)
+
+
 @pytest.mark.parametrize("fmt", ["int8-g32", "int4-g64", "int4-g32-asym"])
 def test_16_bit_activations_are_the_same_math_as_numpys(fmt):
     """act 1 against numpy on the activations quantized as the kernel does (to 1e-6), with
@@ -97,13 +107,13 @@ def _interpret(tun: dict, sl: tuple, m: int, fmt: str, *, k: int, act: int = 0,
     reference takes the activations as the kernel quantizes them."""
     from sandwich.compiler.gemm_formats import quantized_activations, weight_args
     from sandwich.compiler.gemm_runner import pack_weight
-    from sandwich.weight_formats import dequantize, gemm_dtype, parse_format, quantize
+    from sandwich.weight_formats import dequantize, gemm_dtype, parse_format, quantize, round_bf16
 
     n, pack = 16, tun["pack_n"]
     f = parse_format(fmt)
     rng = np.random.default_rng(1)
     w = rng.standard_normal((k, n)).astype(np.float32)
-    if f.quantized:
+    if f.quantized or f.bits == 16:
         qw = quantize(w, f)
         w = dequantize(qw)
     dtype = gemm_dtype(f)
@@ -113,9 +123,10 @@ def _interpret(tun: dict, sl: tuple, m: int, fmt: str, *, k: int, act: int = 0,
               "Q4": np.zeros((n // pack, k // 2, pack), np.uint8),
               "Q8P": np.zeros((n // pack, k // 2, 2 * pack), np.int8),
               "Q4P": np.zeros((n // pack, k // 4, 2 * pack), np.uint8),
+              "WB": np.zeros((n // pack, k // 2, pack), np.int32),
               **{name: np.zeros((n // pack, k // g, pack), dt)
                  for name, dt in (("S", np.float16), ("SF", np.float32), ("Z", np.float16))}}
-    packed = pack_weight(qw if f.quantized else w, pack, dtype, pairs=bool(act))
+    packed = pack_weight(qw if f.quantized or f.bits == 16 else w, pack, dtype, pairs=bool(act))
     names = weight_args(dtype, k)
     if f.quantized and not act:  # the same format read as Q8 / Q4 (act = 0)
         names = (names[0].removesuffix("P"), *names[1:])
@@ -127,7 +138,8 @@ def _interpret(tun: dict, sl: tuple, m: int, fmt: str, *, k: int, act: int = 0,
                 "s32": int(f.scale_dtype == "float32"), "act": act}
     run(load_kernel("gemm_family"), tunables=tunables, vlen=4, M=m, N=n, K=k, G=g, A=a, C=c,
         WS=ws, bmb=sl[0], bnt=sl[1], bk=sl[2], **arrays)
-    ref = (quantized_activations(a) if act else a.astype(np.float64)) @ w
+    rows = quantized_activations(a) if act else round_bf16(a) if f.bits == 16 else a
+    ref = rows.astype(np.float64) @ w
     np.testing.assert_allclose(c, ref, rtol=rtol, atol=rtol * np.abs(ref).max())
 
 

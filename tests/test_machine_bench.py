@@ -48,3 +48,13 @@ def test_read_bandwidth_over_several_streams_checks_its_sum():
         assert mbench.read_bandwidth_gbs(1, size_bytes=1 << 20, repeat=2, streams=streams) > 0
     with pytest.raises(ConfigError):
         mbench.read_bandwidth_gbs(1, size_bytes=1 << 20, streams=(0,))
+
+
+def test_bf16_dot_peak_where_the_cpu_has_one(monkeypatch):
+    """About twice the FMA peak on Zen 4 (a vdpbf16ps adds two products per lane); None, not
+    an error, on a CPU without avx512_bf16."""
+    if "avx512_bf16" in mbench._cpu_flags():
+        gflops = mbench.peak_bf16_gflops(1, iters=200_000, repeat=3)
+        assert gflops > 0.5 * mbench.peak_gflops(1, iters=200_000, repeat=3)
+    monkeypatch.setattr(mbench, "_cpu_flags", lambda: {"avx512f", "avx2", "fma"})
+    assert mbench.peak_bf16_gflops(1) is None

@@ -130,8 +130,8 @@ def test_kernel_signatures_per_format():
     assert rs.kernel_signature("int8-g32", 16).ai_xm == pytest.approx(q8.ai_xm / 2)
 
 
-@pytest.mark.parametrize("bad, match", [("int3", "unknown weight format"), ("bf16", "bf16")])
-def test_kernel_signature_rejects_formats_without_a_kernel(bad, match):
+@pytest.mark.parametrize("bad, match", [("int3", "unknown weight format")])
+def test_kernel_signature_rejects_unknown_formats(bad, match):
     with pytest.raises(ConfigError, match=match):
         rs.kernel_signature(bad, 8)
 
@@ -172,11 +172,30 @@ def test_calibrate_uses_the_micro_benchmarks(monkeypatch):
 
     monkeypatch.setattr(machine_bench, "read_bandwidth_gbs", lambda threads: 40.0 * threads)
     monkeypatch.setattr(machine_bench, "peak_gflops", lambda threads: 160.0 * threads)
+    monkeypatch.setattr(machine_bench, "peak_bf16_gflops", lambda threads: None)
     host = rs.calibrate(2, lanes=8)
     assert host.mbw == pytest.approx(80e9)
     assert host.fma_vector_ops == pytest.approx(320e9 / 16)
     assert host.vos == host.fma_vector_ops  # the documented assumption, nothing more
     assert host.machine(4).mos == pytest.approx(host.fma_vector_ops / 4)
+    assert host.bf16_dot_ops is None and host.machine(4, "bf16") == host.machine(4)
+
+
+def test_bf16_weights_halve_the_bytes_and_take_the_dot_product_rate(monkeypatch):
+    from sandwich.tuner import machine_bench
+
+    dot, plain = rs.kernel_signature("bf16", 16), rs.kernel_signature("bf16", 16, bf16_dot=False)
+    assert dot.ai_xm == pytest.approx(2 * rs.kernel_signature("fp32", 16).ai_xm)
+    assert dot.ai_xv == float("inf") and plain.ai_xv == pytest.approx(1 / rs.BF16_WIDEN_OPS)
+    monkeypatch.setattr(machine_bench, "read_bandwidth_gbs", lambda threads: 40.0)
+    monkeypatch.setattr(machine_bench, "peak_gflops", lambda threads: 200.0)
+    monkeypatch.setattr(machine_bench, "peak_bf16_gflops", lambda threads: 400.0)
+    host = rs.calibrate(2, lanes=16)
+    assert host.bf16_dot_ops == pytest.approx(400e9 / 64)  # 16 lanes x 2 products x 2 FLOPs
+    b = rs.bound(host.machine(512, "bf16"), dot, rs.gemm_flops_per_op(16, 512))
+    assert b == rs.Bound(pytest.approx(400e9), "MTX")
+    b = rs.bound(host.machine(512), rs.kernel_signature("fp32", 16), rs.gemm_flops_per_op(16, 512))
+    assert b == rs.Bound(pytest.approx(200e9), "MTX")
 
 
 def _cli(monkeypatch, capsys, *argv):

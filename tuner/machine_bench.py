@@ -1,5 +1,6 @@
 """Machine micro-benchmarks (csrc/machine_bench.c, built with gcc at first use): fp32 FMA
-peak, FMA chains, and read bandwidth from a buffer of any size. The tuner's machine model
+peak, FMA chains, the bf16 dot-product peak where the CPU has one, and read bandwidth from a
+buffer of any size. The tuner's machine model
 and the benchmarks' limits are measured with them."""
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def isa_flags() -> tuple[str, list[str]]:
     """The widest vector ISA of this CPU that the micro-benchmarks support, and its gcc flags."""
     flags = _cpu_flags()
     if "avx512f" in flags:
-        return "avx512", ["-mavx512f"]
+        return "avx512", ["-mavx512f"] + (["-mavx512bf16"] if "avx512_bf16" in flags else [])
     if {"avx2", "fma"} <= flags:
         return "avx2", ["-mavx2", "-mfma"]
     raise BuildError("machine benchmark needs an x86 CPU with AVX2+FMA or AVX-512F")
@@ -81,8 +82,9 @@ def _library() -> tuple[ctypes.CDLL, str]:
     lib.mb_fma_chains.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.POINTER(ctypes.c_float)]
     lib.mb_read.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                             ctypes.c_int, ctypes.POINTER(ctypes.c_float)]
+    lib.mb_dpbf16.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.POINTER(ctypes.c_float)]
     for fn in (lib.mb_fma, lib.mb_fma_chains, lib.mb_read, lib.mb_lanes, lib.mb_fma_accs,
-               lib.mb_read_block, lib.mb_max_chains):
+               lib.mb_read_block, lib.mb_max_chains, lib.mb_dpbf16):
         fn.restype = ctypes.c_int
     return lib, isa
 
@@ -107,14 +109,30 @@ def peak_gflops(threads: int, *, iters: int = 3_000_000, repeat: int = 7) -> flo
     repeat, since another process only ever slows a repeat down (a median once read half
     the peak here while something else ran for a moment)."""
     check_threads(threads)
+    return _peak("mb_fma", "FMA", 2.0, threads, iters, repeat)
+
+
+def peak_bf16_gflops(threads: int, *, iters: int = 3_000_000, repeat: int = 7) -> float | None:
+    """Peak GFLOPS of vdpbf16ps (avx512_bf16: 2 bf16 products per f32 lane) on `threads`
+    threads, as peak_gflops measures FMAs; None where the CPU has no avx512_bf16."""
+    check_threads(threads)
+    if "avx512_bf16" not in _cpu_flags():
+        return None
+    return _peak("mb_dpbf16", "bf16 dot", 4.0, threads, iters, repeat)
+
+
+def _peak(entry: str, what: str, flops_per_lane: float, threads: int, iters: int,
+          repeat: int) -> float:
+    """GFLOPS of a C entry point running FMA_ACCS independent chains per thread, each link
+    `flops_per_lane` per lane: the best repeat."""
     lib, _ = _library()
     out = ctypes.c_float()
 
     def call() -> None:
-        _check_rc(lib.mb_fma(threads, iters, ctypes.byref(out)), "FMA")
+        _check_rc(getattr(lib, entry)(threads, iters, ctypes.byref(out)), what)
 
     t = time_callable(call, warmup=2, repeat=repeat, min_repeat_s=0.0)
-    flops = 2.0 * threads * iters * lib.mb_fma_accs() * lib.mb_lanes()
+    flops = flops_per_lane * threads * iters * lib.mb_fma_accs() * lib.mb_lanes()
     return flops / t.min_s / 1e9
 
 

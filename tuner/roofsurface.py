@@ -216,21 +216,26 @@ def table2_signature(kernel: PaperKernel) -> Signature:
 # ports, so the VEC and MTX terms are not independent as TMUL and AVX are (Eq. 1 is then an
 # upper bound); and above the register tile's rows the kernel converts each weight vector
 # once per row block, not once per M rows, so at large M the VEC term is optimistic.
-VALUE_OPS = {32: 0.0, 8: 2.0, 4: 2.5}  # dequantization ops per weight vector, by bits
+# dequantization ops per weight vector, by bits; bf16 takes none into vdpbf16ps and one (a
+# shift or a mask to f32) where the CPU has no bf16 dot product (BF16_WIDEN_OPS)
+VALUE_OPS = {32: 0.0, 16: 0.0, 8: 2.0, 4: 2.5}
+BF16_WIDEN_OPS = 1.0
 SIGNATURE_K = 4096  # K for the per-column formats' share of scale bytes and scaling ops
 
 
-def kernel_signature(fmt_name: str, lanes: int, *, k: int = SIGNATURE_K) -> Signature:
+def kernel_signature(fmt_name: str, lanes: int, *, k: int = SIGNATURE_K,
+                     bf16_dot: bool = True) -> Signature:
     """AI_XM and AI_XV of our GEMM kernel for one weight format: AI_XM = 1 / the stored bytes
     of one weight vector (values plus its share of scales and minimums), AI_XV = 1 / its
-    dequantization ops (inf for fp32). ConfigError for a format with no kernel."""
+    dequantization ops (inf for fp32, and for bf16 where `bf16_dot`: the CPU multiplies
+    bf16 pairs as they are). ConfigError for a format with no kernel."""
     fmt = parse_format(fmt_name)
     weight_format(fmt.name)  # a format the GEMM family does not build: its one-line error
     if lanes < 1 or k < 1 or (fmt.group and k % fmt.group):
         raise ConfigError(f"need lanes >= 1 and K a multiple of {fmt.group or 1}, "
                           f"got lanes={lanes}, K={k}")
     ai_xm = 1.0 / (fmt.nbytes(k, lanes) / (k * lanes) * lanes)
-    ops = VALUE_OPS[fmt.bits]
+    ops = BF16_WIDEN_OPS if fmt.bits == 16 and not bf16_dot else VALUE_OPS[fmt.bits]
     if fmt.quantized:
         arrays = 1 if fmt.symmetric else 2  # scales, and minimums when asymmetric
         per_group = arrays * (2 if fmt.scale_dtype == "float16" else 1)
@@ -259,19 +264,26 @@ class HostRates:
     mbw: float  # bytes/s, streaming read from DRAM
     fma_vector_ops: float  # FMA vector instructions per second, all threads
     vos: float
+    bf16_dot_ops: float | None = None  # vdpbf16ps per second, all threads (None: no avx512_bf16)
 
-    def machine(self, m: int) -> Machine:
-        """MOS is weight vectors/s: each one takes M FMA vector ops."""
+    def machine(self, m: int, fmt: str = "fp32") -> Machine:
+        """MOS is weight vectors/s: each one takes M FMA vector ops, or for bf16 weights on a
+        CPU with a bf16 dot product M / 2 of them (one takes two weight vectors' pairs)."""
+        if parse_format(fmt).bits == 16 and self.bf16_dot_ops:
+            return Machine(self.mbw, self.vos, 2 * self.bf16_dot_ops / m)
         return Machine(self.mbw, self.vos, self.fma_vector_ops / m)
 
 
 def calibrate(threads: int, *, lanes: int | None = None) -> HostRates:
-    """Measure MBW and the FMA rate with the tuner's C micro-benchmarks (a few seconds);
-    VOS is set to the FMA rate by assumption (VOS_ASSUMPTION), not from vendor tables."""
+    """Measure MBW, the FMA rate and, where the CPU has it, the bf16 dot-product rate with the
+    tuner's C micro-benchmarks (a few seconds); VOS is set to the FMA rate by assumption
+    (VOS_ASSUMPTION), not from vendor tables."""
     from sandwich.compiler.target import detect_cpu
     from sandwich.tuner import machine_bench
 
     lanes = lanes or detect_cpu().lanes_f32
     mbw = machine_bench.read_bandwidth_gbs(threads) * 1e9
     fma = machine_bench.peak_gflops(threads) * 1e9 / (2 * lanes)
-    return HostRates(threads=threads, lanes=lanes, mbw=mbw, fma_vector_ops=fma, vos=fma)
+    bf16 = machine_bench.peak_bf16_gflops(threads)
+    return HostRates(threads=threads, lanes=lanes, mbw=mbw, fma_vector_ops=fma, vos=fma,
+                     bf16_dot_ops=bf16 * 1e9 / (4 * lanes) if bf16 else None)

@@ -26,13 +26,17 @@ from sandwich.tuner.reference import ReferenceRows, reference_matmul
 from sandwich.tuner.streaming import llc_bytes, rotation_copies
 from sandwich.tuner.timing import gflops, time_callable
 from sandwich.types import KernelSchedule
-from sandwich.weight_formats import dequantize, quantize
+from sandwich.weight_formats import dequantize, quantize, round_bf16
 
 
 def kernel_rows(dtype: str, k: int) -> Callable[[np.ndarray], np.ndarray] | None:
-    """What the kernel multiplies for rows of A: for an int format with 16-bit activations,
-    the activations as the kernel quantizes them; None for A itself."""
-    return quantized_activations if int_activations(weight_format(dtype), k) else None
+    """What the kernel multiplies for rows of A: for bf16 weights, A rounded to bf16; for an
+    int format with 16-bit activations, the activations as the kernel quantizes them; None
+    for A itself."""
+    fmt = weight_format(dtype)
+    if fmt.bits == 16:
+        return round_bf16
+    return quantized_activations if int_activations(fmt, k) else None
 
 
 def result_error(out: np.ndarray, ref: np.ndarray, schedule: KernelSchedule,

@@ -18,9 +18,10 @@ def add_threads_arg(p: argparse.ArgumentParser) -> None:
 
 def add_weights_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default="fp32", type=_weights_format, metavar="FORMAT",
-                   help="how the GEMMs store their weights: fp32, int8-g32 (llama.cpp's Q8_0), "
-                   "int8 (a scale per column), int4 (= int4-g32, Q4_0), int4-g64, int4-g128, "
-                   "int4-g32-asym (Q4_1), ...; int formats dequantize in the kernel")
+                   help="how the GEMMs store their weights: fp32, bf16 (activations rounded to "
+                   "bf16 too: vdpbf16ps where the CPU has avx512_bf16), int8-g32 (llama.cpp's "
+                   "Q8_0), int8 (a scale per column), int4 (= int4-g32, Q4_0), int4-g64, "
+                   "int4-g128, int4-g32-asym (Q4_1), ...; int formats dequantize in the kernel")
 
 
 def _weights_format(name: str) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 from sandwich.cli.common import add_threads_arg, int_list
 from sandwich.errors import ConfigError
 
-DEFAULT_FORMATS = ("fp32", "int8-g32", "int4-g32", "int4-g32-asym")
+DEFAULT_FORMATS = ("fp32", "bf16", "int8-g32", "int4-g32", "int4-g32-asym")
 COLORS = {"MEM": "#9fd89f", "VEC": "#f7c38a", "MTX": "#9cc3f0"}  # DECA Fig. 4/5: green, orange, blue
 
 
@@ -31,22 +31,28 @@ def _run(args) -> int:
     ms = int_list(args.m, "--m")
     names = list(dict.fromkeys(parse_format(f).name for f in args.formats or DEFAULT_FORMATS))
     cpu = detect_cpu()
-    sigs = {f: rs.kernel_signature(f, cpu.lanes_f32) for f in names}  # input errors before timing
+    dot = "+avx512bf16" in cpu.mattr
+    sigs = {f: rs.kernel_signature(f, cpu.lanes_f32, bf16_dot=dot) for f in names}  # errors first
     threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
     host = rs.calibrate(threads, lanes=cpu.lanes_f32)
     print(f"{cpu.model} ({cpu.mcpu}, {cpu.isa}, {host.lanes} f32 lanes), {threads} threads")
     print(f"MBW {host.mbw / 1e9:8.1f} GB/s           streaming read (measured)")
     print(f"FMA {host.fma_vector_ops / 1e9:8.2f} G vector ops/s   peak FMA GFLOPS / (2 x {host.lanes} "
           f"lanes) (measured)")
+    if host.bf16_dot_ops:
+        print(f"BF16 {host.bf16_dot_ops / 1e9:7.2f} G vdpbf16ps/s      peak bf16 GFLOPS / (4 x "
+              f"{host.lanes} lanes) (measured)")
     print(f"VOS {host.vos / 1e9:8.2f} G vector ops/s   ASSUMPTION: {rs.VOS_ASSUMPTION}")
-    print("matrix op = one weight vector in M FMAs: MOS = FMA rate / M, 2 x lanes x M FLOPs")
+    print("matrix op = one weight vector in M FMAs: MOS = FMA rate / M, 2 x lanes x M FLOPs "
+          "(bf16 with vdpbf16ps: 2 x its rate / M)")
     print(f"{'format':<14} {'M':>5} {'AI_XM op/B':>10} {'AI_XV op/vop':>12} "
           f"{'MEM':>8} {'VEC':>8} {'MTX':>8} {'bound GFLOPS':>12}  resource")
     for name, sig in sigs.items():
         for m in ms:
             per_op = rs.gemm_flops_per_op(host.lanes, m)
-            terms = {k: v * per_op / 1e9 for k, v in rs.rates(host.machine(m), sig).items()}
-            b = rs.bound(host.machine(m), sig, per_op)
+            machine = host.machine(m, name)
+            terms = {k: v * per_op / 1e9 for k, v in rs.rates(machine, sig).items()}
+            b = rs.bound(machine, sig, per_op)
             print(f"{name:<14} {m:>5} {sig.ai_xm:>10.4f} {sig.ai_xv:>12.3f} "
                   + " ".join(f"{terms[k]:>8.1f}" for k in rs.RESOURCES)
                   + f" {b.flops / 1e9:>12.1f}  {b.resource}")

@@ -143,17 +143,20 @@ static int run_threads(int threads, void *(*worker)(void *), void *jobs, size_t 
     return rc;
 }
 
-/* `iters` loop trips of FMA_ACCS vector FMAs per thread; sum of results to *out. */
-int mb_fma(int threads, long iters, float *out) {
+/* `iters` loop trips of `worker` per thread; sum of the threads' results to *out. */
+static int run_iters(int threads, long iters, void *(*worker)(void *), float *out) {
     if (threads < 1 || threads > MAX_THREADS || iters < 1) return -1;
     fma_job jobs[MAX_THREADS];
     for (int t = 0; t < threads; t++) jobs[t].iters = iters;
-    int rc = run_threads(threads, fma_worker, jobs, sizeof(fma_job));
+    int rc = run_threads(threads, worker, jobs, sizeof(fma_job));
     float s = 0.0f;
     for (int t = 0; t < threads; t++) s += jobs[t].result;
     *out = s;
     return rc;
 }
+
+/* `iters` loop trips of FMA_ACCS vector FMAs per thread; sum of results to *out. */
+int mb_fma(int threads, long iters, float *out) { return run_iters(threads, iters, fma_worker, out); }
 
 /* Read buf[0:n) `passes` times, split into contiguous per-thread chunks, each read as
  * `streams` concurrent streams. buf must be 64-byte aligned and n a multiple of
@@ -175,4 +178,32 @@ int mb_read(int threads, const float *buf, size_t n, int passes, int streams, fl
     for (int t = 0; t < threads; t++) s += jobs[t].result;
     *out = s;
     return rc;
+}
+
+/* bf16 dot products (vdpbf16ps, avx512_bf16): FMA_ACCS independent chains per thread, each
+ * instruction adding 16 lanes x 2 bf16 products; -1 where the build has no avx512_bf16.
+ * The operands are small constants, so each chain grows linearly and stays finite. */
+#if defined(__AVX512BF16__)
+static void *dpbf16_worker(void *p) {
+    fma_job *job = (fma_job *)p;
+    const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3A833A83); /* two bf16 of about 1e-3 */
+    __m512 a[FMA_ACCS];
+    for (int j = 0; j < FMA_ACCS; j++) a[j] = _mm512_set1_ps(0.0f);
+    for (long i = 0; i < job->iters; i++) {
+        _Pragma("GCC unroll 16") for (int j = 0; j < FMA_ACCS; j++) a[j] = _mm512_dpbf16_ps(a[j], x, x);
+    }
+    __m512 s = a[0];
+    for (int j = 1; j < FMA_ACCS; j++) s = _mm512_add_ps(s, a[j]);
+    job->result = _mm512_reduce_add_ps(s);
+    return NULL;
+}
+#endif
+
+int mb_dpbf16(int threads, long iters, float *out) {
+#if defined(__AVX512BF16__)
+    return run_iters(threads, iters, dpbf16_worker, out);
+#else
+    (void)threads; (void)iters; (void)out;
+    return -1;
+#endif
 }
