@@ -38,7 +38,7 @@ def ensure_tuned(args, cache, threads: int) -> None:
         print(f"tuning {len(missing)} GEMM shape(s) of {cfg.name} for this machine on first use "
               f"({args.tune_budget} budget; --no-tune to refuse)", file=sys.stderr)
         tune_shapes(missing, seq_max=seq_max, threads=threads, budget=get_budget(args.tune_budget),
-                    cache=cache)
+                    cache=cache, progress=not getattr(args, "no_progress", False))
 
 
 def weights_arg(args) -> str:
