@@ -132,5 +132,5 @@ def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int,
 def build_gemm_dsl(schedule: KernelSchedule, *, n: int, k: int, cpu: CpuInfo, threads: int):
     """Compile the DSL GEMM for the family of one schedule (any M, any slice)."""
     src = gemm_dsl_tvmscript(schedule, n=n, k=k, lanes=cpu.lanes_f32, isa=cpu.isa,
-                             bf16_dot="+avx512bf16" in cpu.mattr)
+                             bf16_dot=cpu.bf16_dot)
     return compile_source(src, cpu, threads)

@@ -62,6 +62,11 @@ class CpuInfo:
     def lanes_f32(self) -> int:
         return self.vector_bits // 32
 
+    @property
+    def bf16_dot(self) -> bool:
+        """Whether the target multiplies bf16 pairs into f32 lanes (vdpbf16ps, avx512_bf16)."""
+        return "+avx512bf16" in self.mattr
+
     def target_dict(self, threads: int | None = None) -> dict:
         """The TVM target in the dict form that TVM 0.27 accepts."""
         d: dict = {"kind": "llvm", "mcpu": self.mcpu, "num-cores": threads or self.cores}

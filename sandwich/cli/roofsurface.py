@@ -31,8 +31,8 @@ def _run(args) -> int:
     ms = int_list(args.m, "--m")
     names = list(dict.fromkeys(parse_format(f).name for f in args.formats or DEFAULT_FORMATS))
     cpu = detect_cpu()
-    dot = "+avx512bf16" in cpu.mattr
-    sigs = {f: rs.kernel_signature(f, cpu.lanes_f32, bf16_dot=dot) for f in names}  # errors first
+    sigs = {f: rs.kernel_signature(f, cpu.lanes_f32, bf16_dot=cpu.bf16_dot)
+            for f in names}  # input errors before timing
     threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
     host = rs.calibrate(threads, lanes=cpu.lanes_f32)
     print(f"{cpu.model} ({cpu.mcpu}, {cpu.isa}, {host.lanes} f32 lanes), {threads} threads")
