@@ -110,9 +110,10 @@ def family_tunables(schedule: KernelSchedule, k: int) -> dict[str, int]:
             "s32": int(fmt.scale_dtype == "float32"), "act": int(int_activations(fmt, k))}
 
 
-def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int,
+def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int, l2_bytes: int,
                        isa: str | None = None, bf16_dot: bool = False) -> str:
-    """TVMScript of the family; refuses the schedules the hand template refuses. `bf16_dot`:
+    """TVMScript of the family; refuses the schedules the hand template refuses. `l2_bytes`:
+    one core's L2, which sizes the chunks of rows a thread runs one after another; `bf16_dot`:
     the target has avx512_bf16, so bf16 weights take vdpbf16ps (else f32 FMAs on them)."""
     validate(schedule, GemmProblem(n=n, k=k, lanes=lanes))
     split_k = schedule.polymerization.t_k > 1
@@ -123,7 +124,7 @@ def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int,
         # template; "inline" scalars: no let variables, which TVM 0.27 puts in heap
         # workspace and reloads after every store (the hand template pays for that)
         return to_tvmscript(_kernel(), tunables=family_tunables(schedule, k), vlen=lanes,
-                            fixed={"N": n, "K": k, "G": fmt.group_size(k)}, args=args, align=4,
+                            fixed={"N": n, "K": k, "G": fmt.group_size(k), "L2": l2_bytes}, args=args, align=4,
                             scalars="inline", fold=True, isa=isa, bf16_dot=bf16_dot)
     except DSLError as e:  # e.g. a tile outside the kernel's tunable domains
         raise ConfigError(f"GEMM schedule {schedule.key()} is outside {KERNEL}.sw: {e}") from e
@@ -131,6 +132,6 @@ def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int,
 
 def build_gemm_dsl(schedule: KernelSchedule, *, n: int, k: int, cpu: CpuInfo, threads: int):
     """Compile the DSL GEMM for the family of one schedule (any M, any slice)."""
-    src = gemm_dsl_tvmscript(schedule, n=n, k=k, lanes=cpu.lanes_f32, isa=cpu.isa,
-                             bf16_dot=cpu.bf16_dot)
+    src = gemm_dsl_tvmscript(schedule, n=n, k=k, lanes=cpu.lanes_f32, l2_bytes=cpu.l2_bytes,
+                             isa=cpu.isa, bf16_dot=cpu.bf16_dot)
     return compile_source(src, cpu, threads)

@@ -100,13 +100,14 @@ def find_llvm_mca() -> tuple[str, str]:
 
 
 @lru_cache(maxsize=16)
-def _parsed(schedule: KernelSchedule, n: int, k: int, lanes: int):
-    """The family's TIR: parsing it is most of a build and does not depend on the CPU, so
-    one parse serves every CPU of the same vector width."""
+def _parsed(schedule: KernelSchedule, n: int, k: int, lanes: int, l2_bytes: int):
+    """The family's TIR: parsing it is most of a build and does not depend on the CPU's
+    model, so one parse serves every CPU of the same vector width and L2 (which sizes a
+    thread's chunks of rows, outside the hot loop)."""
     from sandwich.compiler.build import parse_tvmscript
     from sandwich.compiler.gemm_dsl import gemm_dsl_tvmscript
 
-    return parse_tvmscript(gemm_dsl_tvmscript(schedule, n=n, k=k, lanes=lanes))
+    return parse_tvmscript(gemm_dsl_tvmscript(schedule, n=n, k=k, lanes=lanes, l2_bytes=l2_bytes))
 
 
 def kernel_asm(schedule: KernelSchedule, *, cpu: CpuInfo, n: int, k: int) -> str:
@@ -115,7 +116,7 @@ def kernel_asm(schedule: KernelSchedule, *, cpu: CpuInfo, n: int, k: int) -> str
     import tvm
 
     try:
-        ex = tvm.compile(_parsed(schedule.family(), n, k, cpu.lanes_f32),
+        ex = tvm.compile(_parsed(schedule.family(), n, k, cpu.lanes_f32, cpu.l2_bytes),
                          target=tvm_target(cpu, 1))
     except Exception as e:  # TVM raises many types; the caller sees one line
         raise BuildError(f"TVM failed to cross-compile for {cpu.mcpu}: "

@@ -55,11 +55,11 @@ def test_the_interpreter_sums_a_pair_as_vdpbf16ps_does():
 
 def test_vdpbf16ps_only_where_the_target_has_it():
     s = _schedule(LANES)
-    with_dot = gemm_dsl_tvmscript(s, n=6 * LANES, k=256, lanes=LANES, isa="avx512", bf16_dot=True)
-    without = gemm_dsl_tvmscript(s, n=6 * LANES, k=256, lanes=LANES, isa="avx512")
+    with_dot = gemm_dsl_tvmscript(s, n=6 * LANES, k=256, lanes=LANES, l2_bytes=1 << 20, isa="avx512", bf16_dot=True)
+    without = gemm_dsl_tvmscript(s, n=6 * LANES, k=256, lanes=LANES, l2_bytes=1 << 20, isa="avx512")
     assert "sandwich_dpbf16ps" in with_dot
     assert "dpbf16ps" not in without and "-65536" in without
-    avx2 = gemm_dsl_tvmscript(_schedule(8), n=48, k=256, lanes=8, isa="avx2", bf16_dot=True)
+    avx2 = gemm_dsl_tvmscript(_schedule(8), n=48, k=256, lanes=8, l2_bytes=1 << 20, isa="avx2", bf16_dot=True)
     assert "dpbf16ps" not in avx2
 
 
@@ -102,7 +102,7 @@ def test_bf16_tile_is_vdpbf16ps_when_built_for_zen4():
     from sandwich.compiler.build import parse_tvmscript
     from sandwich.compiler.llvm_splice import splice_module
 
-    src = gemm_dsl_tvmscript(_schedule(LANES), n=6 * LANES, k=256, lanes=LANES, isa="avx512",
+    src = gemm_dsl_tvmscript(_schedule(LANES), n=6 * LANES, k=256, lanes=LANES, l2_bytes=1 << 20, isa="avx512",
                              bf16_dot=True)
     target = tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4",
                                 "num-cores": 2})

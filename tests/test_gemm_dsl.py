@@ -3,6 +3,7 @@ the compile-time lowering it relies on (compiler/lower_static.py). Issue 3, item
 
 import os
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -46,8 +47,20 @@ FAMILIES = [
 @pytest.mark.tvm
 @pytest.mark.parametrize("mk, slices, pl", FAMILIES)
 def test_dsl_gemm_matches_numpy(mk, slices, pl):
+    _check_family(mk, slices, pl, CPU)
+
+
+@pytest.mark.tvm
+@pytest.mark.parametrize("mk, slices, pl", [FAMILIES[1], FAMILIES[2], FAMILIES[7]])
+def test_dsl_gemm_in_chunks_of_rows_matches_numpy(mk, slices, pl):
+    """Built for a 16 KiB L2, a thread runs its rows in chunks of a few row blocks (a panel
+    of 40-96 values of 4 bytes), the tail rows in the last M-thread's last chunk."""
+    _check_family(mk, slices, pl, replace(CPU, l2_bytes=16 << 10))
+
+
+def _check_family(mk, slices, pl, cpu):
     family = _sched(*mk, slices[0], pl)
-    func = build_gemm_dsl(family, n=N, k=K, cpu=CPU, threads=2)["main"]
+    func = build_gemm_dsl(family, n=N, k=K, cpu=cpu, threads=2)["main"]
     rng = np.random.default_rng(0)
     w = rng.standard_normal((K, N), dtype=np.float32)
     wp = pack_weights(w, 4 * L)
@@ -92,6 +105,14 @@ def test_bf16_is_right_in_the_reference_interpreter(tun, sl, m):
     _interpret(tun, sl, m, "bf16", k=96, rtol=1e-5)
 
 
+@pytest.mark.parametrize("fmt, act", [("fp32", 0), ("bf16", 0), ("int8-g32", 1), ("int4-g32", 0)])
+def test_rows_run_in_chunks_sized_by_the_l2(fmt, act):
+    """An L2 of 512 bytes leaves 2-4 rows a chunk (b_k 16, 2-row tiles): each thread runs 2-3
+    chunks of 13 rows, the last M-thread's last one with the tail row, across two K panels."""
+    _interpret(dict(mu_m=2, mu_n=4, pack_n=4, t_m=2, t_n=2, t_k=1), (1, 2, 16), 13, fmt, k=64,
+               act=act, rtol=1e-5, l2=512)
+
+
 @pytest.mark.parametrize("fmt", ["int8-g32", "int4-g64", "int4-g32-asym"])
 def test_16_bit_activations_are_the_same_math_as_numpys(fmt):
     """act 1 against numpy on the activations quantized as the kernel does (to 1e-6), with
@@ -101,10 +122,11 @@ def test_16_bit_activations_are_the_same_math_as_numpys(fmt):
 
 
 def _interpret(tun: dict, sl: tuple, m: int, fmt: str, *, k: int, act: int = 0,
-               rtol: float = 1e-4) -> None:
+               rtol: float = 1e-4, l2: int = 1 << 20) -> None:
     """Run the family in the interpreter for one weight format; every array the signature
     names is passed (the ones the format leaves out as empty placeholders). With act = 1 the
-    reference takes the activations as the kernel quantizes them."""
+    reference takes the activations as the kernel quantizes them. `l2`: the L2 bytes that
+    size a thread's chunks of rows (a few hundred bytes: several chunks at a small M)."""
     from sandwich.compiler.gemm_formats import quantized_activations, weight_args
     from sandwich.compiler.gemm_runner import pack_weight
     from sandwich.weight_formats import dequantize, gemm_dtype, parse_format, quantize, round_bf16
@@ -136,7 +158,7 @@ def _interpret(tun: dict, sl: tuple, m: int, fmt: str, *, k: int, act: int = 0,
     ws = np.full((tun["t_k"] * m, n), np.nan, np.float32)
     tunables = {**tun, "bits": f.bits, "asym": int(not f.symmetric),
                 "s32": int(f.scale_dtype == "float32"), "act": act}
-    run(load_kernel("gemm_family"), tunables=tunables, vlen=4, M=m, N=n, K=k, G=g, A=a, C=c,
+    run(load_kernel("gemm_family"), tunables=tunables, vlen=4, M=m, N=n, K=k, G=g, L2=l2, A=a, C=c,
         WS=ws, bmb=sl[0], bnt=sl[1], bk=sl[2], **arrays)
     rows = quantized_activations(a) if act else round_bf16(a) if f.bits == 16 else a
     ref = rows.astype(np.float64) @ w
@@ -144,8 +166,8 @@ def _interpret(tun: dict, sl: tuple, m: int, fmt: str, *, k: int, act: int = 0,
 
 
 def test_calling_convention_is_the_hand_templates():
-    plain = gemm_dsl_tvmscript(_sched(4, 4 * L, (8, 4 * L, 32), (1, 2, 1)), n=N, k=K, lanes=L)
-    split = gemm_dsl_tvmscript(_sched(4, 4 * L, (8, 4 * L, 32), (1, 1, 2)), n=N, k=K, lanes=L)
+    plain = gemm_dsl_tvmscript(_sched(4, 4 * L, (8, 4 * L, 32), (1, 2, 1)), n=N, k=K, lanes=L, l2_bytes=1 << 20)
+    split = gemm_dsl_tvmscript(_sched(4, 4 * L, (8, 4 * L, 32), (1, 1, 2)), n=N, k=K, lanes=L, l2_bytes=1 << 20)
     sig = re.compile(r"def main\((.*)\):")
     names = [[p.split(":")[0].strip() for p in sig.search(src).group(1).split(",")]
              for src in (plain, split)]
@@ -160,17 +182,17 @@ def test_skinny_tiles_keep_their_own_stream_in_flight():
     the thread's only row block (M = 1 and 2 in decode); wider tiles leave that to the
     hardware, which measured faster for them."""
     lines = 4 * L // 16  # 64-byte lines per weight row of the tile
-    one_row = gemm_dsl_tvmscript(_sched(1, 4 * L, (1, 4 * L, 32), (1, 2, 1)), n=N, k=K, lanes=L)
+    one_row = gemm_dsl_tvmscript(_sched(1, 4 * L, (1, 4 * L, 32), (1, 2, 1)), n=N, k=K, lanes=L, l2_bytes=1 << 20)
     split = 2  # a 1 x 4-vector tile keeps two accumulator sets
     assert one_row.count("llvm.prefetch.p0") == 2 * split * lines  # next tile + own stream
     assert one_row.count("+ 16") >= split * lines
-    four_rows = gemm_dsl_tvmscript(_sched(4, 4 * L, (4, 4 * L, 32), (1, 2, 1)), n=N, k=K, lanes=L)
+    four_rows = gemm_dsl_tvmscript(_sched(4, 4 * L, (4, 4 * L, 32), (1, 2, 1)), n=N, k=K, lanes=L, l2_bytes=1 << 20)
     assert four_rows.count("llvm.prefetch.p0") == lines  # the next-tile prefetch only
 
 
 def test_accumulators_are_one_stack_row_per_buffer():
     """TVM 0.27 keeps only "global" buffers under 1024 B on the stack (in registers)."""
-    src = gemm_dsl_tvmscript(_sched(6, 4 * L, (12, 4 * L, 32), (1, 2, 1)), n=N, k=K, lanes=L)
+    src = gemm_dsl_tvmscript(_sched(6, 4 * L, (12, 4 * L, 32), (1, 2, 1)), n=N, k=K, lanes=L, l2_bytes=1 << 20)
     shapes = re.findall(r"T\.alloc_buffer\(\(([^)]*)\)", src)
     assert shapes and all(len(s.strip(", ").split(",")) == 1 for s in shapes)
     assert all(int(s.strip(", ")) * 4 < 1024 for s in shapes)
@@ -179,9 +201,9 @@ def test_accumulators_are_one_stack_row_per_buffer():
 
 def test_refuses_what_the_hand_template_refuses():
     with pytest.raises(ConfigError, match="multiple of the micro-kernel"):
-        gemm_dsl_tvmscript(_sched(3, 4 * L, (4, 4 * L, 16), (1, 1, 1)), n=N, k=K, lanes=L)
+        gemm_dsl_tvmscript(_sched(3, 4 * L, (4, 4 * L, 16), (1, 1, 1)), n=N, k=K, lanes=L, l2_bytes=1 << 20)
     with pytest.raises(ConfigError, match="outside gemm_family"):  # mu_m 11: not in the domain
-        gemm_dsl_tvmscript(_sched(11, L, (11, L, 16), (1, 1, 1)), n=N, k=K, lanes=L)
+        gemm_dsl_tvmscript(_sched(11, L, (11, L, 16), (1, 1, 1)), n=N, k=K, lanes=L, l2_bytes=1 << 20)
 
 
 SRC = """

@@ -179,7 +179,7 @@ def test_int8_tile_is_vpdpwssd_where_avx512_vnni_exists():
 
     s = KernelSchedule(MicroKernel(2, 32), ComputeSlice(4, 64, 64), Polymerization(1, 2, 1), 32,
                        dtype="int8-g32")
-    src = gemm_dsl_tvmscript(s, n=128, k=256, lanes=16, isa="avx512")
+    src = gemm_dsl_tvmscript(s, n=128, k=256, lanes=16, l2_bytes=1 << 20, isa="avx512")
     assert "llvm.x86.avx512.pmaddw.d.512" in src
     target = tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4",
                                 "num-cores": 2})
