@@ -57,8 +57,10 @@ class FormatsResult:
 
 
 def run_formats(*, models: list[str], formats: list[str], ms: list[int], threads: int, cache,
-                budget: str, seq_max: int, command: str, log: Callable[[str], None]) -> FormatsResult:
-    """Tune what the cache lacks (resumable), then time every (model, op, format, M)."""
+                budget: str, seq_max: int, command: str, log: Callable[[str], None],
+                progress: bool = True) -> FormatsResult:
+    """Tune what the cache lacks (resumable, with a progress bar unless not `progress`), then
+    time every (model, op, format, M)."""
     from sandwich.models import load_model_config
     from sandwich.payload import make_payload
     from sandwich.tuner.budget import get_budget
@@ -77,7 +79,7 @@ def run_formats(*, models: list[str], formats: list[str], ms: list[int], threads
             if missing:
                 log(f"tuning {len(missing)} {fmt} GEMM shape(s) of {cfg.name} ({budget} budget)")
                 tune_shapes(missing, seq_max=seq_max, threads=threads, budget=get_budget(budget),
-                            cache=cache)
+                            cache=cache, progress=progress)
             for names, op in shapes:
                 for m in ms:
                     row = _time_row(cache, limits, cfg.name, "+".join(names), op, fmt, m, threads)

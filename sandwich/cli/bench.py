@@ -139,6 +139,7 @@ def register(sub) -> None:
     f.add_argument("--json", dest="json_out", default=None,
                    help="default results/cpus/<mcpu>/weight_formats.json")
     f.add_argument("--md", default=None, help="default results/cpus/<mcpu>/weight_formats.md")
+    f.add_argument("--no-progress", action="store_true", help="no progress bar while tuning")
     add_threads_arg(f)
     add_cache_arg(f)
     f.set_defaults(func=_run_formats)
@@ -229,7 +230,7 @@ def _run_formats(args) -> int:
     res = run_formats(models=args.model or ["llama-160m"], formats=formats, ms=ms, threads=threads,
                       cache=cache, budget=args.budget, seq_max=args.seq_max,
                       command="sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-                      log=lambda msg: print(msg, flush=True))
+                      log=lambda msg: print(msg, flush=True), progress=not args.no_progress)
     md, js = Path(args.md or f"{base}.md"), Path(args.json_out or f"{base}.json")
     write_report(res, md, js)
     print(f"wrote {js}, {md}")
