@@ -4,7 +4,9 @@ The graph has the shape optimum-intel exports (past K/V gathered by `beam_idx`, 
 along the sequence axis, fed to opset13 ScaledDotProductAttention, then turned into
 ReadValue/Assign state), so the CPU plugin keeps the KV cache inside the infer request and
 fuses concat + attention into its stateful SDPA kernel. Weights are fp32 Constants, which
-the plugin packs once at compile time; only the last position reaches the lm_head.
+the plugin packs once at compile time, or for an int format sandwichc's own int values and
+scales as OpenVINO's weight-compression subgraph (bench/openvino_weights.py); only the last
+position reaches the lm_head.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
+from sandwich.bench.openvino_weights import check_format, compressed_weight
 from sandwich.bench.serving_peers import GenTiming, _timing
 from sandwich.errors import ConfigError
 from sandwich.models import ModelConfig
 from sandwich.runtime.loader import WeightReader, open_checkpoint, read_config
 from sandwich.runtime.rope_tables import RopeSpec, cos_sin
 from sandwich.runtime.safetensors_io import INDEX_NAME
+from sandwich.weight_formats import WeightFormat, quantize
 
 _NEG = float(np.finfo(np.float32).min)  # masked score: exp() underflows to 0, no inf - inf NaN
 
@@ -44,8 +48,8 @@ def _check_files(model_dir: Path) -> None:
 class _Builder:
     """Emits the decoder ops; one method per HF module so the graph reads like modeling_llama."""
 
-    def __init__(self, ops, cfg: ModelConfig, read: WeightReader) -> None:
-        self.ops, self.cfg, self.read = ops, cfg, read
+    def __init__(self, ops, cfg: ModelConfig, read: WeightReader, fmt: WeightFormat) -> None:
+        self.ops, self.cfg, self.read, self.fmt = ops, cfg, read, fmt
 
     def w(self, name: str):
         """A checkpoint tensor as an fp32 Constant. Copied: OpenVINO cannot share the read-only
@@ -55,9 +59,17 @@ class _Builder:
     def i64(self, values):
         return self.ops.constant(np.asarray(values, dtype=np.int64))
 
+    def weight(self, name: str):
+        """A projection's W (out, in) in the model's format: as sandwichc packs it (the GGUF's
+        blocks when already in that format, else quantized from the checkpoint's values)."""
+        if not self.fmt.quantized:
+            return self.w(name)
+        qw = self.read.projection([(name, slice(None))], self.fmt)
+        return compressed_weight(self.ops, quantize(qw, self.fmt) if isinstance(qw, np.ndarray) else qw)
+
     def linear(self, x, name: str):
         """x @ W.T with W (out, in) as stored: the layout the CPU FullyConnected fusion expects."""
-        return self.ops.matmul(x, self.w(name), transpose_a=False, transpose_b=True)
+        return self.ops.matmul(x, self.weight(name), transpose_a=False, transpose_b=True)
 
     def rmsnorm(self, x, name: str):
         """x / sqrt(mean(x^2) + eps) * w, in the op order the CPU RMS fusion matches."""
@@ -116,13 +128,17 @@ class _Builder:
         return self.linear(self.ops.multiply(gate, self.linear(h, p + "up_proj.weight")), p + "down_proj.weight")
 
 
-def build_model(cfg: ModelConfig, rope: RopeSpec, read: WeightReader, *, max_seq: int):
+def build_model(cfg: ModelConfig, rope: RopeSpec, read: WeightReader, *, max_seq: int,
+                weights: str = "fp32"):
     """The stateless decoder with past/present K/V as Parameter/Result pairs (made stateful later).
 
     Inputs: input_ids, position_ids (1, L) int64; attention_mask (1, 1, L, past + L) float
-    additive; beam_idx (1,) int32. Output: logits (1, 1, vocab) of the last position."""
+    additive; beam_idx (1,) int32. Output: logits (1, 1, vocab) of the last position.
+    `weights` (an int format) compresses what sandwichc quantizes: every projection and the
+    lm_head (the embedding's values when tied, a second, compressed copy); the embedding
+    that input_ids gather from stays fp32, as in sandwichc."""
     ov, o, _ = _ov()
-    b = _Builder(o, cfg, read)
+    b = _Builder(o, cfg, read, check_format(weights))
     ids, pos, mask, beam = inputs = _inputs(o)
     cos, sin = (np.concatenate([t, t], axis=1) for t in cos_sin(rope, max_seq))  # (max_seq, D)
     rope_cs = [o.unsqueeze(o.gather(o.constant(t), pos, b.i64(0)), b.i64([1])) for t in (cos, sin)]
@@ -138,8 +154,11 @@ def build_model(cfg: ModelConfig, rope: RopeSpec, read: WeightReader, *, max_seq
         presents += present
     last = o.slice(x, b.i64([-1]), b.i64([np.iinfo(np.int64).max]), b.i64([1]), b.i64([1]))
     last = b.rmsnorm(last, "model.norm.weight")
-    head = embed if cfg.tie_word_embeddings else b.w("lm_head.weight")
-    logits = o.matmul(last, head, transpose_a=False, transpose_b=True)
+    if cfg.tie_word_embeddings and not b.fmt.quantized:
+        logits = o.matmul(last, embed, transpose_a=False, transpose_b=True)
+    else:
+        head = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+        logits = b.linear(last, head)
     logits.output(0).get_tensor().set_names({"logits"})
     pairs = [(par, o.result(pres, name=par.get_friendly_name().replace("past_key_values", "present")))
              for par, pres in zip(io["past"], presents, strict=True)]
@@ -179,23 +198,34 @@ def causal_mask(start: int, n: int) -> np.ndarray:
 
 
 class OpenVinoLlamaPeer:
-    """OpenVINO's CPU plugin on the same HF checkpoint, stateful KV cache, fp32 throughout."""
+    """OpenVINO's CPU plugin on the same HF checkpoint, stateful KV cache, fp32 compute; fp32
+    weights, or sandwichc's int values of the format `weights` as compressed weights.
+
+    With i8/i4 weights the plugin by default also quantizes activations to int8 in groups of
+    32 as it runs a compressed FullyConnected (as llama.cpp's Q8_0/Q4_0 dot products do; not
+    for the u4 weights of -asym with their f32 zero points); the benchmark keeps that default,
+    `dynamic_quantization=False` turns it off (activations stay f32: what a check against a
+    reference forward needs)."""
 
     name = "openvino"
 
-    def __init__(self, model_dir: Path, *, threads: int, max_seq: int) -> None:
+    def __init__(self, model_dir: Path, *, threads: int, max_seq: int, weights: str = "fp32",
+                 dynamic_quantization: bool = True) -> None:
         ov, _, _ = _ov()
+        weights = check_format(weights).name  # a bad format before any tensor is read
         model_dir = Path(model_dir)
         if model_dir.is_dir():  # the config's errors first, then the weights'
             read_config(model_dir)
             _check_files(model_dir)
-        cfg, rope, ckpt = open_checkpoint(model_dir)  # a GGUF file is dequantized to fp32
+        cfg, rope, ckpt = open_checkpoint(model_dir)  # a GGUF: dequantized, or its blocks in `weights`
         self.max_seq = max_seq
-        model, pairs = build_model(cfg, rope, WeightReader(ckpt, cfg), max_seq=max_seq)
+        model, pairs = build_model(cfg, rope, WeightReader(ckpt, cfg), max_seq=max_seq, weights=weights)
         make_stateful(model, pairs)
         config = {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32",
                   "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
                   "KV_CACHE_PRECISION": "f32"}  # the plugin's default is u8 on x86; peers keep f32
+        if not dynamic_quantization:
+            config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
         self.compiled = ov.Core().compile_model(model, "CPU", config)
         self.request = self.compiled.create_infer_request()
         self._beam = np.zeros(1, np.int32)

@@ -54,7 +54,7 @@ class ServingResult:
     skipped: list[str] = field(default_factory=list)
     other_load: tuple[float, float] = (0.0, 0.0)
     per_round_load: dict[str, bool] = field(default_factory=dict)  # model -> loaded per round
-    weights: str = "fp32"  # the weight format of sandwichc's GEMMs and llama.cpp's GGUF
+    weights: str = "fp32"  # the weight format of sandwichc's GEMMs, llama.cpp's GGUF and OpenVINO's
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -218,10 +218,10 @@ def _make_peer(name: str, model_dir: Path, *, threads: int, max_seq: int, cache,
 
     if name == "sandwichc":
         return sp.SandwichPeer(model_dir, cache, threads=threads, max_seq=max_seq, weights=weights)
-    if weights != "fp32" and name != "llama.cpp":
-        raise ConfigError(f"runs fp32 weights only here (--weights {weights} compares sandwichc "
-                          "with llama.cpp)")
     if name == "hf-transformers":
+        if weights != "fp32":
+            raise ConfigError(f"runs fp32 weights only here (--weights {weights} compares sandwichc "
+                              "with llama.cpp and OpenVINO)")
         return sp.HfPeer(model_dir, threads=threads)
     if name == "llama.cpp":
         gguf = sp.llama_cpp_gguf(model_dir, work, weights, threads=threads)
@@ -229,7 +229,7 @@ def _make_peer(name: str, model_dir: Path, *, threads: int, max_seq: int, cache,
     if name == "openvino":
         from sandwich.bench.openvino_llama import OpenVinoLlamaPeer
 
-        return OpenVinoLlamaPeer(model_dir, threads=threads, max_seq=max_seq)
+        return OpenVinoLlamaPeer(model_dir, threads=threads, max_seq=max_seq, weights=weights)
     raise AssertionError(name)  # run_serving_bench checked the names
 
 
@@ -281,25 +281,34 @@ def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: 
     return res
 
 
-def _weights_line(weights: str) -> str:
+def _weights_line(weights: str, peers: set[str]) -> str:
+    """The report's words on the weights of the systems in `peers` (those with rows)."""
     if weights == "fp32":
         return "fp32 weights and "
     from sandwich.weight_formats import parse_format
 
-    return (f"{weights} weights (sandwichc; llama.cpp: {parse_format(weights).ggml_type} made by "
-            "llama.cpp's own quantizer from the F32 GGUF, every tensor in that type) and ")
+    how = ["sandwichc"]
+    if "llama.cpp" in peers:
+        how.append(f"llama.cpp: {parse_format(weights).ggml_type} made by llama.cpp's own quantizer "
+                   "from the F32 GGUF, every tensor in that type")
+    if "openvino" in peers:
+        how.append("OpenVINO: sandwichc's int values and scales as its weight compression (int "
+                   "constants its CPU plugin dequantizes inside FullyConnected; its default dynamic "
+                   "int8 quantization of activations, groups of 32, where it applies)")
+    return f"{weights} weights ({'; '.join(how)}) and "
 
 
 def write_report(res: ServingResult, md: Path, js: Path) -> None:
     js.parent.mkdir(parents=True, exist_ok=True)
     js.write_text(json.dumps(res.to_json(), indent=1))
+    weights = _weights_line(res.weights, {r.peer for r in res.rows})
     lines = [
         "# Serving latency: sandwichc vs "
         + ", ".join(dict.fromkeys(r.peer for r in res.rows if r.peer != "sandwichc")),
         "",
         f"Regenerate: `{res.command}`",
         "",
-        f"- machine: {res.machine}; {res.threads} threads for every system; {_weights_line(res.weights)}"
+        f"- machine: {res.machine}; {res.threads} threads for every system; {weights}"
         f"fp32 KV caches everywhere (llama.cpp's and OpenVINO's default to f16 / u8); date {res.date}",
         "- one request at a time, greedy, the same checkpoint and prompt ids (random) for every "
         "system (a GGUF model is dequantized to fp32 by each; llama.cpp reads an F32 GGUF written "

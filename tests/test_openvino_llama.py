@@ -116,3 +116,100 @@ def test_hf_uses_the_same_rope(pair):
     peer, hf = pair
     _, spec = read_config(hf.name_or_path)
     np.testing.assert_allclose(hf.model.rotary_emb.inv_freq.numpy(), inv_freq(spec), rtol=1e-6)
+
+
+INT_FORMATS = ["int8-g32", "int4-g32", "int4-g64-asym", "int8"]
+
+
+@pytest.fixture(scope="module")
+def tied_dir(tmp_path_factory):
+    """A tied-embedding checkpoint: its lm_head is the embedding's values, compressed too."""
+    return _checkpoint(tmp_path_factory, CASES["tied-llama3"])
+
+
+def _hf_dequantized_logits(model_dir, fmt: str) -> tuple[np.ndarray, np.ndarray]:
+    """HF's prefill logits with every Linear (lm_head included, untied from the embedding,
+    which stays fp32) on the dequantized values of sandwichc's quantization; and on fp32."""
+    from sandwich.weight_formats import dequantize, quantize
+
+    hf = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        fp32 = hf(torch.tensor([PROMPT])).logits[0, -1].numpy()
+    with torch.no_grad():
+        for mod in hf.modules():
+            if isinstance(mod, torch.nn.Linear):
+                w = dequantize(quantize(mod.weight.numpy().T, fmt)).T
+                mod.weight = torch.nn.Parameter(torch.from_numpy(np.ascontiguousarray(w)))
+        return hf(torch.tensor([PROMPT])).logits[0, -1].numpy(), fp32
+
+
+def _fc_precisions(peer) -> list[str]:
+    """The weight precision of each FullyConnected in the compiled (runtime) graph."""
+    return [op.get_rt_info()["runtimePrecision"].astype(str)
+            for op in peer.compiled.get_runtime_model().get_ops()
+            if op.get_rt_info()["layerType"].astype(str) == "FullyConnected"]
+
+
+@pytest.mark.parametrize("fmt", INT_FORMATS)
+def test_int_weights_match_hf_on_the_dequantized_weights(tied_dir, fmt):
+    """OpenVINO runs sandwichc's int values and scales: with activations kept f32 its logits
+    are HF's on the dequantized weights (not fp32's), and the CPU plugin kept every weight
+    compressed inside its FullyConnected (no f32 FullyConnected, no decompression Multiply)."""
+    ref, fp32 = _hf_dequantized_logits(tied_dir, fmt)
+    peer = OpenVinoLlamaPeer(tied_dir, threads=1, max_seq=32, weights=fmt, dynamic_quantization=False)
+    try:
+        assert peer.compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE") == 0
+        got = peer.logits(PROMPT)
+        scale = np.abs(ref).max()
+        assert np.abs(got - ref).max() / scale < 1e-4
+        assert np.abs(got - fp32).max() / scale > 1e-3  # the quantization shows: not fp32 weights
+        want = {"int8-g32": "i8", "int8": "i8", "int4-g32": "i4", "int4-g64-asym": "u4"}[fmt]
+        assert _fc_precisions(peer) == [want] * (7 * TINY["num_hidden_layers"] + 1)
+        # two residual Adds and gate * up per layer, as in fp32: no decompression Multiply left
+        assert peer.exec_layer_types().get("Eltwise") == 3 * TINY["num_hidden_layers"]
+    finally:
+        peer.close()
+
+
+def test_int_weights_generate_with_the_plugins_defaults(tied_dir):
+    """The benchmark's configuration: the plugin's default dynamic quantization of activations
+    (groups of 32) on; it still generates, and its logits stay near the f32-activation ones."""
+    peer = OpenVinoLlamaPeer(tied_dir, threads=1, max_seq=32, weights="int4-g32")
+    try:
+        assert peer.compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE") != 0
+        assert len(peer.generate(PROMPT, NEW).ids) == NEW
+        ref, _ = _hf_dequantized_logits(tied_dir, "int4-g32")
+        assert np.abs(peer.logits(PROMPT) - ref).max() / np.abs(ref).max() < 0.2
+    finally:
+        peer.close()
+
+
+@pytest.mark.parametrize("fmt, match", [("int3", "unknown weight format 'int3'"),
+                                        ("bf16", "openvino peer has no bf16 weights"),
+                                        ("int4-g128", "needs K a multiple of 128")])
+def test_bad_weight_format_is_one_line_config_error(tied_dir, fmt, match):
+    with pytest.raises(ConfigError, match=match) as e:
+        OpenVinoLlamaPeer(tied_dir, threads=1, max_seq=32, weights=fmt)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("fmt", ["int4-g32-asym", "int4-g32", "int8-g32"])
+def test_compressed_weight_of_flat_groups(fmt):
+    """Groups with one value everywhere (scale 0; for Q4_1 the minimum alone) decompress to
+    that value: the asymmetric zero point -min/scale would divide by zero."""
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    from sandwich.bench.openvino_weights import compressed_weight
+    from sandwich.weight_formats import dequantize, quantize
+
+    w = np.random.default_rng(1).standard_normal((64, 4)).astype(np.float32)  # (K, N)
+    w[:32, 1] = 0.75
+    w[32:, 2] = 0.0
+    qw = quantize(w, fmt)
+    x = ops.parameter([2, 64], np.float32)
+    model = ov.Model([ops.matmul(x, compressed_weight(ops, qw), False, True)], [x])
+    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
+                                                      "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0})
+    a = np.random.default_rng(2).standard_normal((2, 64)).astype(np.float32)
+    np.testing.assert_allclose(compiled([a])[0], a @ dequantize(qw), rtol=1e-5, atol=1e-5)

@@ -225,19 +225,54 @@ def test_every_peer_runs_a_gguf_model_and_emits_the_same_greedy_tokens(tmp_path,
     assert all(v == ids["sandwichc"] for v in ids.values()), ids
 
 
-def test_int_weights_compare_with_llama_cpp_only(tmp_path):
-    """--weights int8-g32: HF and OpenVINO run fp32 only, so they are skipped with a reason;
-    llama.cpp gets no type for a format it lacks (int4-g64)."""
+def test_int_weights_skip_hf_and_formats_llama_cpp_lacks(tmp_path):
+    """--weights int8-g32: HF runs fp32 only, so it is skipped with a reason; llama.cpp gets
+    no type for a format it lacks (int4-g64)."""
     from sandwich.bench.serving import _make_peer
 
-    for name in ("hf-transformers", "openvino"):
-        with pytest.raises(ConfigError, match="fp32 weights only"):
-            _make_peer(name, tmp_path, threads=2, max_seq=8, cache=None, work=tmp_path,
-                       weights="int8-g32")
+    with pytest.raises(ConfigError, match="fp32 weights only"):
+        _make_peer("hf-transformers", tmp_path, threads=2, max_seq=8, cache=None, work=tmp_path,
+                   weights="int8-g32")
     with pytest.raises(ConfigError, match="llama.cpp has no type for int4-g64"):
         _make_peer("llama.cpp", tmp_path / "m", threads=2, max_seq=8, cache=None,
                    work=tmp_path / "work", weights="int4-g64")
     assert not (tmp_path / "work").exists()  # refused before the F32 file is written
+
+
+@pytest.mark.skipif(importlib.util.find_spec("openvino") is None,
+                    reason="openvino is not installed (pip install -e .[bench])")
+@pytest.mark.parametrize("weights", ["int8-g32", "int4-g32"])
+def test_openvino_runs_int_weights(tmp_path, weights):
+    """The issue's "OpenVINO with int8/int4 weight compression in the table": --weights
+    int8-g32 / int4-g32 make an OpenVINO peer on those weights (no longer refused)."""
+    from sandwich.bench.serving import _make_peer
+    from sandwich.runtime.checkpoint import write_checkpoint
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1,
+        "vocab_size": 256, "max_position_embeddings": 64}))
+    path = write_checkpoint(tmp_path / "config.json", tmp_path / "ckpt", seed=3)
+    peer = _make_peer("openvino", path, threads=2, max_seq=16, cache=None, work=tmp_path,
+                      weights=weights)
+    try:
+        assert len(peer.generate([5, 9, 200, 17], 4).ids) == 4
+        assert "FullyConnected" in peer.exec_layer_types()
+    finally:
+        peer.close()
+
+
+def test_report_says_how_each_system_holds_int_weights(tmp_path):
+    res = bench_serving.ServingResult("cmd", "2026-11-22", "cpu", 2, 3, weights="int4-g32")
+    for peer in ("sandwichc", "openvino"):
+        res.rows.append(bench_serving.ServingRow("m", peer, 128, 32, 12.5, 3.25))
+    bench_serving.write_report(res, tmp_path / "s.md", tmp_path / "s.json")
+    line = next(x for x in (tmp_path / "s.md").read_text().splitlines() if x.startswith("- machine"))
+    assert "int4-g32 weights (sandwichc; OpenVINO: sandwichc's int values and scales" in line
+    assert "llama.cpp: " not in line  # no llama.cpp row, no words on its Q4_0
+    res.rows.append(bench_serving.ServingRow("m", "llama.cpp", 128, 32, 12.5, 3.25))
+    bench_serving.write_report(res, tmp_path / "s.md", tmp_path / "s.json")
+    assert "llama.cpp: Q4_0 made by llama.cpp's own quantizer" in (tmp_path / "s.md").read_text()
 
 
 @pytest.mark.tvm
