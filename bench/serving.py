@@ -298,6 +298,14 @@ def _weights_line(weights: str, peers: set[str]) -> str:
     return f"{weights} weights ({'; '.join(how)}) and "
 
 
+def _gguf_words(weights: str) -> str:
+    """What each system makes of a GGUF model's tensors in this run."""
+    if weights == "fp32":
+        return "a GGUF model is dequantized to fp32 by each"
+    return (f"a GGUF model's tensors already in {weights}'s blocks run as stored in sandwichc and "
+            "OpenVINO, the others are quantized from their values")
+
+
 def write_report(res: ServingResult, md: Path, js: Path) -> None:
     js.parent.mkdir(parents=True, exist_ok=True)
     js.write_text(json.dumps(res.to_json(), indent=1))
@@ -311,7 +319,7 @@ def write_report(res: ServingResult, md: Path, js: Path) -> None:
         f"- machine: {res.machine}; {res.threads} threads for every system; {weights}"
         f"fp32 KV caches everywhere (llama.cpp's and OpenVINO's default to f16 / u8); date {res.date}",
         "- one request at a time, greedy, the same checkpoint and prompt ids (random) for every "
-        "system (a GGUF model is dequantized to fp32 by each; llama.cpp reads an F32 GGUF written "
+        f"system ({_gguf_words(res.weights)}; llama.cpp reads an F32 GGUF written "
         "from the same tensors; OpenVINO a graph built from them); the median of "
         f"{res.repeats} rounds, each running every system in turn (one at a time, 0.2 s "
         "apart), after a warm-up of each prompt length",

@@ -272,7 +272,10 @@ def test_report_says_how_each_system_holds_int_weights(tmp_path):
     assert "llama.cpp: " not in line  # no llama.cpp row, no words on its Q4_0
     res.rows.append(bench_serving.ServingRow("m", "llama.cpp", 128, 32, 12.5, 3.25))
     bench_serving.write_report(res, tmp_path / "s.md", tmp_path / "s.json")
-    assert "llama.cpp: Q4_0 made by llama.cpp's own quantizer" in (tmp_path / "s.md").read_text()
+    text = (tmp_path / "s.md").read_text()
+    assert "llama.cpp: Q4_0 made by llama.cpp's own quantizer" in text
+    assert "already in int4-g32's blocks run as stored" in text  # not "dequantized to fp32"
+    assert "dequantized to fp32 by each" not in text
 
 
 @pytest.mark.tvm
