@@ -171,8 +171,12 @@ DPBF16PS_LANES = (16,)
 
 
 def _bf16_bits(x: str) -> str:
-    """x (float32) rounded to bf16, nearest even: its 16 bits in a uint32."""
-    b = f'T.reinterpret("uint32", {x})'
+    """x (float32) rounded to bf16, nearest even: its 16 bits in a uint32. A NaN is first made
+    quiet in its upper half, so that rounding cannot carry its payload into an infinity (as
+    weight_formats._to_bf16, ggml's rounding, does for the weights)."""
+    raw = f'T.reinterpret("uint32", {x})'
+    b = (f"T.Select(T.bitwise_and({raw}, T.uint32(0x7FFFFFFF)) > T.uint32(0x7F800000), "
+         f"T.bitwise_or(T.bitwise_and({raw}, T.uint32(0xFFFF0000)), T.uint32(0x400000)), {raw})")
     return (f"T.shift_right({b} + T.uint32(32767) + T.bitwise_and(T.shift_right({b}, "
             f"T.uint32(16)), T.uint32(1)), T.uint32(16))")
 

@@ -55,8 +55,10 @@ def _bf16(bits: int) -> float:
 
 
 def _bf16_bits(x: float) -> int:
-    """x rounded to bf16, nearest even (what bf16pair packs)."""
+    """x rounded to bf16, nearest even, a NaN kept a quiet NaN (what bf16pair packs)."""
     b = int(np.array([x], np.float32).view(np.uint32)[0])
+    if b & 0x7FFFFFFF > 0x7F800000:
+        b = (b & 0xFFFF0000) | 0x400000
     return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
 
 

@@ -93,6 +93,45 @@ def test_bf16_family_matches_numpy_at_20_random_m(cpu, t_k):
         assert check_against_numpy(func, schedule, a, packed, w) == "", m
 
 
+SPECIAL = np.array([0x7F800001, 0xFF800100, 0x7FC00000, 0x7F7FFFFF, 0x7F800000, 0x00000001],
+                   np.uint32).view(np.float32)  # NaNs with a low payload, max float, inf, denormal
+
+
+def test_the_interpreter_rounds_special_values_as_the_weights_are_rounded():
+    """The interpreter's bf16pair on special values is weight_formats.round_bf16's (ggml's):
+    NaNs stay NaN, the largest float rounds to inf, inf and denormals keep their upper half.
+    (Its values pass through Python floats, which already quiet a NaN; the kernel test below
+    is the one a payload carried into an infinity would fail.)"""
+    got = [_bf16pair(float(v), 0.0) & 0xFFFF for v in SPECIAL]
+    want = (round_bf16(SPECIAL).view(np.uint32) >> 16).tolist()
+    assert got == want and all(b & 0x7FFF > 0x7F80 for b in got[:3])
+
+
+@pytest.mark.tvm
+@pytest.mark.parametrize("cpu", _cpus())
+def test_the_kernel_rounds_special_activations_as_numpy(cpu):
+    """Each special value in its own row of A: the kernel's rows are numpy's on A rounded by
+    weight_formats.round_bf16 (a NaN row all NaN, the largest float an inf times W)."""
+    from sandwich.compiler.gemm_dsl import build_gemm_dsl
+
+    lanes = cpu.lanes_f32
+    n, k = 6 * lanes, 256
+    schedule = _schedule(lanes)
+    func = build_gemm_dsl(schedule, n=n, k=k, cpu=cpu, threads=2)["main"]
+    rng = np.random.default_rng(3)
+    qw = quantize(rng.standard_normal((k, n), dtype=np.float32), "bf16")
+    a = rng.standard_normal((len(SPECIAL), k), dtype=np.float32)
+    a[np.arange(len(SPECIAL)), 2 * np.arange(len(SPECIAL)) + 1] = SPECIAL
+    out = np.zeros((len(SPECIAL), n), np.float32)
+    func(*gemm_args(a, pack_weight(qw, schedule.pack_n, "bf16"), out, schedule))
+    with np.errstate(invalid="ignore", over="ignore"):
+        ref = round_bf16(a).astype(np.float64) @ dequantize(qw).astype(np.float64)
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    np.testing.assert_array_equal(np.isinf(out), np.isinf(ref))
+    fin = np.isfinite(ref)
+    np.testing.assert_allclose(out[fin], ref[fin], rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.tvm
 def test_bf16_tile_is_vdpbf16ps_when_built_for_zen4():
     """Cross-compiled for znver4 (any host): TVM cannot type bf16 vectors, so the lowering calls
