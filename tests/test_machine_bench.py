@@ -58,3 +58,19 @@ def test_bf16_dot_peak_where_the_cpu_has_one(monkeypatch):
         assert gflops > 0.5 * mbench.peak_gflops(1, iters=200_000, repeat=3)
     monkeypatch.setattr(mbench, "_cpu_flags", lambda: {"avx512f", "avx2", "fma"})
     assert mbench.peak_bf16_gflops(1) is None
+
+
+def test_int16_dot_peak_sums_every_product(monkeypatch):
+    """The int formats' 16-bit pair products (vpdpwssd with AVX512-VNNI, else pmaddwd +
+    paddd): the worker's sum is exactly 2 products of ones per lane, chain and trip, and the
+    rate is of the order of the FMA peak."""
+    import ctypes
+
+    lib, _ = mbench._library()
+    lanes = lib.mb_int16_lanes()
+    assert lanes in (8, 16)
+    out = ctypes.c_float()
+    assert lib.mb_dpwssd(2, 1000, ctypes.byref(out)) == 0
+    assert out.value == 2 * 2 * 1000 * lib.mb_fma_accs() * lanes
+    gops = mbench.peak_int16_gops(1, iters=200_000, repeat=3)
+    assert gops > 0.25 * mbench.peak_gflops(1, iters=200_000, repeat=3)

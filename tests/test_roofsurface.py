@@ -118,15 +118,16 @@ def test_kernel_signatures_per_format():
     lanes = 8
     fp32 = rs.kernel_signature("fp32", lanes)
     assert fp32 == rs.Signature(1 / 32, math.inf)
-    q8 = rs.kernel_signature("int8-g32", lanes)  # 1 + 2/32 bytes per weight, 2 + 2/32 ops
-    assert q8.ai_xm == pytest.approx(1 / 8.5) and q8.ai_xv == pytest.approx(1 / (2 + 2 / 32))
-    q4 = rs.kernel_signature("int4", lanes)  # = int4-g32: 0.5 + 2/32 bytes, 2.5 + 3/32 ops
-    assert q4.ai_xm == pytest.approx(1 / 4.5) and q4.ai_xv == pytest.approx(1 / (2.5 + 3 / 32))
+    # groups of 32: products on 16-bit activations, a weight vector widened (ACT16_VALUE_OPS)
+    q8 = rs.kernel_signature("int8-g32", lanes)  # 1 + 2/32 bytes per weight, 0.5 + 2/32 ops
+    assert q8.ai_xm == pytest.approx(1 / 8.5) and q8.ai_xv == pytest.approx(1 / (0.5 + 2 / 32))
+    q4 = rs.kernel_signature("int4", lanes)  # = int4-g32: 0.5 + 2/32 bytes, 1 + 3/32 ops
+    assert q4.ai_xm == pytest.approx(1 / 4.5) and q4.ai_xv == pytest.approx(1 / (1 + 3 / 32))
     q4a = rs.kernel_signature("int4-g32-asym", lanes)  # + fp16 minimums: 0.625 bytes
-    assert q4a.ai_xm == pytest.approx(1 / 5.0) and q4a.ai_xv == pytest.approx(1 / (2.5 + 4 / 32))
-    q8c = rs.kernel_signature("int8", lanes, k=1024)  # fp32 scale per column: 4 bytes per K
-    assert q8c.ai_xm == pytest.approx(1 / (8 * (1 + 4 / 1024)))
-    assert q8c.ai_xv == pytest.approx(1 / (2 + 1 / 1024))
+    assert q4a.ai_xm == pytest.approx(1 / 5.0) and q4a.ai_xv == pytest.approx(1 / (1 + 4 / 32))
+    q8c = rs.kernel_signature("int8", lanes, k=1000)  # fp32 scale per column: 4 bytes per K,
+    assert q8c.ai_xm == pytest.approx(1 / (8 * (1 + 4 / 1000)))  # K no multiple of 32: f32 FMAs
+    assert q8c.ai_xv == pytest.approx(1 / (2 + 1 / 1000))
     assert rs.kernel_signature("int8-g32", 16).ai_xm == pytest.approx(q8.ai_xm / 2)
 
 
@@ -173,6 +174,7 @@ def test_calibrate_uses_the_micro_benchmarks(monkeypatch):
     monkeypatch.setattr(machine_bench, "read_bandwidth_gbs", lambda threads: 40.0 * threads)
     monkeypatch.setattr(machine_bench, "peak_gflops", lambda threads: 160.0 * threads)
     monkeypatch.setattr(machine_bench, "peak_bf16_gflops", lambda threads: None)
+    monkeypatch.setattr(machine_bench, "peak_int16_gops", lambda threads: None)
     host = rs.calibrate(2, lanes=8)
     assert host.mbw == pytest.approx(80e9)
     assert host.fma_vector_ops == pytest.approx(320e9 / 16)
@@ -190,6 +192,7 @@ def test_bf16_weights_halve_the_bytes_and_take_the_dot_product_rate(monkeypatch)
     monkeypatch.setattr(machine_bench, "read_bandwidth_gbs", lambda threads: 40.0)
     monkeypatch.setattr(machine_bench, "peak_gflops", lambda threads: 200.0)
     monkeypatch.setattr(machine_bench, "peak_bf16_gflops", lambda threads: 400.0)
+    monkeypatch.setattr(machine_bench, "peak_int16_gops", lambda threads: None)
     host = rs.calibrate(2, lanes=16)
     assert host.bf16_dot_ops == pytest.approx(400e9 / 64)  # 16 lanes x 2 products x 2 FLOPs
     b = rs.bound(host.machine(512, "bf16"), dot, rs.gemm_flops_per_op(16, 512))
@@ -234,3 +237,25 @@ def test_cli_prints_every_format_and_m_and_draws(monkeypatch, capsys, tmp_path):
                                             ("int4-g32", "1"), ("int4-g32", "8")]
     assert all(r[-1] in rs.RESOURCES for r in rows)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_int_formats_on_16_bit_activations_take_the_integer_dot_rate(monkeypatch):
+    """Groups of 32: the matrix op is madd16 at its measured rate (two weight vectors a
+    product per row) and a weight vector's dequantization is its widening (0.5 op for int8,
+    1 for int4, plus the group's scaling); a per-column int8 whose K is no multiple of 32
+    keeps f32 FMAs on converted values."""
+    from sandwich.tuner import machine_bench
+
+    monkeypatch.setattr(machine_bench, "read_bandwidth_gbs", lambda threads: 30.0)
+    monkeypatch.setattr(machine_bench, "peak_gflops", lambda threads: 200.0)
+    monkeypatch.setattr(machine_bench, "peak_bf16_gflops", lambda threads: None)
+    monkeypatch.setattr(machine_bench, "peak_int16_gops", lambda threads: 400.0)
+    host = rs.calibrate(2, lanes=16)
+    assert host.int16_dot_ops == pytest.approx(400e9 / 64)
+    for fmt, ops in (("int8-g32", 0.5), ("int4-g32", 1.0)):
+        sig = rs.kernel_signature(fmt, 16)
+        assert 1 / sig.ai_xv == pytest.approx(ops + (3 if fmt == "int4-g32" else 2) / 32)
+        b = rs.bound(host.machine(512, fmt), sig, rs.gemm_flops_per_op(16, 512))
+        assert b == rs.Bound(pytest.approx(400e9), "MTX")
+    assert host.machine(512, "int8", k=1000).mos == pytest.approx(host.fma_vector_ops / 512)
+    assert 1 / rs.kernel_signature("int8", 16, k=1000).ai_xv > 2

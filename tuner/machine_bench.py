@@ -40,7 +40,8 @@ def isa_flags() -> tuple[str, list[str]]:
     """The widest vector ISA of this CPU that the micro-benchmarks support, and its gcc flags."""
     flags = _cpu_flags()
     if "avx512f" in flags:
-        return "avx512", ["-mavx512f"] + (["-mavx512bf16"] if "avx512_bf16" in flags else [])
+        extra = {"avx512bw": "-mavx512bw", "avx512_vnni": "-mavx512vnni", "avx512_bf16": "-mavx512bf16"}
+        return "avx512", ["-mavx512f"] + [flag for name, flag in extra.items() if name in flags]
     if {"avx2", "fma"} <= flags:
         return "avx2", ["-mavx2", "-mfma"]
     raise BuildError("machine benchmark needs an x86 CPU with AVX2+FMA or AVX-512F")
@@ -82,9 +83,10 @@ def _library() -> tuple[ctypes.CDLL, str]:
     lib.mb_fma_chains.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.POINTER(ctypes.c_float)]
     lib.mb_read.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                             ctypes.c_int, ctypes.POINTER(ctypes.c_float)]
-    lib.mb_dpbf16.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.POINTER(ctypes.c_float)]
+    for fn in (lib.mb_dpbf16, lib.mb_dpwssd):
+        fn.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.POINTER(ctypes.c_float)]
     for fn in (lib.mb_fma, lib.mb_fma_chains, lib.mb_read, lib.mb_lanes, lib.mb_fma_accs,
-               lib.mb_read_block, lib.mb_max_chains, lib.mb_dpbf16):
+               lib.mb_read_block, lib.mb_max_chains, lib.mb_dpbf16, lib.mb_dpwssd, lib.mb_int16_lanes):
         fn.restype = ctypes.c_int
     return lib, isa
 
@@ -121,10 +123,22 @@ def peak_bf16_gflops(threads: int, *, iters: int = 3_000_000, repeat: int = 7) -
     return _peak("mb_dpbf16", "bf16 dot", 4.0, threads, iters, repeat)
 
 
+def peak_int16_gops(threads: int, *, iters: int = 3_000_000, repeat: int = 7) -> float | None:
+    """Peak G ops/s of the int formats' 16-bit pair products (madd16: vpdpwssd with
+    AVX512-VNNI, else pmaddwd + paddd), a multiply and an add per product, 2 products per
+    32-bit lane, so comparable with peak_gflops; None on an AVX-512 CPU without AVX-512BW."""
+    check_threads(threads)
+    lib, _ = _library()
+    lanes = lib.mb_int16_lanes()
+    if lanes == 0:
+        return None
+    return _peak("mb_dpwssd", "int16 dot", 4.0, threads, iters, repeat, lanes=lanes)
+
+
 def _peak(entry: str, what: str, flops_per_lane: float, threads: int, iters: int,
-          repeat: int) -> float:
+          repeat: int, *, lanes: int | None = None) -> float:
     """GFLOPS of a C entry point running FMA_ACCS independent chains per thread, each link
-    `flops_per_lane` per lane: the best repeat."""
+    `flops_per_lane` per lane of `lanes` (default: the f32 lanes): the best repeat."""
     lib, _ = _library()
     out = ctypes.c_float()
 
@@ -132,7 +146,7 @@ def _peak(entry: str, what: str, flops_per_lane: float, threads: int, iters: int
         _check_rc(getattr(lib, entry)(threads, iters, ctypes.byref(out)), what)
 
     t = time_callable(call, warmup=2, repeat=repeat, min_repeat_s=0.0)
-    flops = flops_per_lane * threads * iters * lib.mb_fma_accs() * lib.mb_lanes()
+    flops = flops_per_lane * threads * iters * lib.mb_fma_accs() * (lanes or lib.mb_lanes())
     return flops / t.min_s / 1e9
 
 

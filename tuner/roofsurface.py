@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sandwich.compiler.gemm_formats import weight_format
+from sandwich.compiler.gemm_formats import int_activations, weight_format
 from sandwich.errors import ConfigError
 from sandwich.weight_formats import parse_format
 
@@ -219,6 +219,13 @@ def table2_signature(kernel: PaperKernel) -> Signature:
 # dequantization ops per weight vector, by bits; bf16 takes none into vdpbf16ps and one (a
 # shift or a mask to f32) where the CPU has no bf16 dot product (BF16_WIDEN_OPS)
 VALUE_OPS = {32: 0.0, 16: 0.0, 8: 2.0, 4: 2.5}
+# Int formats whose groups are whole blocks of 32 (gemm_formats.int_activations) multiply
+# 16-bit activations instead: the "matrix op" is then madd16 (vpdpwssd with AVX512-VNNI, else
+# pmaddwd + paddd), two weight vectors' pairs per instruction and row, at its own measured
+# rate, and a weight vector's dequantization is widening its bytes to 16 bits: per vpdpwssd,
+# one vpmovsxbw for int8, and one vpmovzxbw plus a nibble split (vgf2p8affineqb or vpand) for
+# int4, in the znver4 assembly of the 64-wide tile: 0.5 and 1 op per weight vector.
+ACT16_VALUE_OPS = {8: 0.5, 4: 1.0}
 BF16_WIDEN_OPS = 1.0
 SIGNATURE_K = 4096  # K for the per-column formats' share of scale bytes and scaling ops
 
@@ -235,7 +242,10 @@ def kernel_signature(fmt_name: str, lanes: int, *, k: int = SIGNATURE_K,
         raise ConfigError(f"need lanes >= 1 and K a multiple of {fmt.group or 1}, "
                           f"got lanes={lanes}, K={k}")
     ai_xm = 1.0 / (fmt.nbytes(k, lanes) / (k * lanes) * lanes)
-    ops = BF16_WIDEN_OPS if fmt.bits == 16 and not bf16_dot else VALUE_OPS[fmt.bits]
+    if fmt.quantized and int_activations(fmt, k):
+        ops = ACT16_VALUE_OPS[fmt.bits]
+    else:
+        ops = BF16_WIDEN_OPS if fmt.bits == 16 and not bf16_dot else VALUE_OPS[fmt.bits]
     if fmt.quantized:
         arrays = 1 if fmt.symmetric else 2  # scales, and minimums when asymmetric
         per_group = arrays * (2 if fmt.scale_dtype == "float16" else 1)
@@ -265,18 +275,24 @@ class HostRates:
     fma_vector_ops: float  # FMA vector instructions per second, all threads
     vos: float
     bf16_dot_ops: float | None = None  # vdpbf16ps per second, all threads (None: no avx512_bf16)
+    int16_dot_ops: float | None = None  # madd16 (vpdpwssd, or pmaddwd + paddd) per second
 
-    def machine(self, m: int, fmt: str = "fp32") -> Machine:
-        """MOS is weight vectors/s: each one takes M FMA vector ops, or for bf16 weights on a
-        CPU with a bf16 dot product M / 2 of them (one takes two weight vectors' pairs)."""
-        if parse_format(fmt).bits == 16 and self.bf16_dot_ops:
+    def machine(self, m: int, fmt: str = "fp32", k: int = SIGNATURE_K) -> Machine:
+        """MOS is weight vectors/s: each one takes M FMA vector ops, or M / 2 dot products
+        (one takes two weight vectors' pairs) for bf16 weights on a CPU with a bf16 dot
+        product, and for int weights multiplied on 16-bit activations (K as in
+        kernel_signature)."""
+        f = parse_format(fmt)
+        if f.bits == 16 and self.bf16_dot_ops:
             return Machine(self.mbw, self.vos, 2 * self.bf16_dot_ops / m)
+        if f.quantized and self.int16_dot_ops and int_activations(f, k):
+            return Machine(self.mbw, self.vos, 2 * self.int16_dot_ops / m)
         return Machine(self.mbw, self.vos, self.fma_vector_ops / m)
 
 
 def calibrate(threads: int, *, lanes: int | None = None) -> HostRates:
-    """Measure MBW, the FMA rate and, where the CPU has it, the bf16 dot-product rate with the
-    tuner's C micro-benchmarks (a few seconds); VOS is set to the FMA rate by assumption
+    """Measure MBW, the FMA rate, the 16-bit integer dot-product rate and, where the CPU has
+    it, the bf16 dot-product rate with the tuner's C micro-benchmarks (a few seconds); VOS is set to the FMA rate by assumption
     (VOS_ASSUMPTION), not from vendor tables."""
     from sandwich.compiler.target import detect_cpu
     from sandwich.tuner import machine_bench
@@ -285,5 +301,7 @@ def calibrate(threads: int, *, lanes: int | None = None) -> HostRates:
     mbw = machine_bench.read_bandwidth_gbs(threads) * 1e9
     fma = machine_bench.peak_gflops(threads) * 1e9 / (2 * lanes)
     bf16 = machine_bench.peak_bf16_gflops(threads)
+    int16 = machine_bench.peak_int16_gops(threads)
     return HostRates(threads=threads, lanes=lanes, mbw=mbw, fma_vector_ops=fma, vos=fma,
-                     bf16_dot_ops=bf16 * 1e9 / (4 * lanes) if bf16 else None)
+                     bf16_dot_ops=bf16 * 1e9 / (4 * lanes) if bf16 else None,
+                     int16_dot_ops=int16 * 1e9 / (4 * lanes) if int16 else None)

@@ -1,5 +1,6 @@
 /* Machine micro-benchmarks: fp32 FMA peak, FMA chains (latency and the accumulators that
- * reach the peak) and read bandwidth from any level of the memory hierarchy.
+ * reach the peak), read bandwidth from any level of the memory hierarchy, and the peaks of
+ * the bf16 and 16-bit integer dot products the low-precision GEMMs run.
  *
  * Built at run time by sandwich.tuner.machine_bench with -mavx512f or -mavx2 -mfma and
  * loaded with ctypes. Each entry point runs `threads` workers (the caller is worker 0)
@@ -202,6 +203,67 @@ static void *dpbf16_worker(void *p) {
 int mb_dpbf16(int threads, long iters, float *out) {
 #if defined(__AVX512BF16__)
     return run_iters(threads, iters, dpbf16_worker, out);
+#else
+    (void)threads; (void)iters; (void)out;
+    return -1;
+#endif
+}
+
+/* 16-bit integer pair products into 32-bit lanes, as the int formats' tiles run them (madd16):
+ * vpdpwssd where the build has AVX512-VNNI, else pmaddwd + paddd (AVX-512BW, or AVX2 on an
+ * AVX2 build); FMA_ACCS independent chains per thread, each adding two products of ones per
+ * lane per trip (no overflow in 2^30 trips). -1 on an AVX-512 build without AVX-512BW. */
+#if defined(__AVX512F__) && (defined(__AVX512VNNI__) || defined(__AVX512BW__))
+#define INT16_LANES 16
+typedef __m512i ivec;
+#define ISET1(x) _mm512_set1_epi32(x)
+#if defined(__AVX512VNNI__)
+#define IDOT(a, x) _mm512_dpwssd_epi32(a, x, x)
+#else
+#define IDOT(a, x) _mm512_add_epi32(a, _mm512_madd_epi16(x, x))
+#endif
+#define IADD(a, b) _mm512_add_epi32(a, b)
+#define ISTORE(p, v) _mm512_storeu_si512((void *)(p), v)
+#elif !defined(__AVX512F__)
+#define INT16_LANES 8
+typedef __m256i ivec;
+#define ISET1(x) _mm256_set1_epi32(x)
+#define IDOT(a, x) _mm256_add_epi32(a, _mm256_madd_epi16(x, x))
+#define IADD(a, b) _mm256_add_epi32(a, b)
+#define ISTORE(p, v) _mm256_storeu_si256((__m256i *)(p), v)
+#endif
+
+int mb_int16_lanes(void) {
+#if defined(INT16_LANES)
+    return INT16_LANES;
+#else
+    return 0;
+#endif
+}
+
+#if defined(INT16_LANES)
+static void *dpwssd_worker(void *p) {
+    fma_job *job = (fma_job *)p;
+    const ivec x = ISET1(0x00010001); /* two int16 ones a lane */
+    ivec a[FMA_ACCS];
+    for (int j = 0; j < FMA_ACCS; j++) a[j] = ISET1(0);
+    for (long i = 0; i < job->iters; i++) {
+        _Pragma("GCC unroll 16") for (int j = 0; j < FMA_ACCS; j++) a[j] = IDOT(a[j], x);
+    }
+    ivec s = a[0];
+    for (int j = 1; j < FMA_ACCS; j++) s = IADD(s, a[j]);
+    int t[INT16_LANES];
+    ISTORE(t, s);
+    float total = 0.0f;
+    for (int j = 0; j < INT16_LANES; j++) total += (float)t[j];
+    job->result = total;
+    return NULL;
+}
+#endif
+
+int mb_dpwssd(int threads, long iters, float *out) {
+#if defined(INT16_LANES)
+    return run_iters(threads, iters, dpwssd_worker, out);
 #else
     (void)threads; (void)iters; (void)out;
     return -1;
