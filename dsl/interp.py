@@ -15,6 +15,7 @@ from sandwich.dsl import ast as A
 from sandwich.dsl.errors import DSLError
 from sandwich.dsl.highlevel import ast as H
 from sandwich.errors import ShapeError
+from sandwich.weight_formats import round_bf16
 
 # numpy type of each DSL type (bf16 values are held as float32)
 NUMPY_DTYPES = {"f32": np.float32, "bf16": np.float32, "f16": np.float16, "i32": np.int32,
@@ -55,11 +56,9 @@ def _bf16(bits: int) -> float:
 
 
 def _bf16_bits(x: float) -> int:
-    """x rounded to bf16, nearest even, a NaN kept a quiet NaN (what bf16pair packs)."""
-    b = int(np.array([x], np.float32).view(np.uint32)[0])
-    if b & 0x7FFFFFFF > 0x7F800000:
-        b = (b & 0xFFFF0000) | 0x400000
-    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
+    """x rounded to bf16 as the weights are (weight_formats.round_bf16: nearest even, a NaN
+    kept a quiet NaN): what bf16pair packs."""
+    return int(round_bf16(np.array([x], np.float32)).view(np.uint32)[0] >> 16)
 
 
 def _dotbf16(acc: float, w: int, p: int) -> float:

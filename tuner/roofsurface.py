@@ -242,7 +242,7 @@ def kernel_signature(fmt_name: str, lanes: int, *, k: int = SIGNATURE_K,
         raise ConfigError(f"need lanes >= 1 and K a multiple of {fmt.group or 1}, "
                           f"got lanes={lanes}, K={k}")
     ai_xm = 1.0 / (fmt.nbytes(k, lanes) / (k * lanes) * lanes)
-    if fmt.quantized and int_activations(fmt, k):
+    if int_activations(fmt, k):
         ops = ACT16_VALUE_OPS[fmt.bits]
     else:
         ops = BF16_WIDEN_OPS if fmt.bits == 16 and not bf16_dot else VALUE_OPS[fmt.bits]
@@ -285,7 +285,7 @@ class HostRates:
         f = parse_format(fmt)
         if f.bits == 16 and self.bf16_dot_ops:
             return Machine(self.mbw, self.vos, 2 * self.bf16_dot_ops / m)
-        if f.quantized and self.int16_dot_ops and int_activations(f, k):
+        if self.int16_dot_ops and int_activations(f, k):
             return Machine(self.mbw, self.vos, 2 * self.int16_dot_ops / m)
         return Machine(self.mbw, self.vos, self.fma_vector_ops / m)
 
