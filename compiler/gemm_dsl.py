@@ -111,10 +111,12 @@ def family_tunables(schedule: KernelSchedule, k: int) -> dict[str, int]:
 
 
 def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int, l2_bytes: int,
-                       isa: str | None = None, bf16_dot: bool = False) -> str:
+                       isa: str | None = None, bf16_dot: bool = False,
+                       int8_dot: bool = False) -> str:
     """TVMScript of the family; refuses the schedules the hand template refuses. `l2_bytes`:
     one core's L2, which sizes the chunks of rows a thread runs one after another; `bf16_dot`:
-    the target has avx512_bf16, so bf16 weights take vdpbf16ps (else f32 FMAs on them)."""
+    the target has avx512_bf16, so bf16 weights take vdpbf16ps (else f32 FMAs on them);
+    `int8_dot`: it has AVX512-VNNI, so the int formats' dot8 is vpdpbusd (else pmaddwd)."""
     validate(schedule, GemmProblem(n=n, k=k, lanes=lanes))
     split_k = schedule.polymerization.t_k > 1
     args = ("A", *weight_args(schedule.dtype, k), "C") + (("WS",) if split_k else ()) + ("bmb", "bnt", "bk")
@@ -125,7 +127,8 @@ def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int, 
         # workspace and reloads after every store (the hand template pays for that)
         return to_tvmscript(_kernel(), tunables=family_tunables(schedule, k), vlen=lanes,
                             fixed={"N": n, "K": k, "G": fmt.group_size(k), "L2": l2_bytes}, args=args, align=4,
-                            scalars="inline", fold=True, isa=isa, bf16_dot=bf16_dot)
+                            scalars="inline", fold=True, isa=isa, bf16_dot=bf16_dot,
+                            int8_dot=int8_dot)
     except DSLError as e:  # e.g. a tile outside the kernel's tunable domains
         raise ConfigError(f"GEMM schedule {schedule.key()} is outside {KERNEL}.sw: {e}") from e
 
@@ -133,5 +136,5 @@ def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int, 
 def build_gemm_dsl(schedule: KernelSchedule, *, n: int, k: int, cpu: CpuInfo, threads: int):
     """Compile the DSL GEMM for the family of one schedule (any M, any slice)."""
     src = gemm_dsl_tvmscript(schedule, n=n, k=k, lanes=cpu.lanes_f32, l2_bytes=cpu.l2_bytes,
-                             isa=cpu.isa, bf16_dot=cpu.bf16_dot)
+                             isa=cpu.isa, bf16_dot=cpu.bf16_dot, int8_dot=cpu.int8_dot)
     return compile_source(src, cpu, threads)

@@ -8,7 +8,7 @@ from sandwich.errors import ConfigError
 from sandwich.weight_formats import WeightFormat, format_of
 
 ACT_BLOCK = 32  # values along K per activation scale when act = 1
-ACT_MAX = 32767.0  # activations quantized to 16 bits: madd16's halves
+ACT_MAX = 127.0  # activations quantized to 8 bits: dot8's signed bytes
 
 
 def weight_format(dtype: str) -> WeightFormat:
@@ -21,34 +21,35 @@ def weight_format(dtype: str) -> WeightFormat:
 
 
 def weight_args(dtype: str, k: int) -> tuple[str, ...]:
-    """The kernel's weight arrays for a dtype and K, in call order: the values are Q8P / Q4P
-    (pairs side by side) where the family uses 16-bit activations, else Q8 / Q4."""
+    """The kernel's weight arrays for a dtype and K, in call order: the values are Q8Q / Q4Q
+    (dot8's bytes) where the family uses 8-bit activations, else Q8 / Q4."""
     fmt = weight_format(dtype)
     if fmt.bits == 32:
         return ("W",)
     if fmt.bits == 16:
         return ("WB",)
     scales = "SF" if fmt.scale_dtype == "float32" else "S"
-    values = ("Q8" if fmt.bits == 8 else "Q4") + ("P" if int_activations(fmt, k) else "")
+    values = ("Q8" if fmt.bits == 8 else "Q4") + ("Q" if int_activations(fmt, k) else "")
     return (values, scales) + (("Z",) if not fmt.symmetric else ())
 
 
 def check_rtol(dtype: str) -> float:
     """Element-wise tolerance of a kernel against float64 A @ W on its weights' values, relative
     to sum |a| |w|: bf16 rounds A to 8 bits of mantissa (each product within 2^-9), the other
-    formats multiply A as it is (or on 16 bits)."""
+    formats multiply A as it is (or as quantized_activations rounds it)."""
     return 2.0 ** -8 if weight_format(dtype).bits == 16 else 1e-4
 
 
 def int_activations(fmt: WeightFormat, k: int) -> bool:
-    """Whether the family computes this format's products on 16-bit integer activations
-    (tunable act = 1): every int format whose groups are whole blocks of 32 values."""
+    """Whether the family computes this format's products on 8-bit integer activations
+    (tunable act = 1), as llama.cpp's Q8_0 and Q4_0 dot products do: every int format whose
+    groups are whole blocks of 32 values."""
     return fmt.quantized and fmt.group_size(k) % ACT_BLOCK == 0
 
 
 def quantized_activations(a: np.ndarray) -> np.ndarray:
     """A[M, K] as the kernel sees it with act = 1 (float64): each block of 32 values along K
-    rounded to 16 bits (scale max |a| / 32767), in the kernel's float32 arithmetic."""
+    rounded to 8 bits (scale max |a| / 127), in the kernel's float32 arithmetic."""
     m, k = a.shape
     blocks = np.asarray(a, np.float32).reshape(m, k // ACT_BLOCK, ACT_BLOCK)
     amax = np.abs(blocks).max(axis=2, keepdims=True)

@@ -24,34 +24,32 @@ def pack_weights(w: np.ndarray, pack_n: int) -> np.ndarray:
 
 
 def pack_weight(w: np.ndarray | QuantizedWeight, pack_n: int, dtype: str = "float32", *,
-                pairs: bool | None = None) -> tuple[np.ndarray, ...]:
+                quads: bool | None = None) -> tuple[np.ndarray, ...]:
     """A weight -> the kernel's weight arrays for `dtype` (a schedule's dtype: "float32" or a
     weight format's name), in call order; `w` is float (K, N), quantized here for an int
     format, or already a QuantizedWeight of that format (a GGUF's blocks, as stored).
-    `pairs`: see pack_quantized (None: as the family reads this format and K)."""
+    `quads`: see pack_quantized (None: as the family reads this format and K)."""
     fmt = weight_format(dtype)
     if isinstance(w, QuantizedWeight):
         if w.fmt != fmt:
             raise ShapeError(f"weights are {w.fmt.name}, the kernel reads {fmt.name}")
-        return tuple(pack_quantized(w, pack_n, pairs=pairs))
+        return tuple(pack_quantized(w, pack_n, quads=quads))
     if fmt.bits == 32:
         return (pack_weights(w, pack_n),)
     if np.ndim(w) != 2:
         raise ShapeError(f"weights must be 2-D (K, N), got shape {np.shape(w)}")
-    return tuple(pack_quantized(quantize(w, fmt), pack_n, pairs=pairs))
+    return tuple(pack_quantized(quantize(w, fmt), pack_n, quads=quads))
 
 
-def pack_quantized(qw: QuantizedWeight, pack_n: int, *, pairs: bool | None = None
+def pack_quantized(qw: QuantizedWeight, pack_n: int, *, quads: bool | None = None
                    ) -> list[np.ndarray]:
     """A weight in bf16 (pack_bf16) or an int format -> the family's arrays in call order
     (gemm_formats.weight_args):
     values [N / pack_n, K (int8) or K / 2 (int4), pack_n], then scales and, when asymmetric,
     minimums [N / pack_n, K / G, pack_n] in the format's scale type; done once at load time.
     int4 bytes are re-paired so that byte k / 2 holds value k (low nibble) and k + 1 (high).
-    With `pairs` (the family's 16-bit activations, gemm_formats.int_activations), the values
-    are Q8P / Q4P [N / pack_n, rows / 2, 2 pack_n]: the two a madd16 lane multiplies (value e
-    and value 16 + e of a block of 32; for int4, the bytes holding them) sit side by side for
-    every column, so that one 16-byte load, widened, feeds pmaddwd."""
+    With `quads` (the family's 8-bit activations, gemm_formats.int_activations), the values
+    are Q8Q / Q4Q instead (dot8_values): what one dot8 lane takes, in 32-bit elements."""
     k, n = qw.shape
     if n % pack_n:
         raise ShapeError(f"weight N={n} is not a multiple of the packed width {pack_n}")
@@ -61,18 +59,12 @@ def pack_quantized(qw: QuantizedWeight, pack_n: int, *, pairs: bool | None = Non
     if qw.fmt.bits == 4:
         if k % 2:
             raise ShapeError(f"int4 weights need an even K, got K={k}")
-        v = unpack4(qw.q, qw.fmt.group_size(k)).reshape(n, k)
-        values = v[:, 0::2] | (v[:, 1::2] << np.uint8(4))
+        values = unpack4(qw.q, qw.fmt.group_size(k)).reshape(n, k)
+    if int_activations(qw.fmt, k) if quads is None else quads:
+        values = dot8_values(values, qw.fmt.bits)
+    elif qw.fmt.bits == 4:
+        values = values[:, 0::2] | (values[:, 1::2] << np.uint8(4))
     out = []
-    if int_activations(qw.fmt, k) if pairs is None else pairs:
-        rows = values.shape[1]
-        half = ACT_BLOCK // 2 if qw.fmt.bits == 8 else ACT_BLOCK // 4  # value or byte rows
-        order = np.arange(rows).reshape(-1, 2, half).transpose(0, 2, 1).reshape(rows)
-        packed = aligned_empty((n // pack_n, rows // 2, 2 * pack_n), values.dtype)
-        packed[...] = values[:, order].reshape(n // pack_n, pack_n, rows // 2, 2).transpose(
-            0, 2, 1, 3).reshape(packed.shape)
-        out.append(packed)
-        values = None
     for a in (values, qw.scales, qw.mins):
         if a is None:
             continue
@@ -80,6 +72,24 @@ def pack_quantized(qw: QuantizedWeight, pack_n: int, *, pairs: bool | None = Non
         packed[...] = a.reshape(n // pack_n, pack_n, a.shape[1]).transpose(0, 2, 1)
         out.append(packed)
     return out
+
+
+def dot8_values(values: np.ndarray, bits: int) -> np.ndarray:
+    """int values [N, K] (int8, or int4 as 0..15) -> [N, K / 4 or K / 8] int32, per block of 32
+    along K as the family's dot8 takes them against the activations' element 8 b + u (values
+    32 b + u + 8 q in its bytes q): int8's element 8 b + u holds those values + 128 (unsigned
+    bytes); int4's element 4 b + u holds quad 8 b + u in its low nibbles, 8 b + u + 4 in its
+    high ones."""
+    n, k = values.shape
+    if k % ACT_BLOCK:
+        raise ShapeError(f"8-bit activations need K a multiple of {ACT_BLOCK}, got K={k}")
+    if bits == 8:
+        u8 = (values.astype(np.int16) + 128).astype(np.uint8).reshape(n, k // 32, 4, 8)
+        quads = u8.transpose(0, 1, 3, 2)  # [n, block, u, q]
+    else:
+        v = values.astype(np.uint8).reshape(n, k // 32, 4, 2, 4)  # [n, block, q, high, u]
+        quads = (v[:, :, :, 0] | (v[:, :, :, 1] << np.uint8(4))).transpose(0, 1, 3, 2)
+    return np.ascontiguousarray(quads).reshape(n, -1).view("<i4").astype(np.int32, copy=False)
 
 
 def pack_bf16(qw: QuantizedWeight, pack_n: int) -> np.ndarray:

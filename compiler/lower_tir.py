@@ -51,10 +51,12 @@ def _assigned(stmts) -> set[str]:
 
 class _Emitter(V.VectorLoops, StaticParts):
     def __init__(self, kernel: H.Kernel, consts: dict, vlen: int, scalars: str = "box",
-                 fold: bool = False, isa: str | None = None, bf16_dot: bool = False) -> None:
+                 fold: bool = False, isa: str | None = None, bf16_dot: bool = False,
+                 int8_dot: bool = False) -> None:
         self.consts, self.vlen, self.scalars, self.fold = consts, vlen, scalars, fold
         self.isa = isa  # the target's vector ISA (compiler/target.py), for intrinsics
         self.bf16_dot = bf16_dot and isa == "avx512"  # vdpbf16ps for dotbf16
+        self.int8_dot = int8_dot and isa == "avx512"  # vpdpbusd for dot8
         self.ramp: str | None = None  # the lane variable of an explicit vector loop
         self.ramp_start = ""  # its first lane, as TVMScript
         self.wide = False  # lowering a side_by_side pair: vectors of 2 vlen lanes
@@ -156,6 +158,10 @@ class _Emitter(V.VectorLoops, StaticParts):
                 return self.madd16(e, *args)
             if e.func == "dotbf16":
                 return self.dotbf16(e, *args)
+            if e.func == "dot8":
+                return self.dot8(e, *args)
+            if e.func == "nibbles":
+                return self.nibbles(e, *args)
             if e.func == "bf16pair":
                 return V.bf16_pair(*args)
             if e.func == "exp" and self.in_vector and self.dtype(e) == "f32":
@@ -297,7 +303,7 @@ class _Emitter(V.VectorLoops, StaticParts):
 def to_tvmscript(kernel: H.Kernel, *, tunables: dict[str, int], vlen: int,
                  fixed: dict | None = None, args: tuple[str, ...] | None = None,
                  align: int | None = None, scalars: str = "box", fold: bool = False,
-                 isa: str | None = None, bf16_dot: bool = False) -> str:
+                 isa: str | None = None, bf16_dot: bool = False, int8_dot: bool = False) -> str:
     """TVMScript source of `main(<params in order>)` for one point of the search space.
 
     `fixed` scalar parameters keep their place in the signature (a call with another value
@@ -305,8 +311,9 @@ def to_tvmscript(kernel: H.Kernel, *, tunables: dict[str, int], vlen: int,
     leaves them out. `align` relaxes the data alignment TVM demands of array arguments.
     `scalars` says how immutable integer scalars are held (compiler/lower_static.py:
     "box", "inline" or "let"); `fold` writes constant parts of expressions as numbers.
-    `isa` (CpuInfo.isa) lets the lowering use that ISA's intrinsics (madd16: pmaddwd), and
-    `bf16_dot` (the target has avx512_bf16) vdpbf16ps for dotbf16.
+    `isa` (CpuInfo.isa) lets the lowering use that ISA's intrinsics (madd16 and dot8:
+    pmaddwd), `bf16_dot` (the target has avx512_bf16) vdpbf16ps for dotbf16, and `int8_dot`
+    (the target has AVX512-VNNI) vpdpbusd for dot8.
     """
     if scalars not in SCALARS:
         raise DSLError(f"scalars must be one of {SCALARS}, got {scalars!r}")
@@ -314,7 +321,7 @@ def to_tvmscript(kernel: H.Kernel, *, tunables: dict[str, int], vlen: int,
     fixed = dict(fixed or {})
     check_fixed(kernel, fixed)
     consts = {**tunables, A.VLEN: vlen, **fixed}
-    e = _Emitter(kernel, consts, vlen, scalars, fold, isa, bf16_dot)
+    e = _Emitter(kernel, consts, vlen, scalars, fold, isa, bf16_dot, int8_dot)
     sig = signature(kernel, args, fixed)
     for p in kernel.params:
         if p.shape and p not in sig:

@@ -165,6 +165,22 @@ def affine(start: str, index: str, step: str) -> str:
 PMADDWD = {8: "llvm.x86.avx2.pmadd.wd", 16: "llvm.x86.avx512.pmaddw.d.512"}
 
 
+# x86's vpdpbusd (AVX512-VNNI) by vector width: 4 unsigned bytes times 4 signed bytes, summed
+# into each 32-bit lane; without VNNI, dot8 is two pmaddwd on the bytes split into 16 bits
+DPBUSD = {16: "llvm.x86.avx512.vpdpbusd.512"}
+_LOW_BYTES = 0x00FF00FF  # bytes 0 and 2 of a 32-bit lane, each widened to its 16-bit half
+
+
+def _byte(p: str, q: int) -> str:
+    """Byte q of the int32 p, sign-extended."""
+    return f"T.shift_right(T.shift_left({p}, {24 - 8 * q}), 24)" if q < 3 else f"T.shift_right({p}, 24)"
+
+
+def _halves(p: str, q: int) -> str:
+    """Signed bytes q and q + 2 of p as the two 16-bit halves of an int32 (pmaddwd's pair)."""
+    return f"T.bitwise_or(T.bitwise_and({_byte(p, q)}, 65535), T.shift_left({_byte(p, q + 2)}, 16))"
+
+
 # vector widths with x86's vdpbf16ps (avx512_bf16): pairs of bf16 multiplied and added to
 # f32 lanes; called through a stand-in that compiler/llvm_splice.py turns into the intrinsic
 DPBF16PS_LANES = (16,)
@@ -238,11 +254,11 @@ class VectorLoops:
 
     def explicit(self, s, reds, step, const_trips) -> bool:
         """Whether a `vector` loop is written as explicit vector statements (T.Ramp lanes)
-        rather than left to TVM's vectoriser: loops of plain assignments that call madd16 on
-        x86, or dotbf16 where vdpbf16ps exists (TVM vectorises calls lane by lane, and neither
+        rather than left to TVM's vectoriser: loops of plain assignments that call madd16 or
+        dot8 on x86, or dotbf16 where vdpbf16ps exists (TVM vectorises calls lane by lane, and neither
         instruction is lane-wise)."""
         intrinsic = ((self.isa in ("avx2", "avx512") and self.vlen in PMADDWD
-                      and calls(s.body, "madd16"))
+                      and (calls(s.body, "madd16") or calls(s.body, "dot8")))
                      or (self.bf16_dot and self.vlen in DPBF16PS_LANES and calls(s.body, "dotbf16")))
         return (intrinsic and not reds and step == "1" and const_trips is not None
                 and const_trips % self.vlen == 0 and all(isinstance(t, A.Assign) for t in s.body))
@@ -298,6 +314,39 @@ class VectorLoops:
             return f'T.call_llvm_pure_intrin("int32x{vl}", "{PMADDWD[vl]}", {w}, {a})'
         return f"({x} * T.shift_right(T.shift_left({p}, 16), 16) + {y} * T.shift_right({p}, 16))"
 
+    def dot8(self, e, acc: str, w: str, p: str) -> str:
+        """vpdpbusd where the target has AVX512-VNNI, else two pmaddwd on the bytes split
+        into 16-bit halves (bytes 0 and 2, 1 and 3), when acc and w are vectors and p is one
+        set of 4 bytes for every lane; else the same sum on 32-bit values."""
+        va, vw, vp = (self.varies(a) for a in e.args)
+        if va and vw and not vp:
+            vl = self.vlen
+            if self.int8_dot and vl in DPBUSD:
+                return (f'T.call_llvm_pure_intrin("int32x{vl}", "{DPBUSD[vl]}", {acc}, '
+                        f'T.reinterpret("int8x{4 * vl}", {w}), '
+                        f'T.reinterpret("int8x{4 * vl}", T.Broadcast({p}, {vl})))')
+            mask = f"T.Broadcast({_LOW_BYTES}, {vl})"
+            out = acc
+            for q, wq in enumerate((w, f"T.shift_right({w}, T.Broadcast(8, {vl}))")):
+                wide = f'T.reinterpret("int16x{2 * vl}", T.bitwise_and({wq}, {mask}))'
+                pq = f'T.reinterpret("int16x{2 * vl}", T.Broadcast({_halves(p, q)}, {vl}))'
+                out = f'({out} + T.call_llvm_pure_intrin("int32x{vl}", "{PMADDWD[vl]}", {wide}, {pq}))'
+            return out
+        if self.ramp is not None:
+            raise DSLError("dot8 in an explicit vector loop needs its accumulator and weight to "
+                           "vary along the loop and its activation bytes not to")
+        terms = " + ".join(f"T.bitwise_and(T.shift_right({w}, {8 * q}), 255) * {_byte(p, q)}"
+                           for q in range(4))
+        return f"({acc} + {terms})"
+
+    def nibbles(self, e, w: str, h: str) -> str:
+        """(w >> 4 h) & 0x0F0F0F0F, on a vector w in an explicit vector loop."""
+        if self.varies(e.args[0]):
+            vl = self.vlen
+            return (f"T.bitwise_and(T.shift_right({w}, T.Broadcast(4 * {h}, {vl})), "
+                    f"T.Broadcast({0x0F0F0F0F}, {vl}))")
+        return f"T.bitwise_and(T.shift_right({w}, 4 * {h}), {0x0F0F0F0F})"
+
     def dotbf16(self, e, acc: str, w: str, p: str) -> str:
         """vdpbf16ps when acc and w are vectors and p is one pair for every lane, else the
         same products on the bf16 values widened to f32 (exact), in the same order."""
@@ -319,8 +368,11 @@ class VectorLoops:
         return f"(({acc} + {hi(w)} * {hi(p)}) + {lo(w)} * {lo(p)})"
 
     def vector(self, s, reds, u, start, step, trips, const_trips, depth: int) -> None:
-        """Full vlen-wide chunks in a T.vectorized loop, then the tail as a serial loop."""
+        """Full vlen-wide chunks in a T.vectorized loop, then the tail as a serial loop; a
+        constant trip count below vlen that is a power of two is one narrower vector."""
         vl = self.vlen
+        if const_trips is not None and 1 < const_trips < vl and const_trips & (const_trips - 1) == 0:
+            vl = const_trips
         if self.explicit(s, reds, step, const_trips):
             self.ramp_loop(s, u, start, const_trips, depth)
             return

@@ -67,6 +67,12 @@ class CpuInfo:
         """Whether the target multiplies bf16 pairs into f32 lanes (vdpbf16ps, avx512_bf16)."""
         return "+avx512bf16" in self.mattr
 
+    @property
+    def int8_dot(self) -> bool:
+        """Whether the target multiplies 4 unsigned by 4 signed bytes into i32 lanes
+        (vpdpbusd, AVX512-VNNI)."""
+        return "+avx512vnni" in self.mattr
+
     def target_dict(self, threads: int | None = None) -> dict:
         """The TVM target in the dict form that TVM 0.27 accepts."""
         d: dict = {"kind": "llvm", "mcpu": self.mcpu, "num-cores": threads or self.cores}

@@ -24,6 +24,13 @@ FUNCS: dict[str, tuple[tuple[str, ...], str]] = {
     # lowering emits where the CPU has avx512_bf16 and w varies along a `vectorize` loop while
     # p does not; elsewhere the same products in f32 (bf16 values are exact in f32)
     "dotbf16": (("float", "int", "int"), "f32"),
+    # dot8(acc, w, p) = acc + the sum over the 4 bytes q of w and p of unsigned(w_q) * signed(p_q):
+    # one 32-bit lane of x86's vpdpbusd (AVX512-VNNI), which the vector lowering emits when acc
+    # and w vary along a `vectorize` loop and p does not; elsewhere the same integer sum
+    "dot8": (("int", "int", "int"), "i32"),
+    # nibbles(w, h): the low (h = 0) or high (h = 1) nibble of each of w's 4 bytes, each in
+    # its byte: (w >> 4 h) & 0x0F0F0F0F, so that dot8 can take 8 int4 values packed in w
+    "nibbles": (("int", "int"), "i32"),
     # bf16pair(x, y): x and y rounded to bf16 (nearest even), their bits as lo + 65536 * hi
     "bf16pair": (("float", "float"), "i32"),
 }

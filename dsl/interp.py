@@ -50,6 +50,25 @@ def _madd16(x: int, y: int, p: int) -> int:
     return x * lo + y * (p >> 16)
 
 
+def _i32(v: int) -> int:
+    """v wrapped to a signed 32-bit value."""
+    return ((v & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000
+
+
+def _dot8(acc: int, w: int, p: int) -> int:
+    """acc + sum of unsigned(byte q of w) * signed(byte q of p) over q < 4 (dsl/builtins.py)."""
+    total = 0
+    for q in range(4):
+        wq, pq = (w >> 8 * q) & 0xFF, (p >> 8 * q) & 0xFF
+        total += wq * (pq - 256 if pq >= 128 else pq)
+    return _i32(acc + total)
+
+
+def _nibbles(w: int, h: int) -> int:
+    """The low (h = 0) or high (h = 1) nibble of each byte of w, in place (dsl/builtins.py)."""
+    return _i32((w >> 4 * h) & 0x0F0F0F0F)
+
+
 def _bf16(bits: int) -> float:
     """The f32 value of 16 bf16 bits."""
     return float(np.array([(bits & 0xFFFF) << 16], np.uint32).view(np.float32)[0])
@@ -78,7 +97,7 @@ _FUNCS = {"exp": _exp, "log": math.log, "sqrt": math.sqrt, "rsqrt": lambda x: 1 
           "tanh": math.tanh, "sigmoid": lambda x: 1 / (1 + _exp(-x)), "sin": math.sin,
           "cos": math.cos, "erf": math.erf, "floor": math.floor, "ceil": math.ceil,
           "pow": math.pow, "fma": lambda a, b, c: a * b + c, "max": max, "min": min, "abs": abs,
-          "select": lambda c, a, b: a if c else b, "madd16": _madd16,
+          "select": lambda c, a, b: a if c else b, "madd16": _madd16, "dot8": _dot8, "nibbles": _nibbles,
           "dotbf16": _dotbf16, "bf16pair": _bf16pair}
 
 

@@ -193,6 +193,68 @@ def test_madd16_is_pmaddwd_on_x86_and_the_same_arithmetic_elsewhere(isa):
     np.testing.assert_array_equal(tc.numpy(), want)
 
 
+DOT8 = """
+kernel quads(i32 n, i32 W[n, 16], i32 P[2 * n], i32 C[16]) {
+    vectorize for (i32 j = 0; j < 16; j++) {
+        C[j] = 0;
+    }
+    for (i32 t = 0; t < n; t++) {
+        vectorize for (i32 j = 0; j < 16; j++) {
+            C[j] = dot8(C[j], nibbles(W[t, j], 0), P[2 * t]);
+        }
+        vectorize for (i32 j = 0; j < 16; j++) {
+            C[j] = dot8(C[j], W[t, j], P[2 * t + 1]);
+        }
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("isa,vlen,int8_dot,intrinsic", [
+    (None, VLEN, False, None), ("avx2", 8, False, "llvm.x86.avx2.pmadd.wd"),
+    ("avx512", 16, False, "llvm.x86.avx512.pmaddw.d.512"),
+    ("avx512", 16, True, "llvm.x86.avx512.vpdpbusd.512")])
+def test_dot8_is_vpdpbusd_with_vnni_pmaddwd_on_other_x86_and_shifts_elsewhere(isa, vlen, int8_dot,
+                                                                             intrinsic):
+    """dot8(acc, w, p) adds 4 unsigned bytes of w times 4 signed bytes of p, and nibbles(w, 0)
+    keeps each byte's low nibble: every lowering matches the interpreter and numpy on bytes
+    at their extremes (255 x -128 cannot saturate anything)."""
+    from sandwich.compiler.build import parse_tvmscript
+    from sandwich.compiler.target import detect_cpu
+    from sandwich.dsl.interp import run
+    from sandwich.dsl.load import load_source
+
+    kernel = load_source(DOT8, file="quads.sw").kernels[0]
+    src = to_tvmscript(kernel, tunables={}, vlen=vlen, isa=isa, int8_dot=int8_dot)
+    for name in ("llvm.x86.avx2.pmadd.wd", "llvm.x86.avx512.pmaddw.d.512",
+                 "llvm.x86.avx512.vpdpbusd.512"):
+        assert (name in src) == (name == intrinsic)
+    n = 37
+    wb = rng.integers(0, 256, (n, 16, 4)).astype(np.uint8)
+    pb = rng.integers(-128, 128, (2 * n, 4)).astype(np.int8)
+    wb[0], pb[0], pb[1] = 255, -128, -128
+    w, p = wb.view(np.int32)[..., 0], pb.view(np.int32)[:, 0]
+    a = pb.astype(np.int64)
+    want = ((wb & 15).astype(np.int64) * a[0::2, None, :]).sum((0, 2)) + (
+        wb.astype(np.int64) * a[1::2, None, :]).sum((0, 2))
+    c = np.zeros(16, np.int32)
+    run(kernel, tunables={}, vlen=vlen, n=n, W=w, P=p, C=c)
+    np.testing.assert_array_equal(c, want)
+    need = {"avx2": ("avx2",), "avx512": ("avx512",)}.get(isa, ())
+    if need and detect_cpu().isa not in need + ("avx512",):
+        pytest.skip(f"this CPU has no {isa}: that build cannot run here")
+    if int8_dot and not detect_cpu().int8_dot:
+        pytest.skip("this CPU has no AVX512-VNNI: the vpdpbusd build cannot run here")
+    target = {"kind": "llvm", "num-cores": 2}
+    if isa:
+        target["mattr"] = {"avx2": ["+avx2"], "avx512": ["+avx512f", "+avx512bw"]}[isa] + (
+            ["+avx512vnni"] if int8_dot else [])
+    f = tvm.compile(parse_tvmscript(src), target=tvm.target.Target(target))["main"]
+    tw, tp, tc = dev_arrays(w, p, np.zeros(16, np.int32))
+    f(n, tw, tp, tc)
+    np.testing.assert_array_equal(tc.numpy(), want)
+
+
 def test_integer_division_is_floor_division_in_the_interpreter_and_in_tir():
     """Negative operands: the reference interpreter and the compiled kernel agree."""
     from sandwich.dsl.interp import run

@@ -89,7 +89,7 @@ def test_source_is_right_in_the_reference_interpreter(tun, sl, m):
 @pytest.mark.parametrize("act", [0, 1])
 def test_int_formats_are_right_in_the_reference_interpreter(fmt, act):
     """The int branches of the source, without TVM (act 0: products on the values converted
-    to f32; act 1: on 16-bit activations): a 3-row tile with its tails, split-K over two K
+    to f32; act 1: on 8-bit activations): a 3-row tile with its tails, split-K over two K
     groups, K panels (48) that are not a multiple of the group (32)."""
     _interpret(dict(mu_m=3, mu_n=4, pack_n=8, t_m=1, t_n=1, t_k=2), (1, 2, 48), 7, fmt, k=96,
                act=act)
@@ -114,7 +114,7 @@ def test_rows_run_in_chunks_sized_by_the_l2(fmt, act):
 
 
 @pytest.mark.parametrize("fmt", ["int8-g32", "int4-g64", "int4-g32-asym"])
-def test_16_bit_activations_are_the_same_math_as_numpys(fmt):
+def test_8_bit_activations_are_the_same_math_as_numpys(fmt):
     """act 1 against numpy on the activations quantized as the kernel does (to 1e-6), with
     threads over M and N, so that each thread quantizes only its own rows and K groups."""
     _interpret(dict(mu_m=2, mu_n=4, pack_n=4, t_m=2, t_n=2, t_k=1), (1, 2, 64), 9, fmt, k=128,
@@ -143,15 +143,15 @@ def _interpret(tun: dict, sl: tuple, m: int, fmt: str, *, k: int, act: int = 0,
     arrays = {"W": np.zeros((n // pack, k, pack), np.float32),
               "Q8": np.zeros((n // pack, k, pack), np.int8),
               "Q4": np.zeros((n // pack, k // 2, pack), np.uint8),
-              "Q8P": np.zeros((n // pack, k // 2, 2 * pack), np.int8),
-              "Q4P": np.zeros((n // pack, k // 4, 2 * pack), np.uint8),
+              "Q8Q": np.zeros((n // pack, k // 4, pack), np.int32),
+              "Q4Q": np.zeros((n // pack, k // 8, pack), np.int32),
               "WB": np.zeros((n // pack, k // 2, pack), np.int32),
               **{name: np.zeros((n // pack, k // g, pack), dt)
                  for name, dt in (("S", np.float16), ("SF", np.float32), ("Z", np.float16))}}
-    packed = pack_weight(qw if f.quantized or f.bits == 16 else w, pack, dtype, pairs=bool(act))
+    packed = pack_weight(qw if f.quantized or f.bits == 16 else w, pack, dtype, quads=bool(act))
     names = weight_args(dtype, k)
     if f.quantized and not act:  # the same format read as Q8 / Q4 (act = 0)
-        names = (names[0].removesuffix("P"), *names[1:])
+        names = (names[0].removesuffix("Q"), *names[1:])
     arrays.update(zip(names, (np.ascontiguousarray(x) for x in packed), strict=True))
     a = rng.standard_normal((m, k)).astype(np.float32)
     c = np.full((m, n), np.nan, np.float32)

@@ -2,6 +2,7 @@
 in registers as they stream, checked against numpy on the dequantized weights; tuned and
 stored like fp32; a GGUF's Q8_0 / Q4_0 / Q4_1 blocks run as stored, against HF transformers."""
 
+import itertools
 import json
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import pytest
 from conftest import tune_model
 from gguf_tiny import write_tiny_gguf
 
+from sandwich.compiler.gemm_formats import quantized_activations
 from sandwich.compiler.gemm_runner import pack_weight
 from sandwich.errors import ConfigError, ShapeError
 from sandwich.models import load_model_config
@@ -28,14 +30,20 @@ def _cpu():
 
 
 @pytest.mark.tvm
-@pytest.mark.parametrize("fmt", INT_FORMATS)
-def test_every_int_format_matches_numpy_at_20_random_m(fmt):
+@pytest.mark.parametrize("fmt, vnni", [*((f, True) for f in INT_FORMATS),
+                                       ("int8-g32", False), ("int4-g32-asym", False)])
+def test_every_int_format_matches_numpy_at_20_random_m(fmt, vnni):
     """One family per format: a 3-row tile (so the 2 and 1-row tail tiles run too), split-K
-    over two threads for half the formats, a K panel that is not a multiple of the group."""
+    over two threads for half the formats, a K panel that is not a multiple of the group.
+    `vnni` False builds for the host without AVX512-VNNI: dot8 as two pmaddwd."""
+    import dataclasses
+
     from sandwich.compiler.gemm_dsl import build_gemm_dsl
     from sandwich.tuner.tvm_measure import check_against_numpy
 
     cpu = _cpu()
+    if not vnni:
+        cpu = dataclasses.replace(cpu, mattr=tuple(a for a in cpu.mattr if a != "+avx512vnni"))
     lanes = cpu.lanes_f32
     n, k = 6 * lanes, 256
     i = INT_FORMATS.index(fmt)
@@ -55,7 +63,7 @@ def test_every_int_format_matches_numpy_at_20_random_m(fmt):
 def test_packing_keeps_int4_nibbles_and_refuses_another_format():
     w = np.random.default_rng(0).standard_normal((64, 32), dtype=np.float32)
     qw = quantize(w, "int4-g32")
-    values, scales = pack_weight(qw, 16, "int4-g32", pairs=False)
+    values, scales = pack_weight(qw, 16, "int4-g32", quads=False)
     assert values.shape == (2, 32, 16) and values.dtype == np.uint8
     assert scales.shape == (2, 2, 16) and scales.dtype == np.float16
     # byte kb of column c: value 2 kb (low nibble) and 2 kb + 1 (high), each 0..15
@@ -63,15 +71,15 @@ def test_packing_keeps_int4_nibbles_and_refuses_another_format():
     d = scales.astype(np.float32).repeat(32, axis=1)
     back = ((nib.astype(np.float32) - 8) * d).transpose(1, 0, 2).reshape(64, 32)
     np.testing.assert_array_equal(back, dequantize(qw))
-    # with 16-bit activations (Q4P): pair t = 8 b + e of column c is bytes 2 c, 2 c + 1, which
-    # hold byte rows 16 b + e and 16 b + 8 + e (values 32 b + 2 e (+ 1) and those 16 further)
-    pairs, _ = pack_weight(qw, 16, "int4-g32")
-    assert pairs.shape == (2, 16, 32)
-    rows = np.empty_like(values)
-    for t in range(16):
-        b, e = divmod(t, 8)
-        rows[:, 16 * b + e], rows[:, 16 * b + 8 + e] = pairs[:, t, 0::2], pairs[:, t, 1::2]
-    np.testing.assert_array_equal(rows, values)
+    # with 8-bit activations (Q4Q): element 4 b + u of column c holds, in byte q, value
+    # 32 b + u + 8 q in its low nibble and 32 b + u + 4 + 8 q in its high one
+    quads, _ = pack_weight(qw, 16, "int4-g32")
+    assert quads.shape == (2, 8, 16) and quads.dtype == np.int32
+    q4 = quads.view(np.uint8).reshape(2, 8, 16, 4)
+    vals = nib.transpose(0, 2, 1)  # [panel, column, k]
+    for b, u, q in itertools.product(range(2), range(4), range(4)):
+        np.testing.assert_array_equal(q4[:, 4 * b + u, :, q] & 15, vals[:, :, 32 * b + u + 8 * q])
+        np.testing.assert_array_equal(q4[:, 4 * b + u, :, q] >> 4, vals[:, :, 32 * b + u + 4 + 8 * q])
     with pytest.raises(ShapeError, match="weights are int4-g32, the kernel reads int8-g32"):
         pack_weight(qw, 16, "int8-g32")
 
@@ -124,7 +132,9 @@ def q8_gguf(tmp_path_factory):
 @pytest.mark.tvm
 def test_gguf_q8_0_blocks_run_as_stored_and_give_transformers_logits(q8_gguf, cache):
     """--weights int8-g32 on a Q8_0 file packs the file's own blocks (no re-quantizing),
-    and the logits match HF transformers on the same (dequantized) weights."""
+    and the logits match HF transformers on the same (dequantized) weights with each linear
+    layer's input rounded to 8 bits per 32 values as our kernels round it (without that
+    rounding, 1e-2 apart: it is the only difference)."""
     from sandwich.gguf_blocks import from_gguf_blocks
     from sandwich.runtime.executor import Executor
     from sandwich.runtime.loader import load_model
@@ -147,6 +157,13 @@ def test_gguf_q8_0_blocks_run_as_stored_and_give_transformers_logits(q8_gguf, ca
                                                        dtype=torch.float32).eval()
     ex = Executor(model, max_batch=1, max_seq=32, max_tokens=16, ops="dsl", threads=2)
     prompt = [5, 9, 200, 17, 33, 100, 250, 7]
+    def rounded(module, args):
+        x = args[0].numpy()
+        return (torch.from_numpy(quantized_activations(x.reshape(-1, x.shape[-1])).astype(
+            np.float32).reshape(x.shape)),)
+
+    for lin in (m for m in hf.modules() if isinstance(m, torch.nn.Linear)):
+        lin.register_forward_pre_hook(rounded)
     with torch.no_grad():
         ref = hf(torch.tensor([prompt])).logits[0, -1].numpy()
     _, logits = ex.start(prompt)
@@ -169,9 +186,9 @@ def test_bench_formats_bad_input_is_one_line(capsys, tmp_path, argv, match):
 
 
 @pytest.mark.tvm
-def test_int8_tile_is_vpdpwssd_where_avx512_vnni_exists():
-    """Cross-compiled for znver4 (any host): madd16 is pmaddwd on 512-bit vectors, which LLVM
-    fuses with the accumulation into VNNI's vpdpwssd."""
+def test_int8_tile_is_vpdpbusd_where_avx512_vnni_exists():
+    """Cross-compiled for znver4 (any host): dot8 is one vpdpbusd per weight vector and row
+    where the target has AVX512-VNNI; without it, two pmaddwd."""
     import tvm
 
     from sandwich.compiler.build import parse_tvmscript
@@ -179,9 +196,12 @@ def test_int8_tile_is_vpdpwssd_where_avx512_vnni_exists():
 
     s = KernelSchedule(MicroKernel(2, 32), ComputeSlice(4, 64, 64), Polymerization(1, 2, 1), 32,
                        dtype="int8-g32")
-    src = gemm_dsl_tvmscript(s, n=128, k=256, lanes=16, l2_bytes=1 << 20, isa="avx512")
-    assert "llvm.x86.avx512.pmaddw.d.512" in src
+    plain = gemm_dsl_tvmscript(s, n=128, k=256, lanes=16, l2_bytes=1 << 20, isa="avx512")
+    assert "llvm.x86.avx512.pmaddw.d.512" in plain and "vpdpbusd" not in plain
+    src = gemm_dsl_tvmscript(s, n=128, k=256, lanes=16, l2_bytes=1 << 20, isa="avx512",
+                             int8_dot=True)
+    assert "llvm.x86.avx512.vpdpbusd.512" in src and "pmaddw" not in src
     target = tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver4",
                                 "num-cores": 2})
     asm = tvm.compile(parse_tvmscript(src), target=target).mod.inspect_source("asm")
-    assert asm.count("vpdpwssd") >= 32
+    assert asm.count("vpdpbusd") >= 2 * 2 * 8  # 2 rows x 2 vectors x 8 elements of a block
