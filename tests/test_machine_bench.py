@@ -60,17 +60,34 @@ def test_bf16_dot_peak_where_the_cpu_has_one(monkeypatch):
     assert mbench.peak_bf16_gflops(1) is None
 
 
-def test_int16_dot_peak_sums_every_product(monkeypatch):
-    """The int formats' 16-bit pair products (vpdpwssd with AVX512-VNNI, else pmaddwd +
-    paddd): the worker's sum is exactly 2 products of ones per lane, chain and trip, and the
-    rate is of the order of the FMA peak."""
+def _check_dot8_sum(lib):
+    """Each dot8 of weights 128, 1, 1, 1 (unsigned) and activations -1, 127, 1, 1 (signed)
+    adds exactly 1 a lane: the sum counts every lane, chain and trip, and any wrong
+    signedness or lost byte pair changes it."""
     import ctypes
 
-    lib, _ = mbench._library()
-    lanes = lib.mb_int16_lanes()
-    assert lanes in (8, 16)
+    lanes, accs = lib.mb_int8_lanes(), lib.mb_int8_accs()
+    assert (lanes, accs) in ((16, lib.mb_fma_accs()), (8, 4))
     out = ctypes.c_float()
-    assert lib.mb_dpwssd(2, 1000, ctypes.byref(out)) == 0
-    assert out.value == 2 * 2 * 1000 * lib.mb_fma_accs() * lanes
-    gops = mbench.peak_int16_gops(1, iters=200_000, repeat=3)
+    assert lib.mb_dpbusd(2, 1000, ctypes.byref(out)) == 0
+    assert out.value == 2 * 1000 * accs * lanes
+
+
+def test_int8_dot_peak_sums_every_product():
+    """The int formats' dot8 as this CPU runs it (vpdpbusd with AVX512-VNNI, else 2 pmaddwd +
+    2 paddd on the split bytes): an exact sum, and a rate of the order of the FMA peak."""
+    _check_dot8_sum(mbench._library()[0])
+    gops = mbench.peak_int8_gops(1, iters=200_000, repeat=3)
+    assert gops > 0
     assert gops > 0.25 * mbench.peak_gflops(1, iters=200_000, repeat=3)
+
+
+@pytest.mark.parametrize("isa, flags", [("avx512", ["-mavx512f", "-mavx512bw"]),
+                                        ("avx2", ["-mavx2", "-mfma"])])
+def test_int8_dot_without_vnni_sums_every_product(monkeypatch, isa, flags):
+    """The fallback a CPU without AVX512-VNNI runs (bytes split into 16-bit pairs, pmaddwd),
+    built for this CPU without -mavx512vnni: the same exact sum."""
+    if not {"avx512": {"avx512f", "avx512bw"}, "avx2": {"avx2", "fma"}}[isa] <= mbench._cpu_flags():
+        pytest.skip(f"this CPU cannot run an {isa} build")
+    monkeypatch.setattr(mbench, "isa_flags", lambda: (isa, flags))
+    _check_dot8_sum(mbench._library.__wrapped__()[0])

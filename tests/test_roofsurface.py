@@ -1,6 +1,7 @@
 """DECA's Roof-Surface model (tuner/roofsurface.py): Table 2 from the paper's own constants,
 the BORD lines, and our kernels' signatures on made-up machines. No timing."""
 
+import dataclasses
 import math
 
 import pytest
@@ -118,13 +119,14 @@ def test_kernel_signatures_per_format():
     lanes = 8
     fp32 = rs.kernel_signature("fp32", lanes)
     assert fp32 == rs.Signature(1 / 32, math.inf)
-    # groups of 32: products on 16-bit activations, a weight vector widened (ACT16_VALUE_OPS)
-    q8 = rs.kernel_signature("int8-g32", lanes)  # 1 + 2/32 bytes per weight, 0.5 + 2/32 ops
-    assert q8.ai_xm == pytest.approx(1 / 8.5) and q8.ai_xv == pytest.approx(1 / (0.5 + 2 / 32))
-    q4 = rs.kernel_signature("int4", lanes)  # = int4-g32: 0.5 + 2/32 bytes, 1 + 3/32 ops
-    assert q4.ai_xm == pytest.approx(1 / 4.5) and q4.ai_xv == pytest.approx(1 / (1 + 3 / 32))
+    # groups of 32: products on 8-bit activations; int8 bytes go to the dot8 as they are,
+    # int4 nibbles are split (ACT8_VALUE_OPS)
+    q8 = rs.kernel_signature("int8-g32", lanes)  # 1 + 2/32 bytes per weight, 0 + 2/32 ops
+    assert q8.ai_xm == pytest.approx(1 / 8.5) and q8.ai_xv == pytest.approx(1 / (2 / 32))
+    q4 = rs.kernel_signature("int4", lanes)  # = int4-g32: 0.5 + 2/32 bytes, 3/4 + 3/32 ops
+    assert q4.ai_xm == pytest.approx(1 / 4.5) and q4.ai_xv == pytest.approx(1 / (3 / 4 + 3 / 32))
     q4a = rs.kernel_signature("int4-g32-asym", lanes)  # + fp16 minimums: 0.625 bytes
-    assert q4a.ai_xm == pytest.approx(1 / 5.0) and q4a.ai_xv == pytest.approx(1 / (1 + 4 / 32))
+    assert q4a.ai_xm == pytest.approx(1 / 5.0) and q4a.ai_xv == pytest.approx(1 / (3 / 4 + 4 / 32))
     q8c = rs.kernel_signature("int8", lanes, k=1000)  # fp32 scale per column: 4 bytes per K,
     assert q8c.ai_xm == pytest.approx(1 / (8 * (1 + 4 / 1000)))  # K no multiple of 32: f32 FMAs
     assert q8c.ai_xv == pytest.approx(1 / (2 + 1 / 1000))
@@ -174,13 +176,14 @@ def test_calibrate_uses_the_micro_benchmarks(monkeypatch):
     monkeypatch.setattr(machine_bench, "read_bandwidth_gbs", lambda threads: 40.0 * threads)
     monkeypatch.setattr(machine_bench, "peak_gflops", lambda threads: 160.0 * threads)
     monkeypatch.setattr(machine_bench, "peak_bf16_gflops", lambda threads: None)
-    monkeypatch.setattr(machine_bench, "peak_int16_gops", lambda threads: None)
+    monkeypatch.setattr(machine_bench, "peak_int8_gops", lambda threads: None)
     host = rs.calibrate(2, lanes=8)
     assert host.mbw == pytest.approx(80e9)
     assert host.fma_vector_ops == pytest.approx(320e9 / 16)
     assert host.vos == host.fma_vector_ops  # the documented assumption, nothing more
     assert host.machine(4).mos == pytest.approx(host.fma_vector_ops / 4)
     assert host.bf16_dot_ops is None and host.machine(4, "bf16") == host.machine(4)
+    assert host.int8_dot_ops is None and host.machine(4, "int8-g32") == host.machine(4)
 
 
 def test_bf16_weights_halve_the_bytes_and_take_the_dot_product_rate(monkeypatch):
@@ -192,7 +195,7 @@ def test_bf16_weights_halve_the_bytes_and_take_the_dot_product_rate(monkeypatch)
     monkeypatch.setattr(machine_bench, "read_bandwidth_gbs", lambda threads: 40.0)
     monkeypatch.setattr(machine_bench, "peak_gflops", lambda threads: 200.0)
     monkeypatch.setattr(machine_bench, "peak_bf16_gflops", lambda threads: 400.0)
-    monkeypatch.setattr(machine_bench, "peak_int16_gops", lambda threads: None)
+    monkeypatch.setattr(machine_bench, "peak_int8_gops", lambda threads: None)
     host = rs.calibrate(2, lanes=16)
     assert host.bf16_dot_ops == pytest.approx(400e9 / 64)  # 16 lanes x 2 products x 2 FLOPs
     b = rs.bound(host.machine(512, "bf16"), dot, rs.gemm_flops_per_op(16, 512))
@@ -209,7 +212,8 @@ def _cli(monkeypatch, capsys, *argv):
     # LLVM's name of the host CPU would start TVM (seconds); the flags are enough here
     host_cpu = target.detect_cpu(llvm_cpu="x86-64")
     monkeypatch.setattr(target, "detect_cpu", lambda: host_cpu)
-    monkeypatch.setattr(rs, "calibrate", lambda threads, lanes: _host(20e9, 5e9, 5e9, lanes))
+    monkeypatch.setattr(rs, "calibrate", lambda threads, lanes: dataclasses.replace(
+        _host(20e9, 5e9, 5e9, lanes), int8_dot_ops=2e9))
     code = main(["roofsurface", *argv])
     return code, capsys.readouterr()
 
@@ -231,6 +235,8 @@ def test_cli_prints_every_format_and_m_and_draws(monkeypatch, capsys, tmp_path):
                      "--m", "8,1", "--png", str(png))
     assert code == 0, out.err
     assert "ASSUMPTION" in out.out
+    assert [line.split()[:4] for line in out.out.splitlines() if line.startswith("INT8")] == [
+        ["INT8", "2.00", "G", "dot8/s"]]
     rows = [line.split() for line in out.out.splitlines()
             if line.startswith(("int8-g32 ", "int4-g32 "))]
     assert [(r[0], r[1]) for r in rows] == [("int8-g32", "1"), ("int8-g32", "8"),
@@ -239,23 +245,28 @@ def test_cli_prints_every_format_and_m_and_draws(monkeypatch, capsys, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_int_formats_on_16_bit_activations_take_the_integer_dot_rate(monkeypatch):
-    """Groups of 32: the matrix op is madd16 at its measured rate (two weight vectors a
-    product per row) and a weight vector's dequantization is its widening (0.5 op for int8,
-    1 for int4, plus the group's scaling); a per-column int8 whose K is no multiple of 32
-    keeps f32 FMAs on converted values."""
+def test_int_formats_on_8_bit_activations_take_the_dot8_rate(monkeypatch):
+    """Groups of 32: the matrix op is dot8 at its measured rate (8 ops a lane; four weight
+    vectors a dot8 per row, with 3 scaling ops per row and block of 32 for groups of 32, 2
+    for one group along K) and a weight vector's dequantization is 0 ops for int8, 3/4 for
+    int4's nibble split, plus the group's scaling; a per-column int8 whose K is no multiple
+    of 32 keeps f32 FMAs on converted values."""
     from sandwich.tuner import machine_bench
 
     monkeypatch.setattr(machine_bench, "read_bandwidth_gbs", lambda threads: 30.0)
     monkeypatch.setattr(machine_bench, "peak_gflops", lambda threads: 200.0)
     monkeypatch.setattr(machine_bench, "peak_bf16_gflops", lambda threads: None)
-    monkeypatch.setattr(machine_bench, "peak_int16_gops", lambda threads: 400.0)
+    monkeypatch.setattr(machine_bench, "peak_int8_gops", lambda threads: 400.0)
     host = rs.calibrate(2, lanes=16)
-    assert host.int16_dot_ops == pytest.approx(400e9 / 64)
-    for fmt, ops in (("int8-g32", 0.5), ("int4-g32", 1.0)):
+    assert host.int8_dot_ops == pytest.approx(400e9 / 128)  # 16 lanes x 4 products x 2 ops
+    for fmt, ops in (("int8-g32", 0.0), ("int4-g32", 0.75)):
         sig = rs.kernel_signature(fmt, 16)
         assert 1 / sig.ai_xv == pytest.approx(ops + (3 if fmt == "int4-g32" else 2) / 32)
+        # M = 512: 32 / 11 x 400e9 / 128 / 512 weight vectors/s of 2 x 16 x 512 FLOPs: 8 of
+        # each 11 ops of a row's block are dot8, so 8 / 11 of the dot8 peak
         b = rs.bound(host.machine(512, fmt), sig, rs.gemm_flops_per_op(16, 512))
-        assert b == rs.Bound(pytest.approx(400e9), "MTX")
+        assert b == rs.Bound(pytest.approx(400e9 * 8 / 11), "MTX")
+    per_column = host.machine(512, "int8", k=4096).mos  # one group: 8 + 2 + 1 / 128 a block
+    assert per_column == pytest.approx(32 / (10 + 32 / 4096) * host.int8_dot_ops / 512)
     assert host.machine(512, "int8", k=1000).mos == pytest.approx(host.fma_vector_ops / 512)
     assert 1 / rs.kernel_signature("int8", 16, k=1000).ai_xv > 2

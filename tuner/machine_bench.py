@@ -1,6 +1,6 @@
 """Machine micro-benchmarks (csrc/machine_bench.c, built with gcc at first use): fp32 FMA
-peak, FMA chains, the bf16 dot-product peak where the CPU has one, and read bandwidth from a
-buffer of any size. The tuner's machine model
+peak, FMA chains, the bf16 dot-product peak where the CPU has one, the int formats' 8-bit dot
+product peak, and read bandwidth from a buffer of any size. The tuner's machine model
 and the benchmarks' limits are measured with them."""
 
 from __future__ import annotations
@@ -83,10 +83,11 @@ def _library() -> tuple[ctypes.CDLL, str]:
     lib.mb_fma_chains.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.POINTER(ctypes.c_float)]
     lib.mb_read.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                             ctypes.c_int, ctypes.POINTER(ctypes.c_float)]
-    for fn in (lib.mb_dpbf16, lib.mb_dpwssd):
+    for fn in (lib.mb_dpbf16, lib.mb_dpbusd):
         fn.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.POINTER(ctypes.c_float)]
     for fn in (lib.mb_fma, lib.mb_fma_chains, lib.mb_read, lib.mb_lanes, lib.mb_fma_accs,
-               lib.mb_read_block, lib.mb_max_chains, lib.mb_dpbf16, lib.mb_dpwssd, lib.mb_int16_lanes):
+               lib.mb_read_block, lib.mb_max_chains, lib.mb_dpbf16, lib.mb_dpbusd,
+               lib.mb_int8_lanes, lib.mb_int8_accs):
         fn.restype = ctypes.c_int
     return lib, isa
 
@@ -123,22 +124,27 @@ def peak_bf16_gflops(threads: int, *, iters: int = 3_000_000, repeat: int = 7) -
     return _peak("mb_dpbf16", "bf16 dot", 4.0, threads, iters, repeat)
 
 
-def peak_int16_gops(threads: int, *, iters: int = 3_000_000, repeat: int = 7) -> float | None:
-    """Peak G ops/s of the int formats' 16-bit pair products (madd16: vpdpwssd with
-    AVX512-VNNI, else pmaddwd + paddd), a multiply and an add per product, 2 products per
-    32-bit lane, so comparable with peak_gflops; None on an AVX-512 CPU without AVX-512BW."""
+def peak_int8_gops(threads: int, *, iters: int = 3_000_000, repeat: int = 7) -> float | None:
+    """Peak G ops/s of the int formats' dot8 (vpdpbusd with AVX512-VNNI, else the bytes
+    split into 16-bit pairs: an and, a shift and an and, 2 pmaddwd + 2 paddd) on `threads`
+    threads. A dot8 adds 4 products of an unsigned and a signed byte to each 32-bit lane and
+    each product counts a multiply and an add, as peak_gflops counts an FMA: 8 ops per lane,
+    so dot8 instructions per second on L 32-bit lanes are this * 1e9 / (8 L). None on an
+    AVX-512 CPU without AVX-512BW."""
     check_threads(threads)
     lib, _ = _library()
-    lanes = lib.mb_int16_lanes()
+    lanes = lib.mb_int8_lanes()
     if lanes == 0:
         return None
-    return _peak("mb_dpwssd", "int16 dot", 4.0, threads, iters, repeat, lanes=lanes)
+    return _peak("mb_dpbusd", "int8 dot", 8.0, threads, iters, repeat, lanes=lanes,
+                 accs=lib.mb_int8_accs())
 
 
 def _peak(entry: str, what: str, flops_per_lane: float, threads: int, iters: int,
-          repeat: int, *, lanes: int | None = None) -> float:
-    """GFLOPS of a C entry point running FMA_ACCS independent chains per thread, each link
-    `flops_per_lane` per lane of `lanes` (default: the f32 lanes): the best repeat."""
+          repeat: int, *, lanes: int | None = None, accs: int | None = None) -> float:
+    """GFLOPS of a C entry point running `accs` (default FMA_ACCS) independent chains per
+    thread, each link `flops_per_lane` per lane of `lanes` (default: the f32 lanes): the best
+    repeat."""
     lib, _ = _library()
     out = ctypes.c_float()
 
@@ -146,7 +152,8 @@ def _peak(entry: str, what: str, flops_per_lane: float, threads: int, iters: int
         _check_rc(getattr(lib, entry)(threads, iters, ctypes.byref(out)), what)
 
     t = time_callable(call, warmup=2, repeat=repeat, min_repeat_s=0.0)
-    flops = flops_per_lane * threads * iters * lib.mb_fma_accs() * (lanes or lib.mb_lanes())
+    links = threads * iters * (accs or lib.mb_fma_accs())
+    flops = flops_per_lane * links * (lanes or lib.mb_lanes())
     return flops / t.min_s / 1e9
 
 

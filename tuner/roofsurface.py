@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sandwich.compiler.gemm_formats import int_activations, weight_format
+from sandwich.compiler.gemm_formats import ACT_BLOCK, int_activations, weight_format
 from sandwich.errors import ConfigError
 from sandwich.weight_formats import parse_format
 
@@ -220,12 +220,21 @@ def table2_signature(kernel: PaperKernel) -> Signature:
 # shift or a mask to f32) where the CPU has no bf16 dot product (BF16_WIDEN_OPS)
 VALUE_OPS = {32: 0.0, 16: 0.0, 8: 2.0, 4: 2.5}
 # Int formats whose groups are whole blocks of 32 (gemm_formats.int_activations) multiply
-# 16-bit activations instead: the "matrix op" is then madd16 (vpdpwssd with AVX512-VNNI, else
-# pmaddwd + paddd), two weight vectors' pairs per instruction and row, at its own measured
-# rate, and a weight vector's dequantization is widening its bytes to 16 bits: per vpdpwssd,
-# one vpmovsxbw for int8, and one vpmovzxbw plus a nibble split (vgf2p8affineqb or vpand) for
-# int4, in the znver4 assembly of the 64-wide tile: 0.5 and 1 op per weight vector.
-ACT16_VALUE_OPS = {8: 0.5, 4: 1.0}
+# 8-bit activations instead: the "matrix op" is then dot8 (vpdpbusd with AVX512-VNNI, else the
+# bytes split into 16-bit pairs and 2 pmaddwd + 2 paddd, a split the micro-benchmark counts in
+# the dot8 rate), four weight vectors' bytes (4 values along K, `lanes` columns) per
+# instruction and row, at its own measured rate. A weight vector's dequantization: int8 is
+# stored as unsigned bytes (value + 128) that vpdpbusd takes as they are, 0 ops; int4 keeps 8
+# nibbles in a 32-bit lane, split with an and, a shift and an and for 8 weight vectors, 3/8 op
+# a weight vector; the znver4 assembly of an 8 x 32 tile does it twice (LLVM recomputes the
+# split rather than keep it in registers for 8 rows), 0.75.
+ACT8_VALUE_OPS = {8: 0.0, 4: 0.75}
+# Per row and block of 32 values, besides its 8 dot8 per column vector, the kernel converts
+# the block's integer sums to f32 and scales them by the activation scale (vcvtdq2ps and an
+# FMA), and per group of G values once more by the weight scale (an FMA): the matrix term
+# counts those 2 + 32 / G ops with the dot8, at the dot8 rate (as on Zen 4, where all three
+# run at one 512-bit op a cycle), as in the znver4 assembly.
+ACT8_BLOCK_DOTS, ACT8_BLOCK_SCALING = 8, 2
 BF16_WIDEN_OPS = 1.0
 SIGNATURE_K = 4096  # K for the per-column formats' share of scale bytes and scaling ops
 
@@ -243,7 +252,7 @@ def kernel_signature(fmt_name: str, lanes: int, *, k: int = SIGNATURE_K,
                           f"got lanes={lanes}, K={k}")
     ai_xm = 1.0 / (fmt.nbytes(k, lanes) / (k * lanes) * lanes)
     if int_activations(fmt, k):
-        ops = ACT16_VALUE_OPS[fmt.bits]
+        ops = ACT8_VALUE_OPS[fmt.bits]
     else:
         ops = BF16_WIDEN_OPS if fmt.bits == 16 and not bf16_dot else VALUE_OPS[fmt.bits]
     if fmt.quantized:
@@ -275,25 +284,26 @@ class HostRates:
     fma_vector_ops: float  # FMA vector instructions per second, all threads
     vos: float
     bf16_dot_ops: float | None = None  # vdpbf16ps per second, all threads (None: no avx512_bf16)
-    int16_dot_ops: float | None = None  # madd16 (vpdpwssd, or pmaddwd + paddd) per second
+    int8_dot_ops: float | None = None  # dot8 (vpdpbusd, or pmaddwd) per second, all threads
 
     def machine(self, m: int, fmt: str = "fp32", k: int = SIGNATURE_K) -> Machine:
-        """MOS is weight vectors/s: each one takes M FMA vector ops, or M / 2 dot products
-        (one takes two weight vectors' pairs) for bf16 weights on a CPU with a bf16 dot
-        product, and for int weights multiplied on 16-bit activations (K as in
-        kernel_signature)."""
+        """MOS is weight vectors/s: each one takes M FMA vector ops; for bf16 weights on a
+        CPU with a bf16 dot product, M / 2 of them (one takes two weight vectors' pairs); for
+        int weights multiplied on 8-bit activations (K as in kernel_signature), M / 4 dot8
+        (one takes four weight vectors' bytes) plus the per-block scaling (ACT8_BLOCK_SCALING)."""
         f = parse_format(fmt)
         if f.bits == 16 and self.bf16_dot_ops:
             return Machine(self.mbw, self.vos, 2 * self.bf16_dot_ops / m)
-        if self.int16_dot_ops and int_activations(f, k):
-            return Machine(self.mbw, self.vos, 2 * self.int16_dot_ops / m)
+        if self.int8_dot_ops and int_activations(f, k):
+            block = ACT8_BLOCK_DOTS + ACT8_BLOCK_SCALING + ACT_BLOCK / f.group_size(k)
+            return Machine(self.mbw, self.vos, ACT_BLOCK / block * self.int8_dot_ops / m)
         return Machine(self.mbw, self.vos, self.fma_vector_ops / m)
 
 
 def calibrate(threads: int, *, lanes: int | None = None) -> HostRates:
-    """Measure MBW, the FMA rate, the 16-bit integer dot-product rate and, where the CPU has
-    it, the bf16 dot-product rate with the tuner's C micro-benchmarks (a few seconds); VOS is set to the FMA rate by assumption
-    (VOS_ASSUMPTION), not from vendor tables."""
+    """Measure MBW, the FMA rate, the int8 dot product's (dot8) rate and, where the CPU has
+    one, the bf16 dot product's, with the tuner's C micro-benchmarks (a few seconds); VOS is
+    set to the FMA rate by assumption (VOS_ASSUMPTION), not from vendor tables."""
     from sandwich.compiler.target import detect_cpu
     from sandwich.tuner import machine_bench
 
@@ -301,7 +311,7 @@ def calibrate(threads: int, *, lanes: int | None = None) -> HostRates:
     mbw = machine_bench.read_bandwidth_gbs(threads) * 1e9
     fma = machine_bench.peak_gflops(threads) * 1e9 / (2 * lanes)
     bf16 = machine_bench.peak_bf16_gflops(threads)
-    int16 = machine_bench.peak_int16_gops(threads)
+    int8 = machine_bench.peak_int8_gops(threads)  # 8 ops per lane of a dot8
     return HostRates(threads=threads, lanes=lanes, mbw=mbw, fma_vector_ops=fma, vos=fma,
                      bf16_dot_ops=bf16 * 1e9 / (4 * lanes) if bf16 else None,
-                     int16_dot_ops=int16 * 1e9 / (4 * lanes) if int16 else None)
+                     int8_dot_ops=int8 * 1e9 / (8 * lanes) if int8 else None)

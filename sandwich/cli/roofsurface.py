@@ -42,13 +42,13 @@ def _run(args) -> int:
     if host.bf16_dot_ops:
         print(f"BF16 {host.bf16_dot_ops / 1e9:7.2f} G vdpbf16ps/s      peak bf16 GFLOPS / (4 x "
               f"{host.lanes} lanes) (measured)")
-    if host.int16_dot_ops:
-        print(f"INT16 {host.int16_dot_ops / 1e9:6.2f} G madd16/s          16-bit pair products "
-              f"(vpdpwssd or pmaddwd + paddd) / (4 x {host.lanes} lanes) (measured)")
+    if host.int8_dot_ops:
+        print(f"INT8 {host.int8_dot_ops / 1e9:7.2f} G dot8/s           peak int8 G ops/s / (8 x "
+              f"{host.lanes} lanes) (vpdpbusd, or 2 pmaddwd + 2 paddd) (measured)")
     print(f"VOS {host.vos / 1e9:8.2f} G vector ops/s   ASSUMPTION: {rs.VOS_ASSUMPTION}")
     print("matrix op = one weight vector in M FMAs: MOS = FMA rate / M, 2 x lanes x M FLOPs "
-          "(bf16 with vdpbf16ps, and int formats on 16-bit activations: 2 x the dot product's "
-          "rate / M)")
+          "(bf16 with vdpbf16ps: 2 x its rate / M; int formats on 8-bit activations: 4 x the "
+          "dot8 rate / M, less the 2 + 32 / G scaling ops per row and block of 32)")
     print(f"{'format':<14} {'M':>5} {'AI_XM op/B':>10} {'AI_XV op/vop':>12} "
           f"{'MEM':>8} {'VEC':>8} {'MTX':>8} {'bound GFLOPS':>12}  resource")
     for name, sig in sigs.items():

@@ -1,9 +1,10 @@
 /* Machine micro-benchmarks: fp32 FMA peak, FMA chains (latency and the accumulators that
  * reach the peak), read bandwidth from any level of the memory hierarchy, and the peaks of
- * the bf16 and 16-bit integer dot products the low-precision GEMMs run.
+ * the bf16 and 8-bit integer dot products the low-precision GEMMs run.
  *
- * Built at run time by sandwich.tuner.machine_bench with -mavx512f or -mavx2 -mfma and
- * loaded with ctypes. Each entry point runs `threads` workers (the caller is worker 0)
+ * Built at run time by sandwich.tuner.machine_bench with -mavx512f (plus -mavx512bw,
+ * -mavx512vnni and -mavx512bf16 where the CPU has them) or -mavx2 -mfma and loaded with
+ * ctypes. Each entry point runs `threads` workers (the caller is worker 0)
  * and returns 0 on success; the Python side does the timing, so that warm-up, repeats
  * and the median follow the project's one timing helper.
  */
@@ -209,61 +210,109 @@ int mb_dpbf16(int threads, long iters, float *out) {
 #endif
 }
 
-/* 16-bit integer pair products into 32-bit lanes, as the int formats' tiles run them (madd16):
- * vpdpwssd where the build has AVX512-VNNI, else pmaddwd + paddd (AVX-512BW, or AVX2 on an
- * AVX2 build); FMA_ACCS independent chains per thread, each adding two products of ones per
- * lane per trip (no overflow in 2^30 trips). -1 on an AVX-512 build without AVX-512BW. */
+/* The int formats' dot8: per 32-bit lane, 4 products of an unsigned weight byte and a signed
+ * activation byte added to the lane, no saturation. vpdpbusd where the build has AVX512-VNNI;
+ * else the bytes split into two 16-bit pairs and 2 pmaddwd + 2 paddd (AVX-512BW, or AVX2 on an
+ * AVX2 build). INT8_ACCS independent chains per thread. -1 on an AVX-512 build without
+ * AVX-512BW. */
 #if defined(__AVX512F__) && (defined(__AVX512VNNI__) || defined(__AVX512BW__))
-#define INT16_LANES 16
+#define INT8_LANES 16
+#define INT8_ACCS FMA_ACCS
 typedef __m512i ivec;
 #define ISET1(x) _mm512_set1_epi32(x)
-#if defined(__AVX512VNNI__)
-#define IDOT(a, x) _mm512_dpwssd_epi32(a, x, x)
-#else
-#define IDOT(a, x) _mm512_add_epi32(a, _mm512_madd_epi16(x, x))
-#endif
 #define IADD(a, b) _mm512_add_epi32(a, b)
+#define IAND(a, b) _mm512_and_si512(a, b)
+#define ISHR32(a, n) _mm512_srli_epi32(a, n)
+#define IMADD(a, b) _mm512_madd_epi16(a, b)
 #define ISTORE(p, v) _mm512_storeu_si512((void *)(p), v)
 #elif !defined(__AVX512F__)
-#define INT16_LANES 8
+#define INT8_LANES 8
+/* 16 registers, and gcc gives each chain two (a copy per dot8): 8 chains already spill. A chain
+ * waits for one paddd a dot8 (the pmaddwd are off it), so 4 reach the peak (Zen 4: as 8). */
+#define INT8_ACCS 4
 typedef __m256i ivec;
 #define ISET1(x) _mm256_set1_epi32(x)
-#define IDOT(a, x) _mm256_add_epi32(a, _mm256_madd_epi16(x, x))
 #define IADD(a, b) _mm256_add_epi32(a, b)
+#define IAND(a, b) _mm256_and_si256(a, b)
+#define ISHR32(a, n) _mm256_srli_epi32(a, n)
+#define IMADD(a, b) _mm256_madd_epi16(a, b)
 #define ISTORE(p, v) _mm256_storeu_si256((__m256i *)(p), v)
 #endif
 
-int mb_int16_lanes(void) {
-#if defined(INT16_LANES)
-    return INT16_LANES;
+int mb_int8_lanes(void) {
+#if defined(INT8_LANES)
+    return INT8_LANES;
 #else
     return 0;
 #endif
 }
 
-#if defined(INT16_LANES)
-static void *dpwssd_worker(void *p) {
+int mb_int8_accs(void) {
+#if defined(INT8_LANES)
+    return INT8_ACCS;
+#else
+    return 0;
+#endif
+}
+
+#if defined(INT8_LANES)
+/* Weight bytes 128, 1, 1, 1 (unsigned) times activation bytes -1, 127, 1, 1 (signed): each
+ * dot8 adds exactly 1 a lane, a sum that any other signedness of either operand, or a lost
+ * pair, changes; no overflow in 2^27 trips. */
+#define W8 0x01010180
+#define X8 0x01017FFF
+
+#if defined(__AVX512VNNI__)
+static void act8(ivec x[2]) { x[0] = x[1] = ISET1(X8); }
+static inline ivec dot8(ivec a, ivec w, const ivec x[2]) { return _mm512_dpbusd_epi32(a, w, x[0]); }
+#else
+/* Bytes b and b + 2 of x sign-extended into the two int16 halves of a 32-bit lane. */
+static int sext_pair(unsigned x, int b) {
+    short lo = (signed char)(x >> (8 * b)), hi = (signed char)(x >> (8 * b + 16));
+    return (int)((unsigned short)lo | (unsigned)(unsigned short)hi << 16);
+}
+/* The activations' pairs (bytes 0, 2 and 1, 3) are sign-extended once: a kernel does that once
+ * per broadcast row, not per weight vector. */
+static void act8(ivec x[2]) { x[0] = ISET1(sext_pair(X8, 0)); x[1] = ISET1(sext_pair(X8, 1)); }
+/* The weights' pairs zero-extended with an and, a shift and an and, then 2 pmaddwd + 2 paddd. */
+static inline ivec dot8(ivec a, ivec w, const ivec x[2]) {
+    const ivec lo = ISET1(0x00FF00FF);
+    ivec even = IAND(w, lo), odd = IAND(ISHR32(w, 8), lo);
+    return IADD(IADD(a, IMADD(even, x[0])), IMADD(odd, x[1]));
+}
+#endif
+
+/* The empty asm statements cost no instruction: on the accumulators, they keep gcc from
+ * merging the identical chains into one; on the weights, from hoisting their split out of
+ * the loop, as if each dot8 had a new weight vector. */
+static void *dot8_worker(void *p) {
     fma_job *job = (fma_job *)p;
-    const ivec x = ISET1(0x00010001); /* two int16 ones a lane */
-    ivec a[FMA_ACCS];
-    for (int j = 0; j < FMA_ACCS; j++) a[j] = ISET1(0);
+    ivec w = ISET1(W8), x[2], a[INT8_ACCS];
+    act8(x);
+    _Pragma("GCC unroll 16") for (int j = 0; j < INT8_ACCS; j++) {
+        a[j] = ISET1(0);
+        __asm__("" : "+v"(a[j]));
+    }
     for (long i = 0; i < job->iters; i++) {
-        _Pragma("GCC unroll 16") for (int j = 0; j < FMA_ACCS; j++) a[j] = IDOT(a[j], x);
+        _Pragma("GCC unroll 16") for (int j = 0; j < INT8_ACCS; j++) {
+            __asm__ volatile("" : "+v"(w));
+            a[j] = dot8(a[j], w, x);
+        }
     }
     ivec s = a[0];
-    for (int j = 1; j < FMA_ACCS; j++) s = IADD(s, a[j]);
-    int t[INT16_LANES];
+    _Pragma("GCC unroll 16") for (int j = 1; j < INT8_ACCS; j++) s = IADD(s, a[j]);
+    int t[INT8_LANES];
     ISTORE(t, s);
     float total = 0.0f;
-    for (int j = 0; j < INT16_LANES; j++) total += (float)t[j];
+    for (int j = 0; j < INT8_LANES; j++) total += (float)t[j];
     job->result = total;
     return NULL;
 }
 #endif
 
-int mb_dpwssd(int threads, long iters, float *out) {
-#if defined(INT16_LANES)
-    return run_iters(threads, iters, dpwssd_worker, out);
+int mb_dpbusd(int threads, long iters, float *out) {
+#if defined(INT8_LANES)
+    return run_iters(threads, iters, dot8_worker, out);
 #else
     (void)threads; (void)iters; (void)out;
     return -1;
