@@ -16,9 +16,9 @@ from sandwich.bench.baselines.measure import measure_runner
 from sandwich.bench.compare import TIMING
 from sandwich.bench.gemm import bound_runner, moment_read
 from sandwich.bench.machine import measure_machine
-from sandwich.compiler.gemm_formats import check_rtol
 from sandwich.compiler.gemm_runner import aligned_empty
 from sandwich.tuner.streaming import rotation_copies
+from sandwich.tuner.tvm_measure import kernel_rows
 from sandwich.weight_formats import dequantize, gemm_dtype, parse_format, quantize
 
 DECODE_MAX_M = 8
@@ -107,7 +107,8 @@ def _time_row(cache, limits, model: str, name: str, op, fmt: str, m: int,
     handles = [first] + [gemm.pack(w) for _ in range(rotation_copies(stored, limits.llc_bytes) - 1)] \
         if rotated else [first]
     before = moment_read(limits) if rotated else None
-    t = measure_runner(name, bound_runner(gemm, out), a, ref, handles, rtol=check_rtol(op.dtype),
+    rows = kernel_rows(op.dtype, op.k)
+    t = measure_runner(name, bound_runner(gemm, out), a, ref, handles, ref_a=rows(a) if rows else None,
                        **TIMING)
     row = FormatRow(model, name, op.n, op.k, parse_format(fmt).name, m, t.timing.median_s * 1e6,
                     t.gflops, stored / 1e6, gemm.schedule_for(m).key(), rotated)

@@ -186,6 +186,24 @@ def test_bench_formats_bad_input_is_one_line(capsys, tmp_path, argv, match):
 
 
 @pytest.mark.tvm
+def test_bench_formats_checks_int_kernels_on_the_activations_they_multiply(tmp_path):
+    """The int8-g32 rows are checked against numpy on the activations rounded to 8 bits as the
+    kernel rounds them (against A itself, 1e-4 of sum |a| |w| is out of 8 bits' reach)."""
+    from sandwich.cli import main
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", types={"token_embd.weight": "F32"})[0]
+    out = tmp_path / "formats.json"
+    code = main(["bench", "formats", "--model", str(path), "--weights", "int8-g32", "--m", "16",
+                 "--seq-max", "16", "--budget", "tiny", "--no-progress", "--threads", "2",
+                 "--cache-dir", str(tmp_path / "c"), "--json", str(out),
+                 "--md", str(tmp_path / "formats.md")])
+    assert code == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["weights"] for r in rows} == {"fp32", "int8-g32"}
+    assert all(r["gflops"] > 0 for r in rows)
+
+
+@pytest.mark.tvm
 def test_int8_tile_is_vpdpbusd_where_avx512_vnni_exists():
     """Cross-compiled for znver4 (any host): dot8 is one vpdpbusd per weight vector and row
     where the target has AVX512-VNNI; without it, two pmaddwd."""

@@ -79,12 +79,14 @@ def time_rotated(run: Runner, a: np.ndarray, handles: Sequence[object], **timing
 
 def measure_runner(name: str, run: Runner, a: np.ndarray, w: np.ndarray,
                    handles: Sequence[object], *, rtol: float = 1e-4, gemms_per_call: int = 1,
-                   rotated: bool | None = None, **timing_kw) -> GemmTiming:
+                   rotated: bool | None = None, ref_a: np.ndarray | None = None,
+                   **timing_kw) -> GemmTiming:
     """Check run(a, h) against numpy (first and last handle), then time it (rotated if >1 handle).
 
-    When one call runs `gemms_per_call` GEMMs on distinct weights, the rates are per GEMM."""
+    `ref_a`: the activations the reference multiplies when the kernel rounds A first (default
+    A). When one call runs `gemms_per_call` GEMMs on distinct weights, the rates are per GEMM."""
     for h in {id(h): h for h in (handles[0], handles[-1])}.values():
-        check_gemm(run(a, h), a, w, rtol=rtol, what=name)
+        check_gemm(run(a, h), a if ref_a is None else ref_a, w, rtol=rtol, what=name)
     if rotated is None:
         rotated = len(handles) > 1
     t = time_rotated(run, a, handles, **timing_kw) if len(handles) > 1 else \
