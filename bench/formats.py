@@ -1,10 +1,12 @@
 """Weight formats side by side (issue 26): one model's tuned GEMMs in each format, in one run
 with the same threads. Decode rows (M <= 8) stream their weights from beyond the LLC and are
 reported in stored bytes per second against the streaming read of the same moment; larger M
-in GFLOPS; every row also as a speedup over the fp32 kernel of the same op and M."""
+in GFLOPS; every row also as a speedup over the fp32 kernel of the same op and M, and against
+its Roof-Surface bound (tuner/roofsurface.py) on this machine's measured rates."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -17,6 +19,7 @@ from sandwich.bench.compare import TIMING
 from sandwich.bench.gemm import bound_runner, moment_read
 from sandwich.bench.machine import measure_machine
 from sandwich.compiler.gemm_runner import aligned_empty
+from sandwich.tuner import roofsurface as rs
 from sandwich.tuner.streaming import rotation_copies
 from sandwich.tuner.tvm_measure import kernel_rows
 from sandwich.weight_formats import dequantize, gemm_dtype, parse_format, quantize
@@ -41,6 +44,9 @@ class FormatRow:
     read_gbs: float | None = None  # the streaming read around this row's timing
     pct_read: float | None = None
     speedup_vs_fp32: float | None = None
+    bound_gflops: float | None = None  # the Roof-Surface bound, and what sets it
+    bound_by: str | None = None  # MEM, VEC or MTX
+    pct_bound: float | None = None
 
 
 @dataclass
@@ -68,6 +74,10 @@ def run_formats(*, models: list[str], formats: list[str], ms: list[int], threads
     from sandwich.tuner.tune import unique_shapes
 
     limits = measure_machine(threads)
+    host = rs.calibrate(threads, lanes=cache.cpu.lanes_f32)
+    log(f"Roof-Surface rates: FMA {host.fma_vector_ops / 1e9:.2f} G/s"
+        + (f", vdpbf16ps {host.bf16_dot_ops / 1e9:.2f} G/s" if host.bf16_dot_ops else "")
+        + (f", dot8 {host.int8_dot_ops / 1e9:.2f} G/s" if host.int8_dot_ops else ""))
     res = FormatsResult(command, f"{cache.cpu.model} ({cache.cpu.mcpu})", threads, limits.read_gbs)
     formats = ["fp32", *(f for f in formats if parse_format(f).name != "fp32")]
     for model in models:
@@ -83,6 +93,7 @@ def run_formats(*, models: list[str], formats: list[str], ms: list[int], threads
             for names, op in shapes:
                 for m in ms:
                     row = _time_row(cache, limits, cfg.name, "+".join(names), op, fmt, m, threads)
+                    _roof(row, host, cache.cpu)
                     res.rows.append(row)
                     log(_line(row))
     _speedups(res.rows)
@@ -119,6 +130,17 @@ def _time_row(cache, limits, model: str, name: str, op, fmt: str, m: int,
     return row
 
 
+def _roof(row: FormatRow, host: rs.HostRates, cpu) -> None:
+    """The row's Roof-Surface bound: MBW is the read of its own moment for a decode row (the
+    bandwidth drifts within seconds), the start's for the others."""
+    rates = dataclasses.replace(host, mbw=row.read_gbs * 1e9) if row.read_gbs else host
+    sig = rs.kernel_signature(row.weights, cpu.lanes_f32, k=row.k, bf16_dot=cpu.bf16_dot)
+    b = rs.bound(rates.machine(row.m, row.weights, k=row.k), sig,
+                 rs.gemm_flops_per_op(cpu.lanes_f32, row.m))
+    row.bound_gflops, row.bound_by = b.flops / 1e9, b.resource
+    row.pct_bound = 100 * row.gflops / row.bound_gflops
+
+
 def _speedups(rows: list[FormatRow]) -> None:
     fp32 = {(r.model, r.op, r.m): r.us for r in rows if r.weights == "fp32"}
     for r in rows:
@@ -128,8 +150,9 @@ def _speedups(rows: list[FormatRow]) -> None:
 
 def _line(r: FormatRow) -> str:
     read = f", {r.stored_gbs:.1f} GB/s stored = {r.pct_read:.0f}% of the read" if r.rotated else ""
+    bound = f", {r.pct_bound:.0f}% of its {r.bound_by} bound" if r.bound_by else ""
     return (f"{r.model} {r.op:<8} {r.weights:<14} M={r.m:<5} {r.us:9.1f} us "
-            f"{r.gflops:7.1f} GFLOPS{read}")
+            f"{r.gflops:7.1f} GFLOPS{read}{bound}")
 
 
 def write_report(res: FormatsResult, md: Path, js: Path) -> None:
@@ -144,13 +167,20 @@ def write_report(res: FormatsResult, md: Path, js: Path) -> None:
              "- decode rows (M <= 8) cycle over copies of the weights 8x the LLC, so they stream "
              "from DRAM; `stored` counts the bytes a call reads of the weights (values, scales, "
              "minimums); each kernel is checked against numpy on the weights it stores before it "
-             "is timed; `x fp32` is the fp32 kernel's time over this one's, same op and M\n",
-             "| model | op | N x K | weights | M | us | GFLOPS | stored MB | stored GB/s | % of read | x fp32 | schedule |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "is timed; `x fp32` is the fp32 kernel's time over this one's, same op and M",
+             "- bound: the Roof-Surface bound (`sandwichc roofsurface`) on the FMA and dot-product "
+             "rates measured at the start, with a decode row's own moment read as MBW (the "
+             "start's for larger M), and the resource that sets it\n",
+             "| model | op | N x K | weights | M | us | GFLOPS | stored MB | stored GB/s | % of read "
+             "| bound GFLOPS | bound by | % of bound | x fp32 | schedule |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"]
     for r in res.rows:
         gbs = f"{r.stored_gbs:.1f}" if r.rotated else ""
         pct = f"{r.pct_read:.0f}%" if r.rotated else ""
         sp = f"{r.speedup_vs_fp32:.2f}" if r.speedup_vs_fp32 else ""
+        bound = (f"{r.bound_gflops:.0f} | {r.bound_by} | {r.pct_bound:.0f}%" if r.bound_by
+                 else " | | ")
         lines.append(f"| {r.model} | {r.op} | {r.n} x {r.k} | {r.weights} | {r.m} | {r.us:.1f} | "
-                     f"{r.gflops:.1f} | {r.stored_mb:.2f} | {gbs} | {pct} | {sp} | `{r.schedule}` |")
+                     f"{r.gflops:.1f} | {r.stored_mb:.2f} | {gbs} | {pct} | {bound} | {sp} | "
+                     f"`{r.schedule}` |")
     md.write_text("\n".join(lines) + "\n")

@@ -33,13 +33,6 @@ def weight_args(dtype: str, k: int) -> tuple[str, ...]:
     return (values, scales) + (("Z",) if not fmt.symmetric else ())
 
 
-def check_rtol(dtype: str) -> float:
-    """Element-wise tolerance of a kernel against float64 A @ W on its weights' values, relative
-    to sum |a| |w|: bf16 rounds A to 8 bits of mantissa (each product within 2^-9), the other
-    formats multiply A as it is (or as quantized_activations rounds it)."""
-    return 2.0 ** -8 if weight_format(dtype).bits == 16 else 1e-4
-
-
 def int_activations(fmt: WeightFormat, k: int) -> bool:
     """Whether the family computes this format's products on 8-bit integer activations
     (tunable act = 1), as llama.cpp's Q8_0 and Q4_0 dot products do: every int format whose

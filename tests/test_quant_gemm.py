@@ -188,7 +188,8 @@ def test_bench_formats_bad_input_is_one_line(capsys, tmp_path, argv, match):
 @pytest.mark.tvm
 def test_bench_formats_checks_int_kernels_on_the_activations_they_multiply(tmp_path):
     """The int8-g32 rows are checked against numpy on the activations rounded to 8 bits as the
-    kernel rounds them (against A itself, 1e-4 of sum |a| |w| is out of 8 bits' reach)."""
+    kernel rounds them (against A itself, 1e-4 of sum |a| |w| is out of 8 bits' reach), and
+    each row shows its Roof-Surface bound."""
     from sandwich.cli import main
 
     path = write_tiny_gguf(tmp_path / "tiny.gguf", types={"token_embd.weight": "F32"})[0]
@@ -201,6 +202,9 @@ def test_bench_formats_checks_int_kernels_on_the_activations_they_multiply(tmp_p
     rows = json.loads(out.read_text())["rows"]
     assert {r["weights"] for r in rows} == {"fp32", "int8-g32"}
     assert all(r["gflops"] > 0 for r in rows)
+    # each row against its Roof-Surface bound: a tiny model's GEMMs are far below it
+    assert all(r["bound_by"] in ("MEM", "VEC", "MTX") and 0 < r["pct_bound"] < 200 for r in rows)
+    assert "| bound GFLOPS | bound by | % of bound |" in (tmp_path / "formats.md").read_text()
 
 
 @pytest.mark.tvm
