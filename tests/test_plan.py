@@ -126,7 +126,10 @@ def _cli(*args, cache, timeout=600):
 def planned(gqa, cache, tmp_path_factory):
     """`sandwichc tune` (plan on) of the small model into a copy of the tuned cache."""
     d = tmp_path_factory.mktemp("plancache")
-    shutil.copytree(cache.dir, d, dirs_exist_ok=True)
+    # another worker may be writing the shared cache: a kernel it is exporting (.tmp-*, renamed
+    # when whole) or the database's rollback journal can vanish between listing and copying
+    shutil.copytree(cache.dir, d, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns(".tmp-*", "*-journal"))
     p = _cli("tune", "--model", str(gqa), "--seq-max", "8", "--budget", "tiny", "--prompt-len",
              "6", "--new-tokens", "3", "--rounds", "1", "--no-calibrate", "--no-progress", cache=d)
     assert p.returncode == 0, p.stderr[-3000:]
