@@ -74,7 +74,8 @@ def run_formats(*, models: list[str], formats: list[str], ms: list[int], threads
     from sandwich.tuner.tune import unique_shapes
 
     limits = measure_machine(threads)
-    host = rs.calibrate(threads, lanes=cache.cpu.lanes_f32)
+    host = rs.calibrate(threads, lanes=cache.cpu.lanes_f32, read_gbs=limits.read_gbs,
+                        peak_gflops=limits.peak_gflops)
     log(f"Roof-Surface rates: FMA {host.fma_vector_ops / 1e9:.2f} G/s"
         + (f", vdpbf16ps {host.bf16_dot_ops / 1e9:.2f} G/s" if host.bf16_dot_ops else "")
         + (f", dot8 {host.int8_dot_ops / 1e9:.2f} G/s" if host.int8_dot_ops else ""))

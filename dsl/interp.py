@@ -89,8 +89,7 @@ def _dotbf16(acc: float, w: int, p: int) -> float:
 
 def _bf16pair(x: float, y: float) -> int:
     """x and y as bf16 bits, lo + 65536 * hi, as a signed 32-bit value."""
-    v = _bf16_bits(x) | (_bf16_bits(y) << 16)
-    return v - (1 << 32) if v >= 1 << 31 else v
+    return _i32(_bf16_bits(x) | (_bf16_bits(y) << 16))
 
 
 _FUNCS = {"exp": _exp, "log": math.log, "sqrt": math.sqrt, "rsqrt": lambda x: 1 / math.sqrt(x),

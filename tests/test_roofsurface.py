@@ -184,6 +184,11 @@ def test_calibrate_uses_the_micro_benchmarks(monkeypatch):
     assert host.machine(4).mos == pytest.approx(host.fma_vector_ops / 4)
     assert host.bf16_dot_ops is None and host.machine(4, "bf16") == host.machine(4)
     assert host.int8_dot_ops is None and host.machine(4, "int8-g32") == host.machine(4)
+    # a read and an FMA peak the caller has just measured are taken, not measured again
+    for name in ("read_bandwidth_gbs", "peak_gflops"):
+        monkeypatch.setattr(machine_bench, name, lambda threads: pytest.fail("measured twice"))
+    given = rs.calibrate(2, lanes=8, read_gbs=80.0, peak_gflops=320.0)
+    assert (given.mbw, given.fma_vector_ops) == (host.mbw, host.fma_vector_ops)
 
 
 def test_bf16_weights_halve_the_bytes_and_take_the_dot_product_rate(monkeypatch):

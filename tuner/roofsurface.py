@@ -300,16 +300,23 @@ class HostRates:
         return Machine(self.mbw, self.vos, self.fma_vector_ops / m)
 
 
-def calibrate(threads: int, *, lanes: int | None = None) -> HostRates:
+def calibrate(threads: int, *, lanes: int | None = None, read_gbs: float | None = None,
+              peak_gflops: float | None = None) -> HostRates:
     """Measure MBW, the FMA rate, the int8 dot product's (dot8) rate and, where the CPU has
     one, the bf16 dot product's, with the tuner's C micro-benchmarks (a few seconds); VOS is
-    set to the FMA rate by assumption (VOS_ASSUMPTION), not from vendor tables."""
+    set to the FMA rate by assumption (VOS_ASSUMPTION), not from vendor tables. A caller that
+    has just measured the read (GB/s) and the FMA peak (GFLOPS) passes them, and they are
+    not measured again."""
     from sandwich.compiler.target import detect_cpu
     from sandwich.tuner import machine_bench
 
     lanes = lanes or detect_cpu().lanes_f32
-    mbw = machine_bench.read_bandwidth_gbs(threads) * 1e9
-    fma = machine_bench.peak_gflops(threads) * 1e9 / (2 * lanes)
+    if read_gbs is None:
+        read_gbs = machine_bench.read_bandwidth_gbs(threads)
+    if peak_gflops is None:
+        peak_gflops = machine_bench.peak_gflops(threads)
+    mbw = read_gbs * 1e9
+    fma = peak_gflops * 1e9 / (2 * lanes)
     bf16 = machine_bench.peak_bf16_gflops(threads)
     int8 = machine_bench.peak_int8_gops(threads)  # 8 ops per lane of a dot8
     return HostRates(threads=threads, lanes=lanes, mbw=mbw, fma_vector_ops=fma, vos=fma,
