@@ -78,7 +78,8 @@ def run_formats(*, models: list[str], formats: list[str], ms: list[int], threads
                         peak_gflops=limits.peak_gflops)
     log(f"Roof-Surface rates: FMA {host.fma_vector_ops / 1e9:.2f} G/s"
         + (f", vdpbf16ps {host.bf16_dot_ops / 1e9:.2f} G/s" if host.bf16_dot_ops else "")
-        + (f", dot8 {host.int8_dot_ops / 1e9:.2f} G/s" if host.int8_dot_ops else ""))
+        + (f", dot8 {host.int8_dot_ops / 1e9:.2f} G/s" if host.int8_dot_ops else "")
+        + "".join(f", {kind} {rate / 1e9:.2f} G/s" for kind, rate in host.vos.items()))
     res = FormatsResult(command, f"{cache.cpu.model} ({cache.cpu.mcpu})", threads, limits.read_gbs)
     formats = ["fp32", *(f for f in formats if parse_format(f).name != "fp32")]
     for model in models:
@@ -169,9 +170,9 @@ def write_report(res: FormatsResult, md: Path, js: Path) -> None:
              "from DRAM; `stored` counts the bytes a call reads of the weights (values, scales, "
              "minimums); each kernel is checked against numpy on the weights it stores before it "
              "is timed; `x fp32` is the fp32 kernel's time over this one's, same op and M",
-             "- bound: the Roof-Surface bound (`sandwichc roofsurface`) on the FMA and dot-product "
-             "rates measured at the start, with a decode row's own moment read as MBW (the "
-             "start's for larger M), and the resource that sets it\n",
+             "- bound: the Roof-Surface bound (`sandwichc roofsurface`) on the FMA, dot-product "
+             "and dequantization rates measured at the start, with a decode row's own moment "
+             "read as MBW (the start's for larger M), and the resource that sets it\n",
              "| model | op | N x K | weights | M | us | GFLOPS | stored MB | stored GB/s | % of read "
              "| bound GFLOPS | bound by | % of bound | x fp32 | schedule |",
              "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"]

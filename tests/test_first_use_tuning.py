@@ -42,7 +42,7 @@ def test_bench_formats_tunes_without_a_bar_when_told(monkeypatch, tiny_config):
                         lambda threads: SimpleNamespace(read_gbs=1.0, peak_gflops=1.0))
     monkeypatch.setattr(formats, "_time_row", lambda *a: None)
     monkeypatch.setattr(formats.rs, "calibrate", lambda threads, lanes, **measured: (
-        formats.rs.HostRates(threads=threads, lanes=lanes, mbw=1e9, fma_vector_ops=1e9, vos=1e9)))
+        formats.rs.HostRates(threads=threads, lanes=lanes, mbw=1e9, fma_vector_ops=1e9, vos={})))
     cache = SimpleNamespace(cpu=SimpleNamespace(model="cpu", mcpu="x", lanes_f32=16),
                             records=lambda *a: [])
     for quiet in (False, True):

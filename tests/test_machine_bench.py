@@ -91,3 +91,37 @@ def test_int8_dot_without_vnni_sums_every_product(monkeypatch, isa, flags):
         pytest.skip(f"this CPU cannot run an {isa} build")
     monkeypatch.setattr(mbench, "isa_flags", lambda: (isa, flags))
     _check_dot8_sum(mbench._library.__wrapped__()[0])
+
+
+def _check_dequant(lib):
+    """Each dequantization sequence, run on 2 threads, gives the scalar dequantization's
+    values (the C side compares and returns -3 otherwise)."""
+    import ctypes
+
+    assert lib.mb_dequant_kinds() == len(mbench.DEQUANT_KINDS)
+    out = ctypes.c_float()
+    for kind in range(lib.mb_dequant_kinds()):
+        assert lib.mb_dequant(kind, 2, 100, ctypes.byref(out)) == 0, mbench.DEQUANT_KINDS[kind]
+        assert out.value > 0
+    assert lib.mb_dequant(lib.mb_dequant_kinds(), 1, 1, ctypes.byref(out)) == -1
+
+
+def test_dequant_sequences_compute_their_values_at_a_plausible_rate():
+    """VOS per sequence: checked values, and a rate within a few times the FMA rate (the
+    sequences are single-cycle logic, shifts, widenings and conversions)."""
+    _check_dequant(mbench._library()[0])
+    fma_ops = mbench.peak_gflops(1, iters=200_000, repeat=3) / (2 * mbench._library()[0].mb_lanes())
+    for kind in mbench.DEQUANT_KINDS:
+        gops = mbench.dequant_gops(kind, 1, iters=100_000, repeat=3)
+        assert 0.25 * fma_ops < gops < 8 * fma_ops, kind
+    with pytest.raises(ConfigError, match="unknown dequantization kind"):
+        mbench.dequant_gops("int3-widen", 1)
+
+
+def test_dequant_sequences_on_an_avx2_build(monkeypatch):
+    """The AVX2 build writes the sequences with AVX2's mnemonics (vpand, not AVX-512's vpandd
+    on ymm registers, which an AVX2-only CPU cannot run): the same values."""
+    if not {"avx2", "fma"} <= mbench._cpu_flags():
+        pytest.skip("this CPU cannot run an avx2 build")
+    monkeypatch.setattr(mbench, "isa_flags", lambda: ("avx2", ["-mavx2", "-mfma"]))
+    _check_dequant(mbench._library.__wrapped__()[0])

@@ -143,7 +143,10 @@ FORMATS = ("fp32", "int8-g32", "int4-g32")
 
 
 def _host(mbw, vos, fma=1e12, lanes=8):
-    return rs.HostRates(threads=1, lanes=lanes, mbw=mbw, fma_vector_ops=fma, vos=vos)
+    from sandwich.tuner.machine_bench import DEQUANT_KINDS
+
+    return rs.HostRates(threads=1, lanes=lanes, mbw=mbw, fma_vector_ops=fma,
+                        vos=dict.fromkeys(DEQUANT_KINDS, vos))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -156,11 +159,19 @@ def test_our_kernels_are_mem_bound_at_m1_with_little_bandwidth(fmt):
     assert b.flops == pytest.approx(2 * host.mbw * sig.ai_xm * host.lanes)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_our_int_kernels_are_vec_bound_when_vos_is_tiny(fmt):
+@pytest.mark.parametrize("fmt", ("int4-g32", "int4-g32-asym", "int4"))
+def test_int4_kernels_are_vec_bound_when_their_dequantization_is_slow(fmt):
     host = _host(mbw=1e11, vos=1e6)
-    b = rs.bound(host.machine(1), rs.kernel_signature(fmt, host.lanes), 16)
-    assert b.resource == ("MEM" if fmt == "fp32" else "VEC")  # fp32 has no vector work
+    b = rs.bound(host.machine(1, fmt), rs.kernel_signature(fmt, host.lanes), 16)
+    assert b.resource == "VEC"
+
+
+@pytest.mark.parametrize("fmt", ("fp32", "int8-g32"))
+def test_formats_without_a_sequence_take_the_fma_rate_for_their_vector_work(fmt):
+    host = _host(mbw=1e11, vos=1e6)  # no sequence: the slow sequences do not bound them
+    sig = rs.kernel_signature(fmt, host.lanes)
+    assert rs.bound(host.machine(1, fmt), sig, 16).resource == "MEM"
+    assert host.machine(1, fmt).vos == host.fma_vector_ops
 
 
 def test_large_m_reaches_the_fma_peak():
@@ -177,12 +188,15 @@ def test_calibrate_uses_the_micro_benchmarks(monkeypatch):
     monkeypatch.setattr(machine_bench, "peak_gflops", lambda threads: 160.0 * threads)
     monkeypatch.setattr(machine_bench, "peak_bf16_gflops", lambda threads: None)
     monkeypatch.setattr(machine_bench, "peak_int8_gops", lambda threads: None)
+    rates = {kind: 10.0 * (i + 1) for i, kind in enumerate(machine_bench.DEQUANT_KINDS)}
+    monkeypatch.setattr(machine_bench, "dequant_gops", lambda kind, threads: rates[kind] * threads)
     host = rs.calibrate(2, lanes=8)
     assert host.mbw == pytest.approx(80e9)
     assert host.fma_vector_ops == pytest.approx(320e9 / 16)
-    assert host.vos == host.fma_vector_ops  # the documented assumption, nothing more
+    assert host.vos == {kind: pytest.approx(2e9 * r) for kind, r in rates.items()}
     assert host.machine(4).mos == pytest.approx(host.fma_vector_ops / 4)
-    assert host.bf16_dot_ops is None and host.machine(4, "bf16") == host.machine(4)
+    assert host.bf16_dot_ops is None and host.machine(4, "bf16").mos == host.machine(4).mos
+    assert host.machine(4, "bf16").vos == host.vos["bf16-widen"]  # no bf16 dot: widened
     assert host.int8_dot_ops is None and host.machine(4, "int8-g32") == host.machine(4)
     # a read and an FMA peak the caller has just measured are taken, not measured again
     for name in ("read_bandwidth_gbs", "peak_gflops"):
@@ -239,7 +253,7 @@ def test_cli_prints_every_format_and_m_and_draws(monkeypatch, capsys, tmp_path):
     code, out = _cli(monkeypatch, capsys, "--format", "int8-g32", "--format", "int4",
                      "--m", "8,1", "--png", str(png))
     assert code == 0, out.err
-    assert "ASSUMPTION" in out.out
+    assert "ASSUMPTION" not in out.out and "nibbles 5.00" in out.out
     assert [line.split()[:4] for line in out.out.splitlines() if line.startswith("INT8")] == [
         ["INT8", "2.00", "G", "dot8/s"]]
     rows = [line.split() for line in out.out.splitlines()
@@ -275,3 +289,27 @@ def test_int_formats_on_8_bit_activations_take_the_dot8_rate(monkeypatch):
     assert per_column == pytest.approx(32 / (10 + 32 / 4096) * host.int8_dot_ops / 512)
     assert host.machine(512, "int8", k=1000).mos == pytest.approx(host.fma_vector_ops / 512)
     assert 1 / rs.kernel_signature("int8", 16, k=1000).ai_xv > 2
+
+
+def test_vos_is_each_sequence_rate_with_the_epilogue_at_the_fma_rate():
+    """A format's VOS combines its dequantization sequence at that sequence's measured rate
+    with its group epilogue (scaling FMAs, fp16 conversions) at the FMA rate; a format with
+    no sequence takes the FMA rate, and the VEC term follows the measured rate."""
+    fma = 1e10
+    host = rs.HostRates(threads=1, lanes=16, mbw=1e9, fma_vector_ops=fma, bf16_dot_ops=1e10,
+                        int8_dot_ops=1e10, vos={"nibbles": 2 * fma, "int8-widen": 3 * fma,
+                                                "int4-widen": 4 * fma, "bf16-widen": 5 * fma})
+    d = rs.dequantization("int4-g32")
+    assert (d.kind, d.ops, d.epilogue_ops) == ("nibbles", 0.75, 3 / 32)
+    assert host.vos_for("int4-g32") == pytest.approx(d.total / (0.75 / (2 * fma) + 3 / 32 / fma))
+    assert host.vos_for("int8-g32") == fma and host.vos_for("fp32") == fma
+    assert host.vos_for("int8", k=1000) == pytest.approx(  # K no multiple of 32: f32 FMAs
+        (2 + 1 / 1000) / (2 / (3 * fma) + 1 / 1000 / fma))
+    plain = dataclasses.replace(host, bf16_dot_ops=None)
+    assert plain.vos_for("bf16") == pytest.approx(5 * fma) and host.vos_for("bf16") == fma
+    sig = rs.kernel_signature("int4-g32", 16)
+    slow = dataclasses.replace(host, vos={**host.vos, "nibbles": fma / 100})
+    for h in (host, slow):
+        assert rs.rates(h.machine(8, "int4-g32"), sig)["VEC"] == pytest.approx(
+            h.vos_for("int4-g32") * sig.ai_xv)
+    assert slow.vos_for("int4-g32") < host.vos_for("int4-g32") / 10

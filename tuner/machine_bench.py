@@ -1,6 +1,7 @@
 """Machine micro-benchmarks (csrc/machine_bench.c, built with gcc at first use): fp32 FMA
 peak, FMA chains, the bf16 dot-product peak where the CPU has one, the int formats' 8-bit dot
-product peak, and read bandwidth from a buffer of any size. The tuner's machine model
+product peak, the dequantization sequences' rates (VOS), and read bandwidth from a buffer of
+any size. The tuner's machine model
 and the benchmarks' limits are measured with them."""
 
 from __future__ import annotations
@@ -85,9 +86,13 @@ def _library() -> tuple[ctypes.CDLL, str]:
                             ctypes.c_int, ctypes.POINTER(ctypes.c_float)]
     for fn in (lib.mb_dpbf16, lib.mb_dpbusd):
         fn.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.POINTER(ctypes.c_float)]
+    lib.mb_dequant.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long,
+                               ctypes.POINTER(ctypes.c_float)]
+    lib.mb_dequant_ops.argtypes = [ctypes.c_int]
     for fn in (lib.mb_fma, lib.mb_fma_chains, lib.mb_read, lib.mb_lanes, lib.mb_fma_accs,
                lib.mb_read_block, lib.mb_max_chains, lib.mb_dpbf16, lib.mb_dpbusd,
-               lib.mb_int8_lanes, lib.mb_int8_accs):
+               lib.mb_int8_lanes, lib.mb_int8_accs, lib.mb_dequant, lib.mb_dequant_kinds,
+               lib.mb_dequant_ops, lib.mb_dequant_accs):
         fn.restype = ctypes.c_int
     return lib, isa
 
@@ -138,6 +143,35 @@ def peak_int8_gops(threads: int, *, iters: int = 3_000_000, repeat: int = 7) -> 
         return None
     return _peak("mb_dpbusd", "int8 dot", 8.0, threads, iters, repeat, lanes=lanes,
                  accs=lib.mb_int8_accs())
+
+
+# The dequantization sequences of csrc/machine_bench.c (DQ_*), in its order: the vector work
+# one weight format does before its products (tuner/roofsurface.py: dequant_kind).
+DEQUANT_KINDS = ("nibbles", "int8-widen", "int4-widen", "bf16-widen")
+
+
+def dequant_gops(kind: str, threads: int, *, iters: int = 2_000_000, repeat: int = 7) -> float:
+    """G vector ops/s of one dequantization sequence (DEQUANT_KINDS) on `threads` threads, its
+    weights in registers: DECA's VOS for the formats that run it. The best repeat, as
+    peak_gflops. BuildError if its outputs are not the scalar dequantization's."""
+    check_threads(threads)
+    if kind not in DEQUANT_KINDS:
+        raise ConfigError(f"unknown dequantization kind {kind!r}; one of {', '.join(DEQUANT_KINDS)}")
+    lib, _ = _library()
+    index = DEQUANT_KINDS.index(kind)
+    if lib.mb_dequant_kinds() != len(DEQUANT_KINDS):
+        raise BuildError("csrc/machine_bench.c and DEQUANT_KINDS list different sequences")
+    out = ctypes.c_float()
+
+    def call() -> None:
+        rc = lib.mb_dequant(index, threads, iters, ctypes.byref(out))
+        if rc == -3:
+            raise BuildError(f"the {kind} dequantization micro-benchmark computed wrong values")
+        _check_rc(rc, f"{kind} dequantization")
+
+    t = time_callable(call, warmup=2, repeat=repeat, min_repeat_s=0.0)
+    ops = threads * iters * lib.mb_dequant_accs() * lib.mb_dequant_ops(index)
+    return ops / t.min_s / 1e9
 
 
 def _peak(entry: str, what: str, flops_per_lane: float, threads: int, iters: int,

@@ -11,6 +11,7 @@ matrix units, with the paper's SPR data and our own fp32-FMA GEMM kernels mapped
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sandwich.compiler.gemm_formats import ACT_BLOCK, int_activations, weight_format
@@ -203,7 +204,8 @@ def table2_signature(kernel: PaperKernel) -> Signature:
 # vectors/s) = FMA vector ops/s / M and an op is 2 lanes M FLOPs. Its "vector ops" are the
 # dequantization instructions that turn a vector of stored weights into f32, shared by the M
 # rows. Counts per weight vector, from the hot loop of the AVX2 (8-lane) assembly, taken to
-# hold per vector at any width; this is the model's assumption, not a measurement:
+# hold per vector at any width; the counts are read from assembly, not measured (the rate
+# they run at, VOS, is: machine_bench.dequant_gops times each sequence alone, on registers):
 #   fp32: none, the weights are loaded as they are used.
 #   int8, int8-g32: 2 (vpmovsxbd load-widen, vcvtdq2ps).
 #   int4-*: 5 per two vectors (one vpmovzxbd widens the bytes of both, vpand for the low
@@ -211,7 +213,7 @@ def table2_signature(kernel: PaperKernel) -> Signature:
 # Per group of G values along K, each weight vector's group epilogue (gemm_family.sw) adds
 # one FMA per scale array plus a vcvtph2ps per fp16 scale array, and symmetric int4 one more
 # for its "- 8 sum(a)" term; the epilogue runs once per activation row, which the model folds
-# into one (exact at M = 1).
+# into one (exact at M = 1). Those run at the FMA rate, the sequence at its own (vos_for).
 # What the model leaves out: here the FMAs and the dequantization share the same vector
 # ports, so the VEC and MTX terms are not independent as TMUL and AVX are (Eq. 1 is then an
 # upper bound); and above the register tile's rows the kernel converts each weight vector
@@ -239,6 +241,42 @@ BF16_WIDEN_OPS = 1.0
 SIGNATURE_K = 4096  # K for the per-column formats' share of scale bytes and scaling ops
 
 
+@dataclass(frozen=True)
+class Dequantization:
+    """A weight vector's vector work before its products: the sequence it runs (one of
+    machine_bench.DEQUANT_KINDS, None for none) and that sequence's ops, and its share of the
+    group epilogue's ops (FMAs and fp16 conversions, which run at the FMA rate)."""
+
+    kind: str | None
+    ops: float
+    epilogue_ops: float
+
+    @property
+    def total(self) -> float:
+        return self.ops + self.epilogue_ops
+
+
+def dequantization(fmt_name: str, k: int = SIGNATURE_K, *, bf16_dot: bool = True) -> Dequantization:
+    """What our GEMM family does to one weight vector of this format before its products."""
+    fmt = parse_format(fmt_name)
+    if int_activations(fmt, k):
+        kind, ops = ("nibbles", ACT8_VALUE_OPS[4]) if fmt.bits == 4 else (None, ACT8_VALUE_OPS[8])
+    elif fmt.bits == 16:
+        kind, ops = (None, 0.0) if bf16_dot else ("bf16-widen", BF16_WIDEN_OPS)
+    elif fmt.bits in (8, 4):
+        kind, ops = f"int{fmt.bits}-widen", VALUE_OPS[fmt.bits]
+    else:
+        kind, ops = None, VALUE_OPS[fmt.bits]
+    epilogue = 0.0
+    if fmt.quantized:
+        arrays = 1 if fmt.symmetric else 2  # scales, and minimums when asymmetric
+        per_group = arrays * (2 if fmt.scale_dtype == "float16" else 1)
+        if fmt.bits == 4 and fmt.symmetric:
+            per_group += 1
+        epilogue = per_group / fmt.group_size(k)
+    return Dequantization(kind, ops, epilogue)
+
+
 def kernel_signature(fmt_name: str, lanes: int, *, k: int = SIGNATURE_K,
                      bf16_dot: bool = True) -> Signature:
     """AI_XM and AI_XV of our GEMM kernel for one weight format: AI_XM = 1 / the stored bytes
@@ -251,16 +289,7 @@ def kernel_signature(fmt_name: str, lanes: int, *, k: int = SIGNATURE_K,
         raise ConfigError(f"need lanes >= 1 and K a multiple of {fmt.group or 1}, "
                           f"got lanes={lanes}, K={k}")
     ai_xm = 1.0 / (fmt.nbytes(k, lanes) / (k * lanes) * lanes)
-    if int_activations(fmt, k):
-        ops = ACT8_VALUE_OPS[fmt.bits]
-    else:
-        ops = BF16_WIDEN_OPS if fmt.bits == 16 and not bf16_dot else VALUE_OPS[fmt.bits]
-    if fmt.quantized:
-        arrays = 1 if fmt.symmetric else 2  # scales, and minimums when asymmetric
-        per_group = arrays * (2 if fmt.scale_dtype == "float16" else 1)
-        if fmt.bits == 4 and fmt.symmetric:
-            per_group += 1
-        ops += per_group / fmt.group_size(k)
+    ops = dequantization(fmt.name, k, bf16_dot=bf16_dot).total
     return Signature(ai_xm, math.inf if ops == 0 else 1.0 / ops)
 
 
@@ -269,20 +298,16 @@ def gemm_flops_per_op(lanes: int, m: int) -> int:
     return 2 * lanes * m
 
 
-VOS_ASSUMPTION = ("VOS = the FMA vector-op rate (one dequantization op per FMA slot): an "
-                  "assumed lower bound, not measured; there is no dequantization micro-benchmark")
-
-
 @dataclass(frozen=True)
 class HostRates:
     """This machine's rates, measured once by `calibrate`; `machine(m)` turns them into the
-    Roof-Surface machine of an M-row GEMM. `vos` is an assumption (VOS_ASSUMPTION)."""
+    Roof-Surface machine of an M-row GEMM."""
 
     threads: int
     lanes: int
     mbw: float  # bytes/s, streaming read from DRAM
     fma_vector_ops: float  # FMA vector instructions per second, all threads
-    vos: float
+    vos: Mapping[str, float]  # vector ops/s of each dequantization sequence, all threads
     bf16_dot_ops: float | None = None  # vdpbf16ps per second, all threads (None: no avx512_bf16)
     int8_dot_ops: float | None = None  # dot8 (vpdpbusd, or pmaddwd) per second, all threads
 
@@ -292,21 +317,31 @@ class HostRates:
         int weights multiplied on 8-bit activations (K as in kernel_signature), M / 4 dot8
         (one takes four weight vectors' bytes) plus the per-block scaling (ACT8_BLOCK_SCALING)."""
         f = parse_format(fmt)
+        vos = self.vos_for(f.name, k)
         if f.bits == 16 and self.bf16_dot_ops:
-            return Machine(self.mbw, self.vos, 2 * self.bf16_dot_ops / m)
+            return Machine(self.mbw, vos, 2 * self.bf16_dot_ops / m)
         if self.int8_dot_ops and int_activations(f, k):
             block = ACT8_BLOCK_DOTS + ACT8_BLOCK_SCALING + ACT_BLOCK / f.group_size(k)
-            return Machine(self.mbw, self.vos, ACT_BLOCK / block * self.int8_dot_ops / m)
-        return Machine(self.mbw, self.vos, self.fma_vector_ops / m)
+            return Machine(self.mbw, vos, ACT_BLOCK / block * self.int8_dot_ops / m)
+        return Machine(self.mbw, vos, self.fma_vector_ops / m)
+
+    def vos_for(self, fmt: str, k: int = SIGNATURE_K) -> float:
+        """The format's VOS: a weight vector's dequantization ops over their time, its
+        sequence at that sequence's measured rate and its epilogue share at the FMA rate; the
+        FMA rate for a format with no sequence (whose only vector work is the epilogue)."""
+        d = dequantization(fmt, k, bf16_dot=self.bf16_dot_ops is not None)
+        if d.kind is None or d.ops == 0:
+            return self.fma_vector_ops
+        return d.total / (d.ops / self.vos[d.kind] + d.epilogue_ops / self.fma_vector_ops)
 
 
 def calibrate(threads: int, *, lanes: int | None = None, read_gbs: float | None = None,
               peak_gflops: float | None = None) -> HostRates:
-    """Measure MBW, the FMA rate, the int8 dot product's (dot8) rate and, where the CPU has
-    one, the bf16 dot product's, with the tuner's C micro-benchmarks (a few seconds); VOS is
-    set to the FMA rate by assumption (VOS_ASSUMPTION), not from vendor tables. A caller that
-    has just measured the read (GB/s) and the FMA peak (GFLOPS) passes them, and they are
-    not measured again."""
+    """Measure MBW, the FMA rate, the int8 dot product's (dot8) rate, where the CPU has one
+    the bf16 dot product's, and the rate of each dequantization sequence (VOS), with the
+    tuner's C micro-benchmarks (a few seconds), not from vendor tables. A caller that has
+    just measured the read (GB/s) and the FMA peak (GFLOPS) passes them, and they are not
+    measured again."""
     from sandwich.compiler.target import detect_cpu
     from sandwich.tuner import machine_bench
 
@@ -319,6 +354,8 @@ def calibrate(threads: int, *, lanes: int | None = None, read_gbs: float | None 
     fma = peak_gflops * 1e9 / (2 * lanes)
     bf16 = machine_bench.peak_bf16_gflops(threads)
     int8 = machine_bench.peak_int8_gops(threads)  # 8 ops per lane of a dot8
-    return HostRates(threads=threads, lanes=lanes, mbw=mbw, fma_vector_ops=fma, vos=fma,
+    vos = {kind: machine_bench.dequant_gops(kind, threads) * 1e9
+           for kind in machine_bench.DEQUANT_KINDS}
+    return HostRates(threads=threads, lanes=lanes, mbw=mbw, fma_vector_ops=fma, vos=vos,
                      bf16_dot_ops=bf16 * 1e9 / (4 * lanes) if bf16 else None,
                      int8_dot_ops=int8 * 1e9 / (8 * lanes) if int8 else None)

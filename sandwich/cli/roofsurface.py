@@ -14,11 +14,13 @@ COLORS = {"MEM": "#9fd89f", "VEC": "#f7c38a", "MTX": "#9cc3f0"}  # DECA Fig. 4/5
 
 def register(sub) -> None:
     p = sub.add_parser("roofsurface", help="Roof-Surface bounds (DECA §4) of the GEMM kernels "
-                       "per weight format and M, from this machine's measured bandwidth and FMA rate")
+                       "per weight format and M, from this machine's measured bandwidth, product "
+                       "and dequantization rates")
     p.add_argument("--format", action="append", dest="formats", metavar="FORMAT",
                    help=f"a weight format (repeatable; default {', '.join(DEFAULT_FORMATS)})")
     p.add_argument("--m", default="1,8,512", help="comma-separated M values (activation rows)")
-    p.add_argument("--png", default=None, help="also draw each M's bounding-region diagram here")
+    p.add_argument("--png", default=None,
+                   help="also draw the bounding-region diagram of each format and M here")
     add_threads_arg(p)
     p.set_defaults(func=_run)
 
@@ -45,11 +47,14 @@ def _run(args) -> int:
     if host.int8_dot_ops:
         print(f"INT8 {host.int8_dot_ops / 1e9:7.2f} G dot8/s           peak int8 G ops/s / (8 x "
               f"{host.lanes} lanes) (vpdpbusd, or 2 pmaddwd + 2 paddd) (measured)")
-    print(f"VOS {host.vos / 1e9:8.2f} G vector ops/s   ASSUMPTION: {rs.VOS_ASSUMPTION}")
+    print("VOS      G vector ops/s of each dequantization sequence alone, on registers "
+          "(measured): " + ", ".join(f"{kind} {rate / 1e9:.2f}" for kind, rate in host.vos.items()))
     print("matrix op = one weight vector in M FMAs: MOS = FMA rate / M, 2 x lanes x M FLOPs "
           "(bf16 with vdpbf16ps: 2 x its rate / M; int formats on 8-bit activations: 4 x the "
           "dot8 rate / M, less the 2 + 32 / G scaling ops per row and block of 32)")
-    print(f"{'format':<14} {'M':>5} {'AI_XM op/B':>10} {'AI_XV op/vop':>12} "
+    print("a format's VOS: its sequence at that rate, its group epilogue (scaling FMAs) at the "
+          "FMA rate")
+    print(f"{'format':<14} {'M':>5} {'AI_XM op/B':>10} {'AI_XV op/vop':>12} {'VOS G/s':>8} "
           f"{'MEM':>8} {'VEC':>8} {'MTX':>8} {'bound GFLOPS':>12}  resource")
     for name, sig in sigs.items():
         for m in ms:
@@ -58,6 +63,7 @@ def _run(args) -> int:
             terms = {k: v * per_op / 1e9 for k, v in rs.rates(machine, sig).items()}
             b = rs.bound(machine, sig, per_op)
             print(f"{name:<14} {m:>5} {sig.ai_xm:>10.4f} {sig.ai_xv:>12.3f} "
+                  f"{machine.vos / 1e9:>8.2f} "
                   + " ".join(f"{terms[k]:>8.1f}" for k in rs.RESOURCES)
                   + f" {b.flops / 1e9:>12.1f}  {b.resource}")
     if args.png:
@@ -67,8 +73,9 @@ def _run(args) -> int:
 
 
 def _write_bord(path: Path, host, sigs: dict, ms: list[int], *, title: str) -> None:
-    """One bounding-region diagram per M (MOS, so the MTX corner, moves with M), log axes,
-    the three regions shaded and each format a point; AI_XV = inf is drawn on the top edge."""
+    """One bounding-region diagram per format (a row) and M (a column): each format has its
+    own MOS (its product's rate) and VOS (its dequantization's), so its own BORD; log axes,
+    the three regions shaded, the format a point; AI_XV = inf is drawn on the top edge."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,44 +86,44 @@ def _write_bord(path: Path, host, sigs: dict, ms: list[int], *, title: str) -> N
 
     from sandwich.tuner import roofsurface as rs
 
-    xs = [s.ai_xm for s in sigs.values()]
-    finite = [s.ai_xv for s in sigs.values() if s.ai_xv != float("inf")]
-    fig, axes = plt.subplots(1, len(ms), figsize=(5 * len(ms), 4.4), squeeze=False)
-    for ax, m in zip(axes[0], ms, strict=True):
-        machine = host.machine(m)
-        lines = rs.bord_lines(machine)
-        x0, x1 = min(xs + [lines.mtx_x]) / 4, max(xs + [lines.mtx_x]) * 4
-        ys = finite + [lines.mtx_y, lines.mem_vec_slope * x0, lines.mem_vec_slope * x1]
-        y0, y1 = min(ys) / 4, max(ys) * 4
-        gx, gy = np.geomspace(x0, x1, 240), np.geomspace(y0, y1, 240)
-        gxx, gyy = np.meshgrid(gx, gy)  # Eq. 1's three terms over the plane; argmin keeps
-        terms = (machine.mbw * gxx, machine.vos * gyy, np.full_like(gxx, machine.mos))
-        grid = np.argmin(np.stack(terms), axis=0)  # the first of equal terms, as rs.bound does
-        ax.pcolormesh(gx, gy, grid, cmap=ListedColormap([COLORS[k] for k in rs.RESOURCES]),
-                      vmin=-0.5, vmax=2.5, shading="auto")
-        xm = min(lines.mtx_x, x1)
-        ax.plot([x0, xm], [lines.mem_vec_slope * x0, lines.mem_vec_slope * xm], "k-", lw=1)
-        ax.plot([lines.mtx_x, lines.mtx_x], [lines.mtx_y, y1], "k-", lw=1)
-        ax.plot([lines.mtx_x, x1], [lines.mtx_y, lines.mtx_y], "k-", lw=1)
-        for i, (name, sig) in enumerate(sigs.items()):
+    fig, axes = plt.subplots(len(sigs), len(ms), figsize=(4.6 * len(ms), 3.8 * len(sigs)),
+                             squeeze=False)
+    for row, (name, sig) in zip(axes, sigs.items(), strict=True):
+        for ax, m in zip(row, ms, strict=True):
+            machine = host.machine(m, name)
+            lines = rs.bord_lines(machine)
+            x0, x1 = min(sig.ai_xm, lines.mtx_x) / 4, max(sig.ai_xm, lines.mtx_x) * 4
+            finite = [sig.ai_xv] if sig.ai_xv != float("inf") else []
+            ys = finite + [lines.mtx_y, lines.mem_vec_slope * x0, lines.mem_vec_slope * x1]
+            y0, y1 = min(ys) / 4, max(ys) * 4
+            gx, gy = np.geomspace(x0, x1, 240), np.geomspace(y0, y1, 240)
+            gxx, gyy = np.meshgrid(gx, gy)  # Eq. 1's three terms over the plane; argmin keeps
+            terms = (machine.mbw * gxx, machine.vos * gyy, np.full_like(gxx, machine.mos))
+            grid = np.argmin(np.stack(terms), axis=0)  # the first of equal terms, as rs.bound
+            ax.pcolormesh(gx, gy, grid, cmap=ListedColormap([COLORS[k] for k in rs.RESOURCES]),
+                          vmin=-0.5, vmax=2.5, shading="auto")
+            xm = min(lines.mtx_x, x1)
+            ax.plot([x0, xm], [lines.mem_vec_slope * x0, lines.mem_vec_slope * xm], "k-", lw=1)
+            ax.plot([lines.mtx_x, lines.mtx_x], [lines.mtx_y, y1], "k-", lw=1)
+            ax.plot([lines.mtx_x, x1], [lines.mtx_y, lines.mtx_y], "k-", lw=1)
             top = sig.ai_xv == float("inf")
             y = y1 / 1.15 if top else sig.ai_xv
             ax.plot(sig.ai_xm, y, "^" if top else "o", color="k")
-            below = top or i % 2  # neighbours' labels alternate above and below their points
             ax.annotate(name + (" (AI_XV inf)" if top else ""), (sig.ai_xm, y), fontsize=8,
-                        xytext=(4, -11 if below else 4), textcoords="offset points")
-        for k in rs.RESOURCES:
-            ax.plot([], [], "s", color=COLORS[k], label=f"{k}-bound")
-        ax.set(xscale="log", yscale="log", xlim=(x0, x1), ylim=(y0, y1), title=f"M = {m}",
-               xlabel="AI_XM (weight vectors per byte)", ylabel="AI_XV (weight vectors per vector op)")
-        for axis in (ax.xaxis, ax.yaxis):
-            axis.set_minor_formatter(NullFormatter())  # log minor labels collide over narrow ranges
-        ax.legend(loc="lower right", fontsize=8)
-    fig.suptitle(f"Roof-Surface BORD of the GEMM kernels, {title} (VOS assumed = FMA rate)")
-    fig.tight_layout()
+                        xytext=(4, -11 if top else 4), textcoords="offset points")
+            for k in rs.RESOURCES:
+                ax.plot([], [], "s", color=COLORS[k], label=f"{k}-bound")
+            ax.set(xscale="log", yscale="log", xlim=(x0, x1), ylim=(y0, y1),
+                   title=f"{name}, M = {m}", xlabel="AI_XM (weight vectors per byte)",
+                   ylabel="AI_XV (weight vectors per vector op)")
+            for axis in (ax.xaxis, ax.yaxis):
+                axis.set_minor_formatter(NullFormatter())  # minor labels collide on narrow ranges
+            ax.legend(loc="lower right", fontsize=8)
+    fig.suptitle(f"Roof-Surface BORD of the GEMM kernels, {title} (measured MBW, MOS, VOS)")
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / fig.get_figheight()))  # room for the title
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png", dpi=110)
+        fig.savefig(path, format="png", dpi=100)
     except OSError as e:
         raise ConfigError(f"cannot write --png {path}: {e.strerror or e}") from None
     finally:

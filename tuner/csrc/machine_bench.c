@@ -1,6 +1,7 @@
 /* Machine micro-benchmarks: fp32 FMA peak, FMA chains (latency and the accumulators that
- * reach the peak), read bandwidth from any level of the memory hierarchy, and the peaks of
- * the bf16 and 8-bit integer dot products the low-precision GEMMs run.
+ * reach the peak), read bandwidth from any level of the memory hierarchy, the peaks of
+ * the bf16 and 8-bit integer dot products the low-precision GEMMs run, and the rates of
+ * their weights' dequantization sequences.
  *
  * Built at run time by sandwich.tuner.machine_bench with -mavx512f (plus -mavx512bw,
  * -mavx512vnni and -mavx512bf16 where the CPU has them) or -mavx2 -mfma and loaded with
@@ -317,4 +318,140 @@ int mb_dpbusd(int threads, long iters, float *out) {
     (void)threads; (void)iters; (void)out;
     return -1;
 #endif
+}
+
+/* Dequantization (DECA's vector work, VOS): the instruction sequence that turns one format's
+ * stored weights into what its products take, on registers only, DQ_ACCS independent weight
+ * registers per thread, and nothing else in the loop, so the rate is the sequence's own.
+ * Kinds, vector ops per step, and what a step does (for how many weight vectors of f32 lanes):
+ *   DQ_NIBBLES     3  int4 for the 8-bit dot: 8 nibbles a 32-bit lane (8), and / shift / and
+ *   DQ_INT8_WIDEN  2  int8 for f32 FMAs (1): vpmovsxbd, vcvtdq2ps
+ *   DQ_INT4_WIDEN  5  int4 for f32 FMAs (2): vpmovzxbd, and, shift, 2 vcvtdq2ps
+ *   DQ_BF16_WIDEN  2  bf16 pairs for f32 FMAs where the CPU has no bf16 dot (2): shift, and */
+#define DQ_ACCS 8
+enum { DQ_NIBBLES, DQ_INT8_WIDEN, DQ_INT4_WIDEN, DQ_BF16_WIDEN, DQ_KINDS };
+static const int dq_ops[DQ_KINDS] = {3, 2, 5, 2};
+#define DQ_WORD 0x4A3C9F71u /* bytes with both nibble halves and both signs */
+#define DQ_BF16 0x40003F80u /* bf16 2.0 and 1.0: each step widens them into normal floats */
+
+#if defined(__AVX512F__)
+typedef __m512i dvec;
+#define DSET1(x) _mm512_set1_epi32((int)(x))
+#define DAND(a, b) _mm512_and_si512(a, b)
+#define DLOW(a) _mm512_castsi512_si128(a)
+#define DCVT(a) _mm512_cvtepi32_ps(a)
+#define DADDF(a, b) _mm512_add_ps(a, b)
+#define VPAND "vpandd" /* vpand has no 512-bit form */
+#else
+typedef __m256i dvec;
+#define DSET1(x) _mm256_set1_epi32((int)(x))
+#define DAND(a, b) _mm256_and_si256(a, b)
+#define DLOW(a) _mm256_castsi256_si128(a)
+#define DCVT(a) _mm256_cvtepi32_ps(a)
+#define DADDF(a, b) _mm256_add_ps(a, b)
+#define VPAND "vpand" /* vpandd on ymm would be AVX512VL */
+#endif
+
+/* One step of kind K on the weight register w, written as the instructions themselves: a
+ * volatile asm is neither hoisted out of the loop nor merged with an identical one, and
+ * gcc adds no copies around it. The outputs are the dequantized vectors. */
+#define DQ_ASM(code, out_a, out_b, in, mask) \
+    __asm__ volatile(code : [a] "=&v"(out_a), [b] "=&v"(out_b) : [w] "v"(in), [c] "v"(mask))
+static inline void dq_asm(int kind, dvec w, vec *a, vec *b) {
+    const dvec nib = DSET1(0x0F0F0F0Fu), low4 = DSET1(15), high16 = DSET1(0xFFFF0000u);
+    dvec x, y;
+    switch (kind) {
+    case DQ_NIBBLES: /* x, y: the low and the high nibbles, each still in its byte */
+        DQ_ASM(VPAND " %[c], %[w], %[a]\n\tvpsrld $4, %[w], %[b]\n\t" VPAND " %[c], %[b], %[b]",
+               x, y, w, nib);
+        *a = DCVT(DAND(x, low4)), *b = DCVT(DAND(y, low4)); /* the check's first nibbles */
+        break;
+    case DQ_INT8_WIDEN:
+        DQ_ASM("vpmovsxbd %x[w], %[b]\n\tvcvtdq2ps %[b], %[a]", *a, y, w, nib);
+        *b = VSET1(0.0f);
+        (void)y;
+        break;
+    case DQ_INT4_WIDEN:
+        DQ_ASM("vpmovzxbd %x[w], %[b]\n\t" VPAND " %[c], %[b], %[a]\n\tvpsrld $4, %[b], %[b]\n\t"
+               "vcvtdq2ps %[a], %[a]\n\tvcvtdq2ps %[b], %[b]", *a, *b, w, low4);
+        break;
+    default:
+        DQ_ASM("vpslld $16, %[w], %[a]\n\t" VPAND " %[c], %[w], %[b]", *a, *b, w, high16);
+    }
+}
+
+typedef struct {
+    long iters;
+    float result;
+} dq_job;
+
+/* A worker per kind, so that the kind is a constant in its loop and gcc keeps the weight
+ * registers in registers (a switch around the loops made it keep them on the stack). */
+#define DQ_WORKER(K, BASE)                                                        \
+    static void *dq_worker_##K(void *p) {                                         \
+        dq_job *job = (dq_job *)p;                                                \
+        dvec w[DQ_ACCS];                                                          \
+        vec sum = VSET1(0.0f), a, b;                                              \
+        _Pragma("GCC unroll 16") for (int j = 0; j < DQ_ACCS; j++) w[j] = DSET1(BASE + j); \
+        for (long i = 0; i < job->iters; i++) {                                   \
+            _Pragma("GCC unroll 16") for (int j = 0; j < DQ_ACCS; j++) dq_asm(K, w[j], &a, &b); \
+        }                                                                         \
+        _Pragma("GCC unroll 16") for (int j = 0; j < DQ_ACCS; j++) {              \
+            dq_asm(K, w[j], &a, &b);                                              \
+            sum = DADDF(sum, DADDF(a, b));                                        \
+        }                                                                         \
+        job->result = hsum(sum);                                                  \
+        return NULL;                                                              \
+    }
+DQ_WORKER(DQ_NIBBLES, DQ_WORD)
+DQ_WORKER(DQ_INT8_WIDEN, DQ_WORD)
+DQ_WORKER(DQ_INT4_WIDEN, DQ_WORD)
+DQ_WORKER(DQ_BF16_WIDEN, DQ_BF16)
+#undef DQ_WORKER
+
+/* The same outputs' sum from scalar arithmetic, for the check. */
+static float dq_expected(int kind) {
+    double s = 0.0;
+    for (int j = 0; j < DQ_ACCS; j++) {
+        unsigned w = (kind == DQ_BF16_WIDEN ? DQ_BF16 : DQ_WORD) + j;
+        double part = 0.0;
+        for (int b = 0; b < 4; b++) {
+            unsigned byte = (w >> (8 * b)) & 0xFF;
+            if (kind == DQ_NIBBLES) part += (b == 0 ? (w & 15) + ((w >> 4) & 15) : 0);
+            else if (kind == DQ_INT8_WIDEN) part += (signed char)byte;
+            else if (kind == DQ_INT4_WIDEN) part += (byte & 15) + (byte >> 4);
+        }
+        if (kind == DQ_BF16_WIDEN) {
+            union { unsigned u; float f; } lo = {w << 16}, hi = {w & 0xFFFF0000u};
+            part = (double)lo.f + hi.f;
+            s += part * LANES;
+        } else if (kind == DQ_INT8_WIDEN || kind == DQ_INT4_WIDEN) {
+            s += part * (LANES / 4); /* the lanes cycle through the 4 bytes of a word */
+        } else {
+            s += part * LANES;
+        }
+    }
+    return (float)s;
+}
+
+int mb_dequant_kinds(void) { return DQ_KINDS; }
+int mb_dequant_ops(int kind) { return kind >= 0 && kind < DQ_KINDS ? dq_ops[kind] : 0; }
+int mb_dequant_accs(void) { return DQ_ACCS; }
+
+/* `iters` steps of `kind` on each of DQ_ACCS weight registers per thread; -3 when the
+ * outputs are not the scalar dequantization's. */
+int mb_dequant(int kind, int threads, long iters, float *out) {
+    if (kind < 0 || kind >= DQ_KINDS || threads < 1 || threads > MAX_THREADS || iters < 1) return -1;
+    dq_job jobs[MAX_THREADS];
+    for (int t = 0; t < threads; t++) jobs[t].iters = iters;
+    static void *(*const workers[DQ_KINDS])(void *) = {
+        dq_worker_DQ_NIBBLES, dq_worker_DQ_INT8_WIDEN, dq_worker_DQ_INT4_WIDEN, dq_worker_DQ_BF16_WIDEN};
+    int rc = run_threads(threads, workers[kind], jobs, sizeof(dq_job));
+    float want = dq_expected(kind), s = 0.0f;
+    for (int t = 0; t < threads; t++) {
+        if (jobs[t].result != want) rc = rc ? rc : -3;
+        s += jobs[t].result;
+    }
+    *out = s;
+    return rc;
 }
