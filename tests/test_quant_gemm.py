@@ -174,6 +174,7 @@ def test_gguf_q8_0_blocks_run_as_stored_and_give_transformers_logits(q8_gguf, ca
     (["--weights", "int3"], "unknown weight format 'int3'"),
     (["--m", "0"], "--m values must be >= 1"),
     (["--m", "1,x"], "--m must be comma-separated integers"),
+    (["--passes", "0"], "--passes must be >= 1"),
 ])
 def test_bench_formats_bad_input_is_one_line(capsys, tmp_path, argv, match):
     from sandwich.cli import main
@@ -196,6 +197,7 @@ def test_bench_formats_checks_int_kernels_on_the_activations_they_multiply(tmp_p
     out = tmp_path / "formats.json"
     code = main(["bench", "formats", "--model", str(path), "--weights", "int8-g32", "--m", "16",
                  "--seq-max", "16", "--budget", "tiny", "--no-progress", "--threads", "2",
+                 "--passes", "2",
                  "--cache-dir", str(tmp_path / "c"), "--json", str(out),
                  "--md", str(tmp_path / "formats.md")])
     assert code == 0
@@ -204,7 +206,11 @@ def test_bench_formats_checks_int_kernels_on_the_activations_they_multiply(tmp_p
     assert all(r["gflops"] > 0 for r in rows)
     # each row against its Roof-Surface bound: a tiny model's GEMMs are far below it
     assert all(r["bound_by"] in ("MEM", "VEC", "MTX") and 0 < r["pct_bound"] < 200 for r in rows)
-    assert "| bound GFLOPS | bound by | % of bound |" in (tmp_path / "formats.md").read_text()
+    # two passes: the row is one of them, inside their range
+    assert all(lo <= r["pct_bound"] <= hi for r in rows for lo, hi in [r["pct_bound_range"]])
+    md = (tmp_path / "formats.md").read_text()
+    assert "| bound GFLOPS | bound by | % of bound | range |" in md
+    assert "rows the model calls MEM-bound are within 15% of their bound" in md
 
 
 @pytest.mark.tvm
@@ -227,3 +233,18 @@ def test_int8_tile_is_vpdpbusd_where_avx512_vnni_exists():
                                 "num-cores": 2})
     asm = tvm.compile(parse_tvmscript(src), target=target).mod.inspect_source("asm")
     assert asm.count("vpdpbusd") >= 2 * 2 * 8  # 2 rows x 2 vectors x 8 elements of a block
+
+
+def test_bench_formats_keeps_the_median_pass_and_checks_the_model_on_mem_bound_rows():
+    from sandwich.bench import formats
+
+    def row(pct, by="MEM"):
+        return formats.FormatRow("m", "o", 64, 64, "int8-g32", 1, 1.0, 1.0, 1.0, "s",
+                                 bound_by=by, pct_bound=pct)
+
+    best = formats._median_pass([row(90.0), row(60.0), row(120.0), row(100.0)])
+    assert best.pct_bound == 90.0 and best.pct_bound_range == (60.0, 120.0)
+    assert formats._median_pass([row(70.0)]).pct_bound_range is None
+    res = formats.FormatsResult("c", "cpu", 2, 30.0, rows=[
+        row(84.0), row(85.0), row(115.0), row(116.0), row(50.0, "MTX")])
+    assert res.model_check() == (2, 4)  # 85% and 115% are in, 84% and 116% out, MTX not counted

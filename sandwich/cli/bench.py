@@ -140,6 +140,8 @@ def register(sub) -> None:
                    help="default results/cpus/<mcpu>/weight_formats.json")
     f.add_argument("--md", default=None, help="default results/cpus/<mcpu>/weight_formats.md")
     f.add_argument("--no-progress", action="store_true", help="no progress bar while tuning")
+    f.add_argument("--passes", type=int, default=1, help="timings of every row, each against its "
+                   "own moment's read; the row is the median pass, with the range")
     add_threads_arg(f)
     add_cache_arg(f)
     f.set_defaults(func=_run_formats)
@@ -230,7 +232,8 @@ def _run_formats(args) -> int:
     res = run_formats(models=args.model or ["llama-160m"], formats=formats, ms=ms, threads=threads,
                       cache=cache, budget=args.budget, seq_max=args.seq_max,
                       command="sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-                      log=lambda msg: print(msg, flush=True), progress=not args.no_progress)
+                      log=lambda msg: print(msg, flush=True), progress=not args.no_progress,
+                      passes=args.passes)
     md, js = Path(args.md or f"{base}.md"), Path(args.json_out or f"{base}.json")
     write_report(res, md, js)
     print(f"wrote {js}, {md}")
