@@ -113,3 +113,17 @@ def test_info_on_snapshots_names_the_target_and_what_was_reported(tmp_path, caps
     assert main(["info", "--root", str(tmp_path / "nothing")]) == 1  # one error line
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no proc/cpuinfo" in err[0]
+
+
+def test_kernel_cache_key_depends_on_the_l2_size(tmp_path):
+    """The family's kernels are built with the L2 size (their row chunks) and their schedules
+    timed on it: two CPUs of one target and flags that differ in L2 share no kernels."""
+    import dataclasses
+
+    from sandwich.tuner.kernel_cache import cache_fingerprint
+
+    a = detect_cpu(_snapshot(tmp_path / "a", "avx2 fma"), llvm_cpu="haswell")
+    b = dataclasses.replace(a, l2_bytes=a.l2_bytes // 2)
+    assert a.fingerprint() == b.fingerprint()  # same target, flags and TVM
+    assert cache_fingerprint(a) != cache_fingerprint(b)
+    assert cache_fingerprint(a) == cache_fingerprint(dataclasses.replace(a))

@@ -74,11 +74,13 @@ class PackedWeight:
 
 def cache_fingerprint(cpu: CpuInfo) -> str:
     """What records and kernel files are keyed by: the target fingerprint (TVM version,
-    target, CPU flags) and the GEMM family's source, so a new kernel version starts afresh."""
+    target, CPU flags), the GEMM family's source, so a new kernel version starts afresh, and
+    the L2 size, which the family's kernels are built with (their row chunks) and whose
+    schedules were timed on it: two CPUs of one target can differ in L2."""
     from sandwich.compiler.gemm_dsl import family_source_sha256
 
-    both = f"{cpu.fingerprint()}:{family_source_sha256()}"
-    return hashlib.sha256(both.encode()).hexdigest()[:16]
+    key = f"{cpu.fingerprint()}:{family_source_sha256()}:l2={cpu.l2_bytes}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 class KernelCache:
