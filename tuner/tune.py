@@ -23,6 +23,7 @@ from sandwich.tuner.machine_model import machine_model
 from sandwich.tuner.rpc_measure import RpcMeasure, RpcTarget
 from sandwich.tuner.rpc_pool import RpcPool
 from sandwich.tuner.search import MResult, SandwichSearch
+from sandwich.tuner.search_bound import CandidateBound, tune_rates
 from sandwich.tuner.space import Isa, micro_kernels, pack_width
 from sandwich.tuner.trial_log import Sample
 from sandwich.tuner.tvm_measure import TvmMeasure
@@ -42,6 +43,7 @@ class OpReport:
     trials: int = 0  # timings, the re-timings of finalists included
     candidates: int = 0  # distinct (schedule, M) measured
     predicted_only: int = 0  # candidates the cost model ranked out, never measured
+    bounded_out: int = 0  # candidates whose Roof-Surface bound could not win, never measured
     rho: float = float("nan")  # the cost model's rank correlation on the last searched M
     seconds: float = 0.0
     compile_seconds: float = 0.0  # building and checking kernels against numpy
@@ -133,6 +135,24 @@ def panel_probe(cache: KernelCache, budget: Budget,
     return model.panel_gflops if model else None
 
 
+_RATES: dict[tuple[str, int], object] = {}  # the bounds' rates, measured once per process
+
+
+def candidate_bound(cache: KernelCache, budget: Budget, op: GemmOp,
+                    threads: int) -> CandidateBound | None:
+    """The Roof-Surface bound the search drops candidates by, where the budget measures a
+    machine model (its rates come from it) and the kernels run on this machine."""
+    if not budget.machine_model:
+        return None
+    model = machine_model(cache.dir, cache.cpu, cache.fingerprint)
+    if model is None:
+        return None
+    key = (cache.fingerprint, threads)
+    if key not in _RATES:
+        _RATES[key] = tune_rates(model, threads)
+    return CandidateBound(_RATES[key], op.n, op.k, op.dtype, cache.cpu.bf16_dot)
+
+
 def weight_pack(cache: KernelCache, n: int, budget: Budget,
                 log: Callable[[str], None] = lambda _: None) -> int:
     """The panel width an (N, K)'s weights are packed in for every M (space.pack_width)."""
@@ -171,9 +191,10 @@ def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget:
             measure = RpcMeasure(cpu, threads, op.n, op.k, pack_n, seq_max, remote, cache.fingerprint)
         else:
             measure = TvmMeasure(cpu, threads, op.n, op.k, pack_n, seq_max, dtype=op.dtype)
+        bound = None if remote is not None else candidate_bound(cache, budget, op, threads)
         return _tune_shape(measure, names=names, op=op, pack_n=pack_n, panels=panels,
                            seq_max=seq_max, threads=threads, budget=budget, cache=cache, on_step=on_step,
-                           guide=guide, t0=t0)
+                           guide=guide, t0=t0, bound=bound)
 
 
 @contextmanager
@@ -193,9 +214,11 @@ def open_pool(remote: RpcTarget | RpcPool | None, *, cache: KernelCache, threads
 def _tune_shape(measure: TvmMeasure | RpcMeasure | RpcPool, *, names: list[str], op: GemmOp,
                 pack_n: int, panels: dict[int, float] | None, seq_max: int, threads: int,
                 budget: Budget, cache: KernelCache, on_step: Callable[[int], None],
-                guide: ModelGuide | None, t0: float) -> OpReport:
+                guide: ModelGuide | None, t0: float,
+                bound: CandidateBound | None = None) -> OpReport:
     """tune_op's search over the M samples, once its measure is made (`panels`: the
-    machine model's panel probe, which rules narrow tiles in or out)."""
+    machine model's panel probe, which rules narrow tiles in or out; `bound`: the
+    Roof-Surface bound that drops candidates which cannot win)."""
     isa = Isa(cache.cpu.lanes_f32, cache.cpu.vector_registers)
     samples = op_samples(op, budget, seq_max)
     m_hi = _ranges(samples, seq_max)
@@ -206,7 +229,7 @@ def _tune_shape(measure: TvmMeasure | RpcMeasure | RpcPool, *, names: list[str],
                             micro_kernels=micro_kernels(isa, pack_n, widths=budget.mk_widths,
                                                         panel_gflops=panels),
                             threads=threads, measure=clocked, settings=budget.settings,
-                            dtype=op.dtype, guide=guide)
+                            dtype=op.dtype, guide=guide, bound=bound)
     records = cache.records(op.n, op.k, op.dtype, threads)
     if any(r.record.schedule.pack_n != pack_n for r in records):
         # tuned for another weight layout (an older sandwichc): every M shares one packing,
@@ -246,6 +269,7 @@ def _tune_shape(measure: TvmMeasure | RpcMeasure | RpcPool, *, names: list[str],
     report.compile_seconds = measure.compile_seconds
     report.measure_seconds = clocked.seconds
     report.candidates, report.predicted_only = len(search.measured), search.predicted_only
+    report.bounded_out = search.pruned
     report.model_seconds = _model_seconds(guide) - model_s0
     if guide is not None:
         report.rho = guide.stats.rho_by_shape.get("+".join(names), float("nan"))

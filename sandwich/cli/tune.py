@@ -235,21 +235,25 @@ def cmd_tune(args) -> int:
 
 
 def print_stats(reports, guides, total: float) -> None:
-    """`tune --stats`: what was measured, what the cost model ranked out, how well it ranked
-    the last M of each GEMM, and where the time went."""
-    print(f"{'op':<14}{'candidates':>11}{'timings':>9}{'ranked out':>11}{'rho':>7}"
-          f"{'compile s':>11}{'time s':>8}{'model s':>9}{'other s':>9}")
+    """`tune --stats`: what was measured, what the cost model ranked out and the
+    Roof-Surface bound dropped, how well the model ranked the last M of each GEMM, and where
+    the time went."""
+    print(f"{'op':<14}{'candidates':>11}{'timings':>9}{'ranked out':>11}{'bounded out':>12}"
+          f"{'rho':>7}{'compile s':>11}{'time s':>8}{'model s':>9}{'other s':>9}")
     for r in reports:
         timing = max(0.0, r.measure_seconds - r.compile_seconds)
         other = max(0.0, r.seconds - r.measure_seconds - r.model_seconds)
         rho = "-" if r.rho != r.rho else f"{r.rho:.2f}"
-        print(f"{'+'.join(r.names):<14}{r.candidates:>11}{r.trials:>9}{r.predicted_only:>11}{rho:>7}"
-              f"{r.compile_seconds:>11.1f}{timing:>8.1f}{r.model_seconds:>9.1f}{other:>9.1f}")
+        print(f"{'+'.join(r.names):<14}{r.candidates:>11}{r.trials:>9}{r.predicted_only:>11}"
+              f"{r.bounded_out:>12}{rho:>7}{r.compile_seconds:>11.1f}{timing:>8.1f}"
+              f"{r.model_seconds:>9.1f}{other:>9.1f}")
     print(f"measured {sum(r.candidates for r in reports)} candidates in "
           f"{sum(r.trials for r in reports)} timings; the cost model ranked out "
           f"{sum(r.predicted_only for r in reports)} unmeasured"
           + (f" and was trained {guides.trainings()} time(s)" if guides.settings.active else
-             " (not used: --measure-share 1)") + f"; {total:.1f} s in all")
+             " (not used: --measure-share 1)")
+          + f"; the Roof-Surface bound dropped {sum(r.bounded_out for r in reports)}"
+          + f"; {total:.1f} s in all")
 
 
 def _rpc_target(args, fingerprint: str):
