@@ -52,9 +52,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check sandwich compiler dsl tuner topology runtime bench tests
 
 # two pytest-xdist workers, a test file each at a time (its module fixtures built once); the
-# kernels the tests tune land in one cache the workers share (tests/conftest.py)
+# kernels the tests tune land in one cache the workers share (tests/conftest.py); the 15
+# slowest tests are listed at the end, to keep the suite under its 15 minutes
 test: $(STAMP) tools lint
-	$(BIN)/python -m pytest -n 2 --dist loadfile tests
+	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=15 tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info

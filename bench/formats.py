@@ -221,6 +221,6 @@ def write_report(res: FormatsResult, md: Path, js: Path) -> None:
         spread = (f"{r.pct_bound_range[0]:.0f}-{r.pct_bound_range[1]:.0f}%"
                   if r.pct_bound_range else "")
         lines.append(f"| {r.model} | {r.op} | {r.n} x {r.k} | {r.weights} | {r.m} | {r.us:.1f} | "
-                     f"{r.gflops:.1f} | {r.stored_mb:.2f} | {gbs} | {pct} | {bound} | {spread} | {sp} | "
-                     f"`{r.schedule}` |")
+                     f"{r.gflops:.1f} | {r.stored_mb:.2f} | {gbs} | {pct} | {bound} | {spread} | "
+                     f"{sp} | `{r.schedule}` |")
     md.write_text("\n".join(lines) + "\n")

@@ -150,7 +150,7 @@ def fast_exp(x: str) -> str:
     about 4e-6, which the polynomial then carried into a relative error of that size."""
     xc = f"T.max(T.min({x}, T.float32(88.3762626647950)), T.float32(-88.3762626647949))"
     n = f"T.floor({xc} * T.float32(1.44269504088896341) + T.float32(0.5))"
-    f = (f"(({xc} - {n} * T.float32({LN2_HIGH})) - {n} * T.float32({LN2_LOW}))")
+    f = f"(({xc} - {n} * T.float32({LN2_HIGH})) - {n} * T.float32({LN2_LOW}))"
     poly = f"T.float32({_P[0]})"
     for c in _P[1:]:
         poly = f"({poly} * {f} + T.float32({c}))"

@@ -1,8 +1,7 @@
 """Machine micro-benchmarks (csrc/machine_bench.c, built with gcc at first use): fp32 FMA
 peak, FMA chains, the bf16 dot-product peak where the CPU has one, the int formats' 8-bit dot
 product peak, the dequantization sequences' rates (VOS), and read bandwidth from a buffer of
-any size. The tuner's machine model
-and the benchmarks' limits are measured with them."""
+any size. The tuner's machine model and the benchmarks' limits are measured with them."""
 
 from __future__ import annotations
 
@@ -146,7 +145,7 @@ def peak_int8_gops(threads: int, *, iters: int = 3_000_000, repeat: int = 7) -> 
 
 
 # The dequantization sequences of csrc/machine_bench.c (DQ_*), in its order: the vector work
-# one weight format does before its products (tuner/roofsurface.py: dequant_kind).
+# one weight format does before its products (tuner/roofsurface.py: dequantization).
 DEQUANT_KINDS = ("nibbles", "int8-widen", "int4-widen", "bf16-widen")
 
 

@@ -20,6 +20,7 @@ from sandwich.tuner.budget import Budget
 from sandwich.tuner.guide import ModelGuide
 from sandwich.tuner.kernel_cache import KernelCache
 from sandwich.tuner.machine_model import machine_model
+from sandwich.tuner.roofsurface import HostRates
 from sandwich.tuner.rpc_measure import RpcMeasure, RpcTarget
 from sandwich.tuner.rpc_pool import RpcPool
 from sandwich.tuner.search import MResult, SandwichSearch
@@ -135,7 +136,7 @@ def panel_probe(cache: KernelCache, budget: Budget,
     return model.panel_gflops if model else None
 
 
-_RATES: dict[tuple[str, int], object] = {}  # the bounds' rates, measured once per process
+_RATES: dict[tuple[str, int], HostRates] = {}  # the bounds' rates, measured once per process
 
 
 def candidate_bound(cache: KernelCache, budget: Budget, op: GemmOp,
