@@ -454,13 +454,15 @@ def test_time_callable_gives_up_on_a_slow_warm_up_or_first_repeat_and_folds_a_lo
     t = time_callable(fn, warmup=1, repeat=5, min_repeat_s=0.002, give_up_s=0.005)
     assert t.repeats == 1 and len(calls) == 1 and t.min_s >= 0.009  # a long, slow warm-up: done
     calls.clear()
-    t = time_callable(fn, warmup=1, repeat=5, min_repeat_s=0.006, give_up_s=0.005)
+    # a 10 ms call under min_repeat_s 9 ms: short (below 2 x 9 ms, with room for a loaded
+    # machine's slow sleep: 6 ms once put a 12.8 ms sleep past its 12 ms), one call a repeat
+    t = time_callable(fn, warmup=1, repeat=5, min_repeat_s=0.009, give_up_s=0.005)
     assert t.repeats == 1 and len(calls) == 3  # a short warm-up, a sizing call, one slow repeat
     calls.clear()
     t = time_callable(fn, warmup=1, repeat=5, min_repeat_s=0.002, give_up_s=0.05)
     assert t.repeats == 5 and len(calls) == 6  # not slow enough to give up on
     calls.clear()
-    time_callable(fn, warmup=1, repeat=3, min_repeat_s=0.006)
+    time_callable(fn, warmup=1, repeat=3, min_repeat_s=0.009)
     assert len(calls) == 5  # a short warm-up: one more call to size the repeats
 
 
