@@ -281,3 +281,44 @@ def test_generate_with_per_phase_thread_counts_emits_the_same_tokens(small_two_t
         return json.loads(r.stdout)["ids"]
 
     assert ids("--prefill-config", str(pre), "--decode-config", str(dec)) == ids()
+
+
+def test_int_weights_run_with_per_phase_thread_counts(small_two_thread_counts, cache, tmp_path):
+    """Issue 26: `--weights int8-g32` with --prefill-config (2 threads) and --decode-config
+    (1 thread) loads int8 kernels for each phase's own count (tuned on first use) over one
+    copy of the packed weights, and emits the greedy tokens of the one-set int8 run; only
+    --tp is still refused for int weights."""
+    import argparse
+    import subprocess
+    import sys
+
+    from sandwich.cli.engines import make_engine
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    pre, dec = tmp_path / "pre.json", tmp_path / "dec.json"
+    pre.write_text(json.dumps({"phase": "prefill", "processes": [{"cpus": cpus[:2]}],
+                               "threads_per_process": 2}))
+    dec.write_text(json.dumps({"phase": "decode", "processes": [{"cpus": cpus[:1]}],
+                               "threads_per_process": 1}))
+    d = small_two_thread_counts
+    args = argparse.Namespace(model=str(d), tp=1, prefill_config=str(pre), decode_config=str(dec),
+                              threads=2, ops="numpy", no_tune=False, tune_budget="tiny",
+                              no_progress=True, no_warmup=True, weights="int8-g32",
+                              cache_dir=str(cache.dir), env={}, env_cache_dir=None)
+    model = make_engine(args, max_batch=1, max_seq=16).ex.model  # loads; pins nothing yet
+    assert (model.gemms.qkv.dtype, model.gemms.qkv.threads) == ("int8-g32", 2)
+    assert (model.decode_gemms.qkv.dtype, model.decode_gemms.qkv.threads) == ("int8-g32", 1)
+    with pytest.raises(ConfigError, match="drop --tp"):
+        make_engine(argparse.Namespace(**{**vars(args), "tp": 2}), max_batch=1, max_seq=16)
+    base = [sys.executable, "-m", "sandwich.cli", "generate", "--model", str(d),
+            "--prompt-ids", "1,5,9,200", "--max-new-tokens", "6", "--cache-dir", str(cache.dir),
+            "--no-tune", "--json", "--ops", "numpy", "--threads", "2", "--weights", "int8-g32"]
+
+    def ids(*extra):
+        r = subprocess.run(base + list(extra), capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)["ids"]
+
+    assert ids("--prefill-config", str(pre), "--decode-config", str(dec)) == ids()

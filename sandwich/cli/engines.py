@@ -75,9 +75,9 @@ def make_engine(args, *, max_batch: int, max_seq: int, clock=None):
         return _splitwise_engine(args, cache, spec, max_batch=max_batch, max_seq=max_seq,
                                  clock=clock)
     weights = weights_arg(args)
-    if weights != "fp32" and (args.tp > 1 or args.prefill_config or args.decode_config):
-        raise ConfigError(f"--weights {weights} runs in one process with one thread count so "
-                          f"far; drop --tp, --prefill-config and --decode-config")
+    if weights != "fp32" and args.tp > 1:
+        raise ConfigError(f"--weights {weights} runs in one process so far (each phase with its "
+                          f"own thread count from --prefill-config/--decode-config); drop --tp")
     planned = (None if weights != "fp32" else  # a stored plan was measured with fp32 kernels
                _planned_engine(args, cache, max_batch=max_batch, max_seq=max_seq, clock=clock))
     if planned is not None:
@@ -104,8 +104,8 @@ def make_engine(args, *, max_batch: int, max_seq: int, clock=None):
         pre, dec = (phases.plans[p].threads for p in ("prefill", "decode"))
         for t in sorted({pre, dec} if per_phase else {threads}):
             ensure_tuned(args, cache, t)
-        model = (load_model(args.model, cache, threads=pre, decode_threads=dec) if per_phase
-                 else load_model(args.model, cache, threads=threads, weights=weights))
+        model = (load_model(args.model, cache, threads=pre, decode_threads=dec, weights=weights)
+                 if per_phase else load_model(args.model, cache, threads=threads, weights=weights))
         ex = Executor(model, max_batch=max_batch, max_seq=max_seq, ops=args.ops, threads=threads)
     engine = _scheduled(Engine(ex, phases=phases, clock=clock or time.perf_counter), spec)
     if not args.no_warmup:

@@ -296,8 +296,9 @@ def cmd_rpc_server(args) -> int:
 
 def _plan_mode(args) -> str:
     """A plan picks the TP degree and threads itself: --tp, --threads or --ops mean one set
-    (and so does --rpc: a plan measures on this machine's engine; and --weights, until the
-    engine runs int formats)."""
+    (and so does --rpc: a plan measures on this machine's engine; and --weights other than
+    fp32, until the planner measures int formats: their engine runs one process, with each
+    phase's own thread count, but not under TP)."""
     single = [flag for flag, given in (("--tp", args.tp != 1), ("--threads", bool(args.threads)),
                                        ("--ops", bool(args.ops)), ("--rpc", bool(args.rpc)),
                                        ("--weights", args.weights != "fp32"))
