@@ -255,13 +255,9 @@ def test_decode_runs_the_kernels_tuned_for_its_own_thread_count(small_two_thread
     assert _rel(out, ref.decode([rslot], [7])[0]) < 1e-4  # other kernels, same numbers
 
 
-def test_generate_with_per_phase_thread_counts_emits_the_same_tokens(small_two_thread_counts,
-                                                                      cache, tmp_path):
-    """Issue 25: `generate --prefill-config (2 threads) --decode-config (1 thread)` runs each
-    phase on its own kernels and emits the greedy tokens of the one-set run."""
-    import subprocess
-    import sys
-
+def _phase_configs(tmp_path) -> tuple[str, str]:
+    """ServiceConfig files: prefill on two CPUs with 2 threads, decode on one with 1 (the
+    test is skipped on a machine with fewer CPUs)."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         pytest.skip("needs two CPUs")
@@ -270,17 +266,31 @@ def test_generate_with_per_phase_thread_counts_emits_the_same_tokens(small_two_t
                                "threads_per_process": 2}))
     dec.write_text(json.dumps({"phase": "decode", "processes": [{"cpus": cpus[:1]}],
                                "threads_per_process": 1}))
-    base = [sys.executable, "-m", "sandwich.cli", "generate", "--model",
-            str(small_two_thread_counts), "--prompt-ids", "1,5,9,200", "--max-new-tokens", "6",
-            "--cache-dir", str(cache.dir), "--no-tune", "--json", "--ops", "numpy",
-            "--threads", "2"]  # a process of its own: the phases pin every thread of it
+    return str(pre), str(dec)
 
-    def ids(*extra):
-        r = subprocess.run(base + list(extra), capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr
-        return json.loads(r.stdout)["ids"]
 
-    assert ids("--prefill-config", str(pre), "--decode-config", str(dec)) == ids()
+def _greedy_ids(model, cache, *extra) -> list[int]:
+    """`generate`'s greedy ids for a fixed prompt, in a process of its own: the phases pin
+    every thread of it."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "sandwich.cli", "generate", "--model", str(model),
+           "--prompt-ids", "1,5,9,200", "--max-new-tokens", "6", "--cache-dir", str(cache.dir),
+           "--no-tune", "--json", "--ops", "numpy", "--threads", "2", *extra]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["ids"]
+
+
+def test_generate_with_per_phase_thread_counts_emits_the_same_tokens(small_two_thread_counts,
+                                                                      cache, tmp_path):
+    """Issue 25: `generate --prefill-config (2 threads) --decode-config (1 thread)` runs each
+    phase on its own kernels and emits the greedy tokens of the one-set run."""
+    pre, dec = _phase_configs(tmp_path)
+    d = small_two_thread_counts
+    assert _greedy_ids(d, cache, "--prefill-config", pre, "--decode-config", dec) == \
+        _greedy_ids(d, cache)
 
 
 def test_int_weights_run_with_per_phase_thread_counts(small_two_thread_counts, cache, tmp_path):
@@ -289,21 +299,12 @@ def test_int_weights_run_with_per_phase_thread_counts(small_two_thread_counts, c
     copy of the packed weights, and emits the greedy tokens of the one-set int8 run; only
     --tp is still refused for int weights."""
     import argparse
-    import subprocess
-    import sys
 
     from sandwich.cli.engines import make_engine
 
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        pytest.skip("needs two CPUs")
-    pre, dec = tmp_path / "pre.json", tmp_path / "dec.json"
-    pre.write_text(json.dumps({"phase": "prefill", "processes": [{"cpus": cpus[:2]}],
-                               "threads_per_process": 2}))
-    dec.write_text(json.dumps({"phase": "decode", "processes": [{"cpus": cpus[:1]}],
-                               "threads_per_process": 1}))
+    pre, dec = _phase_configs(tmp_path)
     d = small_two_thread_counts
-    args = argparse.Namespace(model=str(d), tp=1, prefill_config=str(pre), decode_config=str(dec),
+    args = argparse.Namespace(model=str(d), tp=1, prefill_config=pre, decode_config=dec,
                               threads=2, ops="numpy", no_tune=False, tune_budget="tiny",
                               no_progress=True, no_warmup=True, weights="int8-g32",
                               cache_dir=str(cache.dir), env={}, env_cache_dir=None)
@@ -312,13 +313,6 @@ def test_int_weights_run_with_per_phase_thread_counts(small_two_thread_counts, c
     assert (model.decode_gemms.qkv.dtype, model.decode_gemms.qkv.threads) == ("int8-g32", 1)
     with pytest.raises(ConfigError, match="drop --tp"):
         make_engine(argparse.Namespace(**{**vars(args), "tp": 2}), max_batch=1, max_seq=16)
-    base = [sys.executable, "-m", "sandwich.cli", "generate", "--model", str(d),
-            "--prompt-ids", "1,5,9,200", "--max-new-tokens", "6", "--cache-dir", str(cache.dir),
-            "--no-tune", "--json", "--ops", "numpy", "--threads", "2", "--weights", "int8-g32"]
-
-    def ids(*extra):
-        r = subprocess.run(base + list(extra), capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr
-        return json.loads(r.stdout)["ids"]
-
-    assert ids("--prefill-config", str(pre), "--decode-config", str(dec)) == ids()
+    int8 = ("--weights", "int8-g32")
+    assert _greedy_ids(d, cache, *int8, "--prefill-config", pre, "--decode-config", dec) == \
+        _greedy_ids(d, cache, *int8)

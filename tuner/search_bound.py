@@ -14,22 +14,18 @@ from dataclasses import dataclass
 
 from sandwich.tuner import roofsurface as rs
 from sandwich.tuner.machine_model import MachineModel
-from sandwich.tuner.space import weight_imbalance
+from sandwich.tuner.space import m_thread_blocks, weight_imbalance
 from sandwich.types import KernelSchedule
 from sandwich.weight_formats import format_of
 
 
 def busiest_shares(s: KernelSchedule, m: int, n: int, k: int) -> tuple[float, float]:
     """How much more than an even share the busiest thread streams of the weights and does
-    of the products (1.0 each when even). Rows: each M-thread takes ceil(blocks / t_m)
-    blocks of mu_m rows, and the last one the tail rows besides (the family's thread loop)."""
+    of the products (1.0 each when even); the rows go as `space.m_thread_blocks` splits them."""
     weights = weight_imbalance(s, n, k)
+    per_thread, last, tail = m_thread_blocks(s, m)
     mu_m, t_m = s.micro_kernel.mu_m, s.polymerization.t_m
-    blocks, tail = divmod(m, mu_m)
-    per_thread = -(-blocks // t_m) if blocks else 0
-    first = min(per_thread, blocks) * mu_m
-    last = (blocks - min((t_m - 1) * per_thread, blocks)) * mu_m + tail
-    rows = max(first, last) * t_m / m
+    rows = max(per_thread * mu_m, last * mu_m + tail) * t_m / m
     return weights, weights * max(1.0, rows)
 
 
@@ -43,16 +39,14 @@ class CandidateBound:
     dtype: str
     bf16_dot: bool
 
-    def gflops(self, s: KernelSchedule, m: int) -> float:
+    def __call__(self, s: KernelSchedule, m: int) -> float:
+        """The bound in GFLOPS of schedule `s` at M."""
         fmt = format_of(self.dtype).name
         sig = rs.kernel_signature(fmt, self.rates.lanes, k=self.k, bf16_dot=self.bf16_dot)
         terms = rs.rates(self.rates.machine(m, fmt, k=self.k), sig)
         weights, work = busiest_shares(s, m, self.n, self.k)
         ops = min(terms["MEM"] / weights, terms["VEC"] / weights, terms["MTX"] / work)
         return rs.gemm_flops_per_op(self.rates.lanes, m) * ops / 1e9
-
-    def __call__(self, s: KernelSchedule, m: int) -> float:
-        return self.gflops(s, m)
 
 
 def tune_rates(model: MachineModel, threads: int) -> rs.HostRates:

@@ -179,8 +179,16 @@ def stream_pause_share(s: KernelSchedule, m: int) -> float:
     (dsl/kernels/gemm_family.sw) prefetches the stream's next rows while a second or later
     row block re-reads a tile from L2, but not while the tail does, so DRAM idles for that
     share of the thread's time; a tail with no block before it streams the tile itself."""
+    _, own, tail = m_thread_blocks(s, m)
+    mu_m = s.micro_kernel.mu_m
+    return tail / (own * mu_m + tail) if own and tail else 0.0
+
+
+def m_thread_blocks(s: KernelSchedule, m: int) -> tuple[int, int, int]:
+    """How the family's thread loop splits M: the full blocks of mu_m rows each M-thread but
+    the last takes (ceil(blocks / t_m)), the last one's full blocks, and the tail rows
+    (M mod mu_m), which the last one owns besides."""
     mu_m, t_m = s.micro_kernel.mu_m, s.polymerization.t_m
     blocks, tail = divmod(m, mu_m)
     per_thread = _ceil_div(blocks, t_m)
-    own = blocks - min((t_m - 1) * per_thread, blocks)  # full blocks of the last M-thread
-    return tail / (own * mu_m + tail) if own and tail else 0.0
+    return per_thread, blocks - min((t_m - 1) * per_thread, blocks), tail

@@ -104,8 +104,8 @@ def make_engine(args, *, max_batch: int, max_seq: int, clock=None):
         pre, dec = (phases.plans[p].threads for p in ("prefill", "decode"))
         for t in sorted({pre, dec} if per_phase else {threads}):
             ensure_tuned(args, cache, t)
-        model = (load_model(args.model, cache, threads=pre, decode_threads=dec, weights=weights)
-                 if per_phase else load_model(args.model, cache, threads=threads, weights=weights))
+        model = load_model(args.model, cache, threads=pre if per_phase else threads,
+                           decode_threads=dec if per_phase else None, weights=weights)
         ex = Executor(model, max_batch=max_batch, max_seq=max_seq, ops=args.ops, threads=threads)
     engine = _scheduled(Engine(ex, phases=phases, clock=clock or time.perf_counter), spec)
     if not args.no_warmup:
