@@ -182,7 +182,14 @@ def test_gguf_export_names_shapes_and_vocab(tmp_path):
     from sandwich.bench.gguf_export import write_gguf
     from sandwich.runtime.checkpoint import write_checkpoint
 
-    cfg = json.loads((write_checkpoint("llama-3.2-1b", tmp_path / "ck", seed=1, layers=1)
+    from sandwich.models import read_raw_config
+
+    raw, _ = read_raw_config("llama-3.2-1b")  # its vocabulary and llama3 RoPE, a narrow layer
+    small = tmp_path / "config.json"  # (the whole 1B's embedding alone is a 1 GB file)
+    small.write_text(json.dumps(raw | {"hidden_size": 64, "num_attention_heads": 4,
+                                       "num_key_value_heads": 2, "head_dim": 16,
+                                       "intermediate_size": 128}))
+    cfg = json.loads((write_checkpoint(small, tmp_path / "ck", seed=1, layers=1)
                       / "config.json").read_text())
     out = write_gguf(tmp_path / "ck", tmp_path / "m.gguf")
     r = gguf.GGUFReader(str(out))
