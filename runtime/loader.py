@@ -28,7 +28,9 @@ from sandwich.weight_formats import (
     concat_columns,
     format_of,
     gemm_dtype,
+    quantize,
     take_columns,
+    take_rows,
 )
 
 
@@ -160,16 +162,27 @@ class WeightReader:
     def projection(self, parts: list[tuple[str, slice]], fmt: WeightFormat,
                    cols: slice = slice(None)) -> np.ndarray | QuantizedWeight:
         """W (K, N) of the rows `parts` ((name, row slice) pairs fused along N) and the
-        columns `cols` of HF tensors: the stored blocks when they are already in `fmt` and
-        K is whole, else float32 (the GEMM quantizes it when it packs)."""
+        columns `cols` of HF tensors (a tensor-parallel rank's share of K).
+
+        An int format gets the stored blocks when they are already in `fmt`; a share of K
+        is cut from the whole K quantized (its groups and scales, as one process has them).
+        Otherwise float32 (the GEMM quantizes it when it packs)."""
+        k = self.shapes[parts[0][0]][1]
+        whole = range(k)[cols] == range(k)
         if fmt.quantized:
             blocks = [self.blocks(name, fmt) for name, _ in parts]
-            k = self.shapes[parts[0][0]][1]
-            if all(b is not None for b in blocks) and range(k)[cols] == range(k):
-                return concat_columns([take_columns(b, np.arange(b.shape[1])[rows])
-                                       for b, (_, rows) in zip(blocks, parts, strict=True)])
+            if all(b is not None for b in blocks):
+                w = concat_columns([take_columns(b, np.arange(b.shape[1])[rows])
+                                    for b, (_, rows) in zip(blocks, parts, strict=True)])
+                return w if whole else take_rows(w, cols)
+            if not whole:
+                return take_rows(quantize(self._float(parts).T, fmt), cols)
+        return self._float(parts)[:, cols].T
+
+    def _float(self, parts: list[tuple[str, slice]]) -> np.ndarray:
+        """The rows `parts` of HF tensors (N, K), float32, fused along N."""
         picked = [self(name)[rows] for name, rows in parts]
-        return (picked[0] if len(picked) == 1 else np.concatenate(picked))[:, cols].T
+        return picked[0] if len(picked) == 1 else np.concatenate(picked)
 
 
 def load_model(model: str | Path, cache: KernelCache, *, threads: int | None = None,

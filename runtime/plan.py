@@ -2,9 +2,10 @@
 service configuration chosen by measurement, every candidate's figures, and what it was made
 from, so a plan made for another model, machine or kernel cache is caught and never used.
 
-Plans live in the kernel cache (`<cache>/plans/<model>.json`). A plan is found by the model's
-shape digest (the weights' values do not change a kernel or a timing: a plan tuned on an
-embedded config serves every checkpoint of that shape).
+Plans live in the kernel cache (`<cache>/plans/<model>.json`, `<model>-<format>.json` for an
+int or bf16 weight format: each format has its own kernels and timings). A plan is found by
+the model's shape digest (the weights' values do not change a kernel or a timing: a plan
+tuned on an embedded config serves every checkpoint of that shape).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sandwich.payload import make_payload
 from sandwich.topology.cpulist import format_cpulist
 from sandwich.tuner.kernel_cache import KernelCache
 from sandwich.types import ServiceConfig
+from sandwich.weight_formats import parse_format
 
 PLAN_VERSION = 1
 
@@ -106,7 +108,8 @@ def describe(cfg: ServiceConfig) -> str:
 
 def format_plan(plan: Plan) -> str:
     """What `plan show` prints: the chosen pair, every candidate, the one-run comparison."""
-    lines = [f"plan for {plan.model} (made {plan.created} on {plan.setup.get('machine', '?')})",
+    lines = [f"plan for {plan.model}, {plan_weights(plan)} weights (made {plan.created} on "
+             f"{plan.setup.get('machine', '?')})",
              f"  prefill: {describe(plan.prefill)}", f"  decode:  {describe(plan.decode)}",
              f"candidates (measured: median of {plan.setup.get('rounds', '?')} rounds, "
              f"{plan.setup.get('prompt_len', '?')}-token prompt, {plan.setup.get('new_tokens', '?')} "
@@ -151,12 +154,13 @@ def plan_threads(cfg: ModelConfig, configs: list[ServiceConfig]) -> list[tuple[i
     return sorted({(c.tp, c.threads_per_process) for c in configs})
 
 
-def kernels_stamp(cache: KernelCache, cfg: ModelConfig, payloads: list[tuple[int, int]]) -> str:
-    """A digest of the records every payload's GEMMs would load: re-tuning, clearing or
-    damaging one changes it."""
+def kernels_stamp(cache: KernelCache, cfg: ModelConfig, payloads: list[tuple[int, int]],
+                  weights: str = "fp32") -> str:
+    """A digest of the records every payload's GEMMs would load in the format `weights`:
+    re-tuning, clearing or damaging one changes it."""
     h = hashlib.sha256()
     for tp, threads in payloads:
-        for op in make_payload(cfg, tp=tp, seq_max=1).ops:
+        for op in make_payload(cfg, tp=tp, seq_max=1, weights=weights).ops:
             recs = cache.records(op.n, op.k, op.dtype, threads)
             h.update(f"{tp}/{threads}/{op.n}/{op.k}:".encode())
             for r in sorted(recs, key=lambda r: (r.record.m_lo, r.record.m_hi)):
@@ -165,41 +169,51 @@ def kernels_stamp(cache: KernelCache, cfg: ModelConfig, payloads: list[tuple[int
 
 
 def current_stamp(cache: KernelCache, cfg: ModelConfig, topology_hash: str,
-                  configs: list[ServiceConfig]) -> Stamp:
+                  configs: list[ServiceConfig], weights: str = "fp32") -> Stamp:
     return Stamp(model_digest=model_digest(cfg), machine=machine_stamp(cache, topology_hash),
-                 kernels=kernels_stamp(cache, cfg, plan_threads(cfg, configs)))
+                 kernels=kernels_stamp(cache, cfg, plan_threads(cfg, configs), weights))
 
 
 def plan_dir(cache: KernelCache) -> Path:
     return Path(cache.dir) / "plans"
 
 
-def _slug(cfg: ModelConfig) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", cfg.name.lower()).strip("-")[-40:] or "model"
+def _slug(cfg: ModelConfig, weights: str = "fp32") -> str:
+    """The model's name, and the weight format's unless fp32 (plans from before formats
+    existed keep their names)."""
+    name = re.sub(r"[^a-z0-9]+", "-", cfg.name.lower()).strip("-")[-40:] or "model"
+    fmt = parse_format(weights).name
+    return name if fmt == "fp32" else f"{name}-{fmt}"
 
 
-def plan_name(cfg: ModelConfig) -> str:
-    """A file-name-safe name: the model's name plus its shape digest."""
-    return f"{_slug(cfg)}-{model_digest(cfg)[:8]}"
+def plan_name(cfg: ModelConfig, weights: str = "fp32") -> str:
+    """A file-name-safe name: the model's name (and weight format) plus its shape digest."""
+    return f"{_slug(cfg, weights)}-{model_digest(cfg)[:8]}"
+
+
+def plan_weights(plan: Plan) -> str:
+    """The weight format a plan was measured with (plans from before formats: fp32)."""
+    return plan.setup.get("weights", "fp32")
 
 
 def save_plan(cache: KernelCache, cfg: ModelConfig, plan: Plan) -> Path:
     """Write atomically (a reader never sees half a plan)."""
     d = plan_dir(cache)
     d.mkdir(parents=True, exist_ok=True)
-    path = d / f"{plan_name(cfg)}.json"
+    path = d / f"{plan_name(cfg, plan_weights(plan))}.json"
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(plan.to_json())
     os.replace(tmp, path)
     return path
 
 
-def find_plan(cache: KernelCache, cfg: ModelConfig) -> tuple[Plan | None, Path]:
-    """The stored plan for this model's shapes, else one stored under the same name for other
-    shapes (stale: the model changed), else None; a damaged plan file is a CacheError."""
-    path = plan_dir(cache) / f"{plan_name(cfg)}.json"
+def find_plan(cache: KernelCache, cfg: ModelConfig, weights: str = "fp32") -> tuple[Plan | None, Path]:
+    """The stored plan for this model's shapes and weight format, else one stored under the
+    same name for other shapes (stale: the model changed), else None; a damaged plan file is a
+    CacheError."""
+    path = plan_dir(cache) / f"{plan_name(cfg, weights)}.json"
     if not path.is_file():
-        same_name = sorted(plan_dir(cache).glob(f"{_slug(cfg)}-????????.json"))
+        same_name = sorted(plan_dir(cache).glob(f"{_slug(cfg, weights)}-????????.json"))
         if not same_name:
             return None, path
         path = same_name[0]
@@ -212,7 +226,7 @@ def find_plan(cache: KernelCache, cfg: ModelConfig) -> tuple[Plan | None, Path]:
 
 def staleness(plan: Plan, cache: KernelCache, cfg: ModelConfig, topology_hash: str) -> str | None:
     """Why the plan may not be used here, or None when it is current."""
-    now = current_stamp(cache, cfg, topology_hash, [plan.prefill, plan.decode])
+    now = current_stamp(cache, cfg, topology_hash, [plan.prefill, plan.decode], plan_weights(plan))
     if now.model_digest != plan.stamp.model_digest:
         return "the model's shapes changed"
     if now.machine != plan.stamp.machine:

@@ -81,16 +81,18 @@ class RunnerFactory:
     """Builds engines for pairs of placements of one model on one kernel cache."""
 
     def __init__(self, model: str | Path, cache: KernelCache, *, max_seq: int,
-                 max_batch: int = 1, ops: str = "dsl") -> None:
+                 max_batch: int = 1, ops: str = "dsl", weights: str = "fp32") -> None:
         self.model, self.cache, self.max_seq, self.max_batch, self.ops = model, cache, max_seq, max_batch, ops
+        self.weights = weights  # the GEMMs' weight format, every layout alike
         self._base: LlamaModel | None = None  # the first TP = 1 load: its weights are shared
         self._cpus = process_cpus()  # an engine built later may find the process pinned
 
     def _tp1_model(self, pre: int, dec: int) -> LlamaModel:
         if self._base is not None:
             cfg = self._base.config
-            g_pre = model_gemms(cfg, self.cache, threads=pre)
-            g_dec = model_gemms(cfg, self.cache, threads=dec) if dec != pre else None
+            g_pre = model_gemms(cfg, self.cache, threads=pre, weights=self.weights)
+            g_dec = (model_gemms(cfg, self.cache, threads=dec, weights=self.weights)
+                     if dec != pre else None)
             try:
                 for g in (g_pre, g_dec):
                     if g is not None:
@@ -98,7 +100,8 @@ class RunnerFactory:
                 return replace(self._base, gemms=g_pre, decode_gemms=g_dec)
             except ConfigError:  # packed differently: this pair gets its own copy
                 pass
-        model = load_model(self.model, self.cache, threads=pre, decode_threads=dec)
+        model = load_model(self.model, self.cache, threads=pre, decode_threads=dec,
+                           weights=self.weights)
         self._base = self._base or model
         return model
 
@@ -119,7 +122,8 @@ class RunnerFactory:
             from sandwich.runtime.tp import TPExecutor
 
             ex = TPExecutor(self.model, self.cache, tp=len(p_sets), max_batch=self.max_batch,
-                            max_seq=self.max_seq, ops=self.ops, cpu_sets=p_sets, pin_caller=False)
+                            max_seq=self.max_seq, ops=self.ops, cpu_sets=p_sets, pin_caller=False,
+                            weights=self.weights)
             rank0 = PhasePlan(p_sets[0], len(p_sets[0]))  # the ranks stay where they were spawned
             run = Runner(Engine(ex, phases=PhaseSwitcher(rank0, rank0), **kw), on_close=ex.close)
         else:
@@ -165,7 +169,7 @@ class RunnerFactory:
 
         return TPExecutor(self.model, self.cache, tp=len(sets), max_batch=max_batch,
                           max_seq=self.max_seq, ops=self.ops, cpu_sets=sets, pin_caller=False,
-                          handoff=handoff.spec, handoff_role=role)
+                          handoff=handoff.spec, handoff_role=role, weights=self.weights)
 
 
 def trace_prompt(vocab: int, length: int, seed: int = 0) -> tuple[int, ...]:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from sandwich.errors import SandwichError
+from sandwich.errors import ConfigError, SandwichError
 from sandwich.gguf_config import is_gguf
 from sandwich.models import ModelConfig, load_model_config
 from sandwich.payload import make_payload
@@ -26,6 +26,7 @@ from sandwich.runtime.plan import (
     find_plan,
     placement,
     plan_threads,
+    plan_weights,
     save_plan,
     staleness,
     stamp_time,
@@ -61,6 +62,7 @@ class PlanSettings:
     patience: int = 8
     measure_share: float | None = None  # the cost model's share of each search round (None: the budget's)
     explore: float = 0.1
+    weights: str = "fp32"  # the weight format the plan's kernels read
 
 
 def machine_tree():
@@ -98,13 +100,20 @@ def search_candidates(cfg: ModelConfig, tree, s: PlanSettings, log: Callable[[st
 
 def tune_payloads(cfg: ModelConfig, cache: KernelCache, configs: list[ServiceConfig], *,
                   seq_max: int, budget: str, log: Callable[[str], None], progress: bool,
-                  guide: GuideSettings | None = None) -> None:
-    """Every distinct (TP degree, threads per process) gets kernels tuned for it; without
-    `guide`, the cost model takes the budget's share, as tune_shapes does."""
+                  guide: GuideSettings | None = None, weights: str = "fp32") -> None:
+    """Every distinct (TP degree, threads per process) gets kernels tuned for it in the
+    format `weights`, except a TP degree whose shares of K the format cannot store (it is
+    left unmeasured); without `guide`, the cost model takes the budget's share, as
+    tune_shapes does."""
     guides = Guides(guide or GuideSettings(measure_share=get_budget(budget).measure_share),
                     cache_dir=cache.dir, fingerprint=cache.fingerprint)
     for tp, threads in plan_threads(cfg, configs):
-        shapes = unique_shapes(make_payload(cfg, tp=tp, seq_max=seq_max))
+        try:
+            payload = make_payload(cfg, tp=tp, seq_max=seq_max, weights=weights)
+        except ConfigError as e:
+            log(f"not tuning TP={tp}: {e}")
+            continue
+        shapes = unique_shapes(payload)
         missing = [(n, op) for n, op in shapes if not cache.records(op.n, op.k, op.dtype, threads)]
         if missing:
             log(f"tuning {len(missing)} GEMM shape(s) for TP={tp} x {threads} thread(s)")
@@ -146,13 +155,14 @@ def make_plan(model: str, cache: KernelCache, settings: PlanSettings = PlanSetti
     ranked, params = search_candidates(cfg, tree, settings, log)
     configs = [r.config for r in ranked]
     tune_payloads(cfg, cache, configs, seq_max=seq_max, budget=settings.budget, log=log,
-                  progress=progress,
+                  progress=progress, weights=settings.weights,
                   guide=GuideSettings(measure_share=get_budget(settings.budget).share(settings.measure_share),
                                       explore=settings.explore))
     prompt = trace_prompt(cfg.vocab_size, settings.prompt_len)
     with tempfile.TemporaryDirectory(prefix="sandwichc-plan-") as tmp:
         factory = RunnerFactory(_weights(model, Path(tmp)), cache,
-                                max_seq=settings.prompt_len + settings.new_tokens)
+                                max_seq=settings.prompt_len + settings.new_tokens,
+                                weights=settings.weights)
         runners: dict[str, Runner] = {}
         why: dict[str, str] = {}
         try:
@@ -182,7 +192,8 @@ def make_plan(model: str, cache: KernelCache, settings: PlanSettings = PlanSetti
                             threads_per_process=pre.config.threads_per_process)
     decode = ServiceConfig(phase="decode", processes=dec.config.processes,
                            threads_per_process=dec.config.threads_per_process)
-    plan = Plan(model=cfg.name, stamp=current_stamp(cache, cfg, tree_hash(tree), [prefill, decode]),
+    plan = Plan(model=cfg.name, stamp=current_stamp(cache, cfg, tree_hash(tree), [prefill, decode],
+                                                    settings.weights),
                 prefill=prefill, decode=decode, candidates=cands, measured=measured,
                 setup={**asdict(settings), "seq_max": seq_max, "machine": tree.graph.get("name", ""),
                        "sim_params": asdict(params)},
@@ -219,10 +230,12 @@ def _agree(*runs: dict[str, Samples]) -> bool:
 
 
 # -- using a plan ------------------------------------------------------------------------
-def stored_plan(model: str, cache: KernelCache, *, tree=None) -> tuple[Plan | None, str | None, Path]:
-    """(plan, why it is stale or None, its path); (None, None, path) when there is none."""
+def stored_plan(model: str, cache: KernelCache, *, tree=None,
+                weights: str = "fp32") -> tuple[Plan | None, str | None, Path]:
+    """(plan, why it is stale or None, its path) of the model's plan for the weight format
+    `weights`; (None, None, path) when there is none."""
     cfg = load_model_config(model)
-    plan, path = find_plan(cache, cfg)
+    plan, path = find_plan(cache, cfg, weights)
     if plan is None:
         return None, None, path
     tree = tree if tree is not None else machine_tree()
@@ -237,6 +250,8 @@ def settings_of(plan: Plan, **over) -> PlanSettings:
 
 def plan_engine(plan: Plan, model: str, cache: KernelCache, *, max_batch: int, max_seq: int,
                 ops: str = "dsl", warm_up: bool = True, clock=None) -> Runner:
-    """An engine that runs the plan: prefill on its configuration and kernels, decode on its."""
-    factory = RunnerFactory(model, cache, max_seq=max_seq, max_batch=max_batch, ops=ops)
+    """An engine that runs the plan: prefill on its configuration and kernels, decode on its,
+    in the weight format it was measured with."""
+    factory = RunnerFactory(model, cache, max_seq=max_seq, max_batch=max_batch, ops=ops,
+                            weights=plan_weights(plan))
     return factory.build(plan.prefill, plan.decode, warm_up=warm_up, clock=clock)

@@ -33,6 +33,7 @@ class PoolSpec:
     max_seq: int
     ops: str
     handoff: HandoffSpec
+    weights: str = "fp32"  # the GEMMs' weight format
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,8 @@ def _pool_main(conn, spec: PoolSpec) -> None:
     try:
         threads = len(spec.cpus)
         seg = KVHandoff(spec.handoff)
-        model = load_model(spec.model, KernelCache(spec.cache_dir), threads=threads)
+        model = load_model(spec.model, KernelCache(spec.cache_dir), threads=threads,
+                           weights=spec.weights)
         ex = Executor(model, max_batch=1, max_seq=spec.max_seq, ops=spec.ops, threads=threads,
                       kv_hook=seg.writer(0, 1))
     except BaseException as e:
@@ -81,12 +83,13 @@ class PromptPool:
 
     def __init__(self, model: str | Path, cache_dir: str | Path, *, cpus: Sequence[int],
                  layers: int, kv_heads: int, head_dim: int, max_seq: int, ops: str = "dsl",
-                 buffers: int = 2) -> None:
+                 buffers: int = 2, weights: str = "fp32") -> None:
         self.handoff = KVHandoff.create(layers=layers, max_seq=max_seq, kv_heads=kv_heads,
                                         head_dim=head_dim, count=buffers)
         self.free = list(range(buffers - 1, -1, -1))
         self.cpus = tuple(cpus)
-        spec = PoolSpec(str(model), str(cache_dir), self.cpus, max_seq, ops, self.handoff.spec)
+        spec = PoolSpec(str(model), str(cache_dir), self.cpus, max_seq, ops, self.handoff.spec,
+                        weights)
         self._proc, self._conn = spawn_worker(_pool_main, (spec,), threads=len(self.cpus),
                                               name="sandwichc-prompt-pool")
         self._closed = False

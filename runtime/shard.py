@@ -57,26 +57,30 @@ def vocab_sharded(cfg: ModelConfig, tp: int) -> bool:
 
 
 def shard_gemms(cfg: ModelConfig, cache: KernelCache, *, tp: int,
-                threads: int | None = None) -> ModelGemms:
-    """The GEMMs of the tp payload tuned for `threads` (a rank's CPU count)."""
+                threads: int | None = None, weights: str = "fp32") -> ModelGemms:
+    """The GEMMs of the tp payload in the weight format `weights`, tuned for `threads` (a
+    rank's CPU count)."""
     found = {}
-    for op in make_payload(cfg, tp=tp, seq_max=1).ops:
+    for op in make_payload(cfg, tp=tp, seq_max=1, weights=weights).ops:
         try:
-            found[GEMM_FIELDS.get(op.name, op.name)] = cache.gemm(n=op.n, k=op.k, threads=threads)
+            found[GEMM_FIELDS.get(op.name, op.name)] = cache.gemm(n=op.n, k=op.k, dtype=op.dtype,
+                                                                  threads=threads)
         except CacheError as e:
+            flags = f"--tp {tp}" + (f" --weights {weights}" if weights != "fp32" else "")
             raise CacheError(f"{e} (GEMM {op.name} at tensor-parallel degree {tp}: "
-                             f"tune with `--tp {tp}`)") from None
+                             f"tune with `{flags}`)") from None
     return ModelGemms(**found)
 
 
 def load_shard(model_dir: str | Path, cache: KernelCache, *, rank: int, tp: int,
-               threads: int | None = None) -> LlamaModel:
-    """Read rank `rank`'s rows/columns of every projection and pack them once."""
+               threads: int | None = None, weights: str = "fp32") -> LlamaModel:
+    """Read rank `rank`'s rows/columns of every projection and pack them once, in the
+    format `weights` (a share of K keeps the groups and scales of the whole K)."""
     cfg, rope, ckpt = open_checkpoint(model_dir)  # an HF directory or a GGUF file
     if not 0 <= rank < tp:
         raise ConfigError(f"rank {rank} is outside tensor-parallel degree {tp}")
     local = shard_config(cfg, tp)
     read = WeightReader(ckpt, cfg)  # checkpoint errors before kernel lookups
-    gemms = shard_gemms(cfg, cache, tp=tp, threads=threads)
+    gemms = shard_gemms(cfg, cache, tp=tp, threads=threads, weights=weights)
     rows = cfg.vocab_size // tp if vocab_sharded(cfg, tp) else None
     return pack_model(read, cfg, rope, gemms, local=local, rank=rank, vocab_rows=rows)

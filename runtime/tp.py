@@ -22,6 +22,7 @@ import numpy as np
 from sandwich.compiler.buffers import aligned_zeros
 from sandwich.compiler.threadpool import pin_pool
 from sandwich.errors import ConfigError, SandwichError, ShapeError
+from sandwich.payload import make_payload
 from sandwich.runtime.allreduce import AllReduceError, SegmentSpec, ShmAllReduce
 from sandwich.runtime.executor import Executor
 from sandwich.runtime.kv_handoff import HandoffSpec, KVHandoff
@@ -54,6 +55,7 @@ class RankSpec:
     timeout: float
     handoff: HandoffSpec | None = None  # a KV hand-off segment between process layouts
     handoff_role: str = ""  # "write" (prefill layout) or "read" (decode layout)
+    weights: str = "fp32"  # the GEMMs' weight format
 
 
 def default_cpu_sets(tp: int, cpus: Sequence[int] | None = None) -> list[tuple[int, ...]]:
@@ -82,7 +84,8 @@ def _build_rank(spec: RankSpec, comm: ShmAllReduce, logits: np.ndarray | None) -
     """Load this rank's shard and wire the all-reduce (and, on rank 0, the logits gather)."""
     cache = KernelCache(spec.cache_dir)
     threads = len(spec.cpus)
-    model = load_shard(spec.model_dir, cache, rank=spec.rank, tp=spec.tp, threads=threads)
+    model = load_shard(spec.model_dir, cache, rank=spec.rank, tp=spec.tp, threads=threads,
+                       weights=spec.weights)
     gather = None
     if vocab_sharded(model.config, spec.tp):
         def gather(part: np.ndarray) -> np.ndarray:
@@ -148,9 +151,11 @@ class TPExecutor:
                  max_batch: int, max_seq: int, max_tokens: int | None = None,
                  ops: str = "dsl", cpu_sets: ServiceConfig | Sequence[Sequence[int]] | None = None,
                  timeout: float = 60.0, pin_caller: bool = True,
-                 handoff: HandoffSpec | None = None, handoff_role: str = "") -> None:
+                 handoff: HandoffSpec | None = None, handoff_role: str = "",
+                 weights: str = "fp32") -> None:
         cfg, _ = read_config(model_dir)
         check_tp(cfg, tp)
+        make_payload(cfg, tp=tp, seq_max=1, weights=weights)  # each rank's K fits the format
         self.cfg, self.tp = cfg, tp
         sets = resolve_cpu_sets(tp, cpu_sets)
         self.max_tokens = max(max_tokens or max_seq, max_batch)
@@ -165,7 +170,8 @@ class TPExecutor:
         try:
             specs = [RankSpec(str(model_dir), str(cache.dir if isinstance(cache, KernelCache) else cache),
                               r, tp, sets[r], max_batch, max_seq, self.max_tokens, ops,
-                              self.comm.spec, timeout, handoff, handoff_role) for r in range(tp)]
+                              self.comm.spec, timeout, handoff, handoff_role, weights)
+                     for r in range(tp)]
             self._spawn(specs[1:])
             if pin_caller:
                 self._old_mask = _pin_caller(sets[0])

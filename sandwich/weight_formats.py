@@ -233,6 +233,25 @@ def take_columns(qw: QuantizedWeight, index: np.ndarray) -> QuantizedWeight:
     return QuantizedWeight(qw.fmt, (qw.shape[0], len(index)), **pick)
 
 
+def take_rows(qw: QuantizedWeight, rows: slice) -> QuantizedWeight:
+    """The weight of K rows `rows` of `qw` (a tensor-parallel shard of K), still in its format
+    with the scales the whole K was quantized with, so every rank computes with the values of
+    one process; the rows must begin and end on a group boundary."""
+    k, n = qw.shape
+    lo, hi, step = rows.indices(k)
+    g = qw.fmt.group_size(k) if qw.fmt.quantized else 1
+    if step != 1 or hi <= lo or (qw.fmt.group and (lo % g or hi % g)):
+        raise ShapeError(f"rows {lo}:{hi} of a {qw.fmt.name} weight with K={k}: a shard of K "
+                         f"must be whole groups of {g}")
+    per = 2 if qw.fmt.bits == 4 else 1  # int4: two values a byte, within a group
+    pick = {"q": qw.q[:, lo // per: hi // per]}
+    for key in ("scales", "mins"):
+        a = getattr(qw, key)
+        if a is not None:
+            pick[key] = a if qw.fmt.group is None else a[:, lo // g: hi // g]
+    return QuantizedWeight(qw.fmt, (hi - lo, n), **pick)
+
+
 def pad_columns(qw: QuantizedWeight, n: int) -> QuantizedWeight:
     """`qw` with zero columns appended up to N = n (a kernel's padded N): zero values with
     zero scales (and minimums) dequantize to 0 in every format."""

@@ -208,6 +208,41 @@ def test_generate_runs_the_plan_and_replans_a_stale_one(gqa, planned, factory, t
     assert not json.loads(plan_file.read_text())["stamp"]["machine"].endswith("-elsewhere")
 
 
+@needs_two
+def test_int_weights_get_a_plan_of_their_own(gqa, planned, tmp_path):
+    """Issue 26: `tune --weights int8-g32` plans with int8 kernels (tuned for every payload,
+    TP=2 included: each rank's share of K keeps the whole K's groups) and stores the plan
+    beside the fp32 one, not over it; `generate --weights int8-g32` runs it and emits the
+    greedy tokens of one TP=1 int8 engine."""
+    d = tmp_path / "c"
+    shutil.copytree(planned[0], d)
+    cache, cfg = KernelCache(d), load_model_config(gqa)
+    fp32_before = find_plan(cache, cfg)[1].read_text()
+    p = _cli("tune", "--model", str(gqa), "--weights", "int8-g32", "--seq-max", "8", "--budget",
+             "tiny", "--prompt-len", "6", "--new-tokens", "3", "--rounds", "1", "--no-calibrate",
+             "--no-progress", cache=d)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "with int8-g32 weights" in p.stdout
+    plan, path = find_plan(cache, cfg, "int8-g32")
+    assert plan is not None and "-int8-g32-" in path.name and plan.setup["weights"] == "int8-g32"
+    assert staleness(plan, cache, cfg, tree_hash(machine_tree())) is None
+    measured = [c for c in plan.candidates if not c.runnable]
+    assert any(len(c.config.processes) == 2 for c in measured)  # int8 under TP=2
+    assert plan.measured["greedy_ids_agree"] is True
+    assert find_plan(cache, cfg)[1].read_text() == fp32_before  # fp32's plan is its own
+    int8 = RunnerFactory(gqa, cache, max_seq=40, max_batch=1, weights="int8-g32").build(TP1, TP1)
+    try:
+        (want,) = int8.engine.run([Request(prompt=(5, 6, 7, 8, 9), max_new_tokens=6)])
+    finally:
+        int8.close()
+    gen = _cli("generate", "--model", str(gqa), "--weights", "int8-g32", "--prompt-ids",
+               "5,6,7,8,9", "--max-new-tokens", "6", "--json", "--no-tune", cache=d)
+    assert gen.returncode == 0, gen.stderr[-2000:]
+    assert tuple(json.loads(gen.stdout)["ids"]) == want.ids
+    none = _cli("plan", "show", "--model", str(gqa), "--weights", "int4", cache=d)
+    assert none.returncode == 1 and "no plan" in none.stderr and "with int4-g32 weights" in none.stderr
+
+
 def _fake_plan(pair, singles, *, new_tokens=11):
     from sandwich.runtime.plan import Candidate, Plan, Stamp, describe
 

@@ -296,8 +296,7 @@ def test_generate_with_per_phase_thread_counts_emits_the_same_tokens(small_two_t
 def test_int_weights_run_with_per_phase_thread_counts(small_two_thread_counts, cache, tmp_path):
     """Issue 26: `--weights int8-g32` with --prefill-config (2 threads) and --decode-config
     (1 thread) loads int8 kernels for each phase's own count (tuned on first use) over one
-    copy of the packed weights, and emits the greedy tokens of the one-set int8 run; only
-    --tp is still refused for int weights."""
+    copy of the packed weights, and emits the greedy tokens of the one-set int8 run."""
     import argparse
 
     from sandwich.cli.engines import make_engine
@@ -311,8 +310,6 @@ def test_int_weights_run_with_per_phase_thread_counts(small_two_thread_counts, c
     model = make_engine(args, max_batch=1, max_seq=16).ex.model  # loads; pins nothing yet
     assert (model.gemms.qkv.dtype, model.gemms.qkv.threads) == ("int8-g32", 2)
     assert (model.decode_gemms.qkv.dtype, model.decode_gemms.qkv.threads) == ("int8-g32", 1)
-    with pytest.raises(ConfigError, match="drop --tp"):
-        make_engine(argparse.Namespace(**{**vars(args), "tp": 2}), max_batch=1, max_seq=16)
     int8 = ("--weights", "int8-g32")
     assert _greedy_ids(d, cache, *int8, "--prefill-config", pre, "--decode-config", dec) == \
         _greedy_ids(d, cache, *int8)

@@ -180,9 +180,8 @@ def test_gguf_export_names_shapes_and_vocab(tmp_path):
     import gguf
 
     from sandwich.bench.gguf_export import write_gguf
-    from sandwich.runtime.checkpoint import write_checkpoint
-
     from sandwich.models import read_raw_config
+    from sandwich.runtime.checkpoint import write_checkpoint
 
     raw, _ = read_raw_config("llama-3.2-1b")  # its vocabulary and llama3 RoPE, a narrow layer
     small = tmp_path / "config.json"  # (the whole 1B's embedding alone is a 1 GB file)

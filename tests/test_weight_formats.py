@@ -17,6 +17,7 @@ from sandwich.weight_formats import (
     parse_format,
     quantize,
     take_columns,
+    take_rows,
 )
 
 NAMES = [f.name for f in FORMATS]
@@ -200,6 +201,23 @@ def test_take_columns_permutes_without_requantizing(name):
     perm = np.random.default_rng(1).permutation(N)
     assert np.array_equal(dequantize(take_columns(qw, perm)), dequantize(qw)[:, perm])
     assert take_columns(qw, perm[:8]).shape == (K, 8)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_take_rows_cuts_a_share_of_k_with_the_whole_ks_scales(name):
+    """A tensor-parallel rank's share of K: the values one process has (int8's one scale per
+    column stays the whole column's, not its half's); a cut inside a group is an error."""
+    w = weights()
+    qw = quantize(w, name)
+    half = take_rows(qw, slice(K // 2, K))
+    assert half.shape == (K // 2, N)
+    assert np.array_equal(dequantize(half), dequantize(qw)[K // 2:])
+    if name == "int8":  # quantized alone, the half would get its own scales
+        assert not np.array_equal(dequantize(half), dequantize(quantize(w[K // 2:], name)))
+    if parse_format(name).group:
+        with pytest.raises(ShapeError, match="must be whole groups") as e:
+            take_rows(qw, slice(16, K))
+        one_line(e)
 
 
 def test_a_gguf_files_tensors_load_as_stored_and_match_its_reader(tmp_path):

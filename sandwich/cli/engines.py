@@ -75,11 +75,7 @@ def make_engine(args, *, max_batch: int, max_seq: int, clock=None):
         return _splitwise_engine(args, cache, spec, max_batch=max_batch, max_seq=max_seq,
                                  clock=clock)
     weights = weights_arg(args)
-    if weights != "fp32" and args.tp > 1:
-        raise ConfigError(f"--weights {weights} runs in one process so far (each phase with its "
-                          f"own thread count from --prefill-config/--decode-config); drop --tp")
-    planned = (None if weights != "fp32" else  # a stored plan was measured with fp32 kernels
-               _planned_engine(args, cache, max_batch=max_batch, max_seq=max_seq, clock=clock))
+    planned = _planned_engine(args, cache, max_batch=max_batch, max_seq=max_seq, clock=clock)
     if planned is not None:
         return _scheduled(planned, spec)
     if args.tp > 1:
@@ -90,7 +86,7 @@ def make_engine(args, *, max_batch: int, max_seq: int, clock=None):
                               "phases (give it with --decode-config)")
         sets = load_service_config(args.decode_config, "decode") if args.decode_config else None
         ex = TPExecutor(args.model, cache, tp=args.tp, max_batch=max_batch, max_seq=max_seq,
-                        ops=args.ops, cpu_sets=sets)
+                        ops=args.ops, cpu_sets=sets, weights=weights)
         atexit.register(ex.close)  # stop the workers however the command ends
         phases = PhaseSwitcher()  # both phases as the ranks were pinned: no switching
     else:
@@ -146,7 +142,8 @@ def _splitwise_engine(args, cache, spec, *, max_batch: int, max_seq: int, clock=
         ensure_tuned(args, cache, t)
     ex, sched, phases = splitwise_engine_parts(args.model, cache, cpus=cpus, prompt_cores=prompt,
                                                token_cores=token, max_batch=max_batch,
-                                               max_seq=max_seq, ops=args.ops)
+                                               max_seq=max_seq, ops=args.ops,
+                                               weights=weights_arg(args))
     atexit.register(sched.close)
     engine = Engine(ex, phases=phases, schedule=sched, clock=clock or time.perf_counter)
     if not args.no_warmup:
@@ -155,9 +152,9 @@ def _splitwise_engine(args, cache, spec, *, max_batch: int, max_seq: int, clock=
 
 
 def _planned_engine(args, cache, *, max_batch: int, max_seq: int, clock=None):
-    """The engine of the model's stored plan, or None (no plan, --plan off, or the command
-    line places the phases itself). A stale plan is re-planned first, or, with --no-tune,
-    left unused with a warning."""
+    """The engine of the model's stored plan for its --weights format, or None (no plan,
+    --plan off, or the command line places the phases itself). A stale plan is re-planned
+    first, or, with --no-tune, left unused with a warning."""
     import atexit
     import warnings
 
@@ -167,13 +164,15 @@ def _planned_engine(args, cache, *, max_batch: int, max_seq: int, clock=None):
     explicit = args.prefill_config or args.decode_config or args.tp > 1 or args.threads
     if getattr(args, "plan", "auto") == "off" or explicit:
         return None
-    plan, why, path = stored_plan(args.model, cache)
+    weights = weights_arg(args)
+    plan, why, path = stored_plan(args.model, cache, weights=weights)
     if plan is None:
         return None
     if why:
         if args.no_tune:
+            flags = f"--model {args.model}" + (f" --weights {weights}" if weights != "fp32" else "")
             warnings.warn(ConfigWarning(f"{path}: stale plan ({why}); not used. `sandwichc tune "
-                                        f"--model {args.model}` plans again"), stacklevel=1)
+                                        f"{flags}` plans again"), stacklevel=1)
             return None
         print(f"re-planning {args.model}: the stored plan is stale ({why})", file=sys.stderr)
         plan = make_plan(args.model, cache, settings_of(plan),

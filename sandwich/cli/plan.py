@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from sandwich.cli.common import add_cache_arg, cache_dir_arg
+from sandwich.cli.common import add_cache_arg, add_weights_arg, cache_dir_arg
 from sandwich.models import DEFAULT_MODEL
 
 
@@ -16,6 +16,7 @@ def register(sub) -> None:
     show.add_argument("--model", default=DEFAULT_MODEL, help="embedded name, HF directory or GGUF")
     show.add_argument("--json", action="store_true", help="print the stored plan JSON")
     add_cache_arg(show)
+    add_weights_arg(show)
     show.set_defaults(func=cmd_plan_show)
 
 
@@ -25,10 +26,11 @@ def cmd_plan_show(args) -> int:
     from sandwich.runtime.planner import stored_plan
     from sandwich.tuner.kernel_cache import KernelCache
 
-    plan, why, path = stored_plan(args.model, KernelCache(cache_dir_arg(args)))
+    plan, why, path = stored_plan(args.model, KernelCache(cache_dir_arg(args)), weights=args.weights)
     if plan is None:
-        raise CacheError(f"no plan for {args.model} in {path.parent}; `sandwichc tune --model "
-                         f"{args.model}` makes one")
+        flags = f"--model {args.model}" + (f" --weights {args.weights}" if args.weights != "fp32" else "")
+        raise CacheError(f"no plan for {args.model} with {args.weights} weights in {path.parent}; "
+                         f"`sandwichc tune {flags}` makes one")
     if args.json:
         print(json.dumps(json.loads(plan.to_json()) | {"stale": why}, indent=1))
         return 0

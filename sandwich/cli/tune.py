@@ -42,7 +42,8 @@ def register(sub) -> None:
                       help="on: search this machine's topology, tune each candidate service "
                       "configuration's kernels, measure them on the engine and store the "
                       "prefill/decode pair as the model's plan; off: one kernel set for "
-                      "--threads (auto: on unless --tp, --threads, --ops, --rpc or --weights other than fp32 is given)")
+                      "--threads (auto: on unless --tp, --threads, --ops or --rpc is given); "
+                      "each --weights format has a plan of its own")
     tune.add_argument("--top-k", type=int, default=3, help="candidates per phase (plan)")
     tune.add_argument("--rounds", type=int, default=7, help="measurement rounds (plan)")
     tune.add_argument("--prompt-len", type=int, default=128,
@@ -296,12 +297,10 @@ def cmd_rpc_server(args) -> int:
 
 def _plan_mode(args) -> str:
     """A plan picks the TP degree and threads itself: --tp, --threads or --ops mean one set
-    (and so does --rpc: a plan measures on this machine's engine; and --weights other than
-    fp32, until the planner measures int formats: their engine runs one process, with each
-    phase's own thread count, but not under TP)."""
+    (and so does --rpc: a plan measures on this machine's engine). --weights is the plan's
+    format: each format has its own plan."""
     single = [flag for flag, given in (("--tp", args.tp != 1), ("--threads", bool(args.threads)),
-                                       ("--ops", bool(args.ops)), ("--rpc", bool(args.rpc)),
-                                       ("--weights", args.weights != "fp32"))
+                                       ("--ops", bool(args.ops)), ("--rpc", bool(args.rpc)))
               if given]
     if args.plan == "on" and single:
         raise ConfigError(f"--plan on chooses the TP degree and threads itself; drop "
@@ -322,13 +321,15 @@ def _tune_plan(args, cfg) -> int:
     cache = _cache(args)
     warn_if_busy("the timings that rank schedules and configurations",
                  lambda msg: print(msg, file=sys.stderr))
-    print(f"planning {cfg.name} on {cache.cpu.model} [{cache.fingerprint}] (seq_max={args.seq_max}, "
-          f"budget={args.budget}, top-{args.top_k} per phase), cache {cache.dir}")
+    print(f"planning {cfg.name} with {args.weights} weights on {cache.cpu.model} "
+          f"[{cache.fingerprint}] (seq_max={args.seq_max}, budget={args.budget}, top-{args.top_k} "
+          f"per phase), cache {cache.dir}")
     t0 = time.perf_counter()
     settings = PlanSettings(top_k=args.top_k, seq_max=args.seq_max, budget=args.budget,
                             prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                             rounds=args.rounds, calibrate=not args.no_calibrate,
-                            measure_share=args.measure_share, explore=args.explore)
+                            measure_share=args.measure_share, explore=args.explore,
+                            weights=args.weights)
     plan = make_plan(args.model, cache, settings, progress=not args.no_progress)
     print(format_plan(plan))
     print(f"done in {time.perf_counter() - t0:.1f} s")
