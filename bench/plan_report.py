@@ -8,7 +8,7 @@ import json
 import statistics
 from pathlib import Path
 
-from sandwich.runtime.plan import Plan, describe, placement
+from sandwich.runtime.plan import Plan, describe, placement, plan_weights
 
 
 def request_ms(f: dict, new_tokens: int) -> float:
@@ -65,7 +65,7 @@ def verdict(plan: Plan) -> dict:
 def model_section(plan: Plan) -> list[str]:
     v, s, m = verdict(plan), plan.setup, plan.measured
     new = int(s["new_tokens"])
-    out = [f"## {plan.model}", "",
+    out = [f"## {plan.model}, {plan_weights(plan)} weights", "",
            f"Plan made {plan.created}; candidates: the simulated search's top {s['top_k']} per "
            f"phase (search calibrated on this host: {bool(s['calibrate'])}); kernels tuned per "
            f"payload at the `{s['budget']}` budget over M in [1, {s['seq_max']}]. Measured in "

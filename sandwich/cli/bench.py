@@ -96,9 +96,11 @@ def register(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars while tuning")
     p.add_argument("--no-fixtures", action="store_true",
                    help="leave out the simulated plans of the synthetic large machines")
-    p.add_argument("--json", dest="json_out", default="results/sandwich_plan.json")
-    p.add_argument("--md", default="results/sandwich_plan.md")
+    p.add_argument("--json", dest="json_out", default=None,
+                   help="default results/sandwich_plan.json (sandwich_plan_<format>.json)")
+    p.add_argument("--md", default=None, help="default results/sandwich_plan.md (or _<format>)")
     add_cache_arg(p)
+    add_weights_arg(p)
     p.set_defaults(func=_run_plan)
 
     c = bsub.add_parser("corruption", help="single-byte corruptions of a tuned tiny-model "
@@ -341,7 +343,9 @@ def _run_plan(args) -> int:
     cache = KernelCache(cache_dir_arg(args))
     settings = PlanSettings(top_k=args.top_k, seq_max=args.seq_max, budget=args.budget,
                             prompt_len=args.prompt_len, new_tokens=args.new_tokens,
-                            rounds=args.rounds)
+                            rounds=args.rounds, weights=args.weights)
+    stem = "results/sandwich_plan" + ("" if args.weights == "fp32" else f"_{args.weights}")
+    args.md, args.json_out = args.md or f"{stem}.md", args.json_out or f"{stem}.json"
     plans = [make_plan(m, cache, settings, progress=not args.no_progress)
              for m in args.model or ["llama-160m"]]
     fixtures = ""
