@@ -20,9 +20,10 @@ import numpy as np
 from sandwich.compiler.buffers import aligned_zeros
 from sandwich.errors import ConfigError
 from sandwich.tuner.kernel_cache import GemmKernel, PackedWeight
+from sandwich.weight_formats import format_of
 
 if TYPE_CHECKING:  # the loader imports this module
-    from sandwich.runtime.loader import ModelGemms
+    from sandwich.runtime.loader import ModelGemms, WeightReader
 
 # the executor's `_run(layer, site, rows, bind)`: binds an op on permanent buffers, replays it
 Run = Callable[[int, str, int, Callable[[], Callable[[], object]]], None]
@@ -46,20 +47,23 @@ class MoeWeights:
     top_k: int
 
 
-def pack_moe(read: Callable[[str], np.ndarray], prefix: str, *, router: GemmKernel,
-             gate_up: GemmKernel, down: GemmKernel, top_k: int, experts: int,
-             cols: slice) -> MoeWeights:
-    """Read one layer's router and experts (HF names under `prefix`) and pack each once;
-    `cols` selects a TP rank's intermediate columns, as for the dense MLP."""
+def pack_moe(read: WeightReader, prefix: str, *, router: GemmKernel, gate_up: GemmKernel,
+             down: GemmKernel, top_k: int, experts: int, cols: slice) -> MoeWeights:
+    """Read one layer's router and experts (HF names under `prefix`) and pack each once, in
+    the GEMMs' weight format as the dense MLP is (`WeightReader.projection`); `cols` selects
+    a TP rank's intermediate columns."""
     p = prefix + "block_sparse_moe."
+    fmt = format_of(gate_up.dtype)
+    whole = slice(None)
     packed = []
     for e in range(experts):
         x = f"{p}experts.{e}."
-        gu = np.concatenate([read(x + "w1.weight")[cols], read(x + "w3.weight")[cols]])
-        packed.append(ExpertWeights(gate_up=gate_up.pack(gu.T),
-                                    down=down.pack(read(x + "w2.weight")[:, cols].T)))
-    return MoeWeights(router=router.pack(read(p + "gate.weight").T), experts=tuple(packed),
-                      top_k=top_k)
+        gu = read.projection([(x + "w1.weight", cols), (x + "w3.weight", cols)], fmt)
+        packed.append(ExpertWeights(gate_up=gate_up.pack(gu),
+                                    down=down.pack(read.projection([(x + "w2.weight", whole)],
+                                                                   fmt, cols))))
+    return MoeWeights(router=router.pack(read.projection([(p + "gate.weight", whole)], fmt)),
+                      experts=tuple(packed), top_k=top_k)
 
 
 def route(logits: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:

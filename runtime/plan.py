@@ -2,8 +2,9 @@
 service configuration chosen by measurement, every candidate's figures, and what it was made
 from, so a plan made for another model, machine or kernel cache is caught and never used.
 
-Plans live in the kernel cache (`<cache>/plans/<model>.json`, `<model>-<format>.json` for an
-int or bf16 weight format: each format has its own kernels and timings). A plan is found by
+Plans live in the kernel cache (`<cache>/plans/<model>-<digest>.json`, or
+`<model>-<format>-<digest>.json` for a weight format other than fp32: each format has its own
+kernels and timings). A plan is found by
 the model's shape digest (the weights' values do not change a kernel or a timing: a plan
 tuned on an embedded config serves every checkpoint of that shape).
 """
