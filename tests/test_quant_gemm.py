@@ -187,10 +187,11 @@ def test_bench_formats_bad_input_is_one_line(capsys, tmp_path, argv, match):
 
 
 @pytest.mark.tvm
-def test_bench_formats_checks_int_kernels_on_the_activations_they_multiply(tmp_path):
+def test_bench_formats_checks_int_kernels_on_the_activations_they_multiply(tmp_path, cache):
     """The int8-g32 rows are checked against numpy on the activations rounded to 8 bits as the
     kernel rounds them (against A itself, 1e-4 of sum |a| |w| is out of 8 bits' reach), and
-    each row shows its Roof-Surface bound."""
+    each row shows its Roof-Surface bound. (The shared cache: the tiny GGUF's shapes are
+    tuned by other tests of this file.)"""
     from sandwich.cli import main
 
     path = write_tiny_gguf(tmp_path / "tiny.gguf", types={"token_embd.weight": "F32"})[0]
@@ -198,7 +199,7 @@ def test_bench_formats_checks_int_kernels_on_the_activations_they_multiply(tmp_p
     code = main(["bench", "formats", "--model", str(path), "--weights", "int8-g32", "--m", "16",
                  "--seq-max", "16", "--budget", "tiny", "--no-progress", "--threads", "2",
                  "--passes", "2",
-                 "--cache-dir", str(tmp_path / "c"), "--json", str(out),
+                 "--cache-dir", str(cache.dir), "--json", str(out),
                  "--md", str(tmp_path / "formats.md")])
     assert code == 0
     rows = json.loads(out.read_text())["rows"]

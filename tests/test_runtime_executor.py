@@ -221,10 +221,11 @@ def test_dsl_ops_refuse_misaligned_buffers(llama160m):
 
 @pytest.fixture(scope="module")
 def small_two_thread_counts(tmp_path_factory, cache):
-    """A small llama tuned for 2 threads and for 1 (prefill's and decode's counts)."""
+    """A small llama tuned for 2 threads and for 1 (prefill's and decode's counts); the
+    shapes of test_plan.py's model, so the shared cache tunes them once."""
     return tuned_checkpoint(tmp_path_factory, cache, "llama-160m", tp_threads=((1, 2), (1, 1)),
                             hidden_size=128, intermediate_size=256, num_attention_heads=4,
-                            num_key_value_heads=4, vocab_size=512)
+                            num_key_value_heads=2, vocab_size=512)
 
 
 def test_decode_runs_the_kernels_tuned_for_its_own_thread_count(small_two_thread_counts, cache,
