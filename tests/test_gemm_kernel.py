@@ -101,6 +101,21 @@ def test_skinny_m_is_timed_on_weights_streamed_past_the_llc():
     assert all(end != start for (_, end), (start, _) in itertools.pairwise(spans))
 
 
+def test_large_weights_are_timed_from_dram_at_every_m():
+    """Past decode's M, weights of 1/8 of the LLC and more are timed rotated (in a model the
+    other layers' weights evict them between calls); smaller ones stay cache-resident."""
+    from sandwich.tuner.streaming import from_dram
+
+    assert from_dram(1, 1 << 10, 32 << 20) and from_dram(8, 1 << 10, 32 << 20)
+    assert not from_dram(9, 1 << 10, 32 << 20) and not from_dram(512, (4 << 20) - 1, 32 << 20)
+    assert from_dram(512, 4 << 20, 32 << 20)
+    sched = _sched(1, 4 * LANES, (4, 4 * LANES, 64), (1, 1, 1), pack=4 * LANES)
+    for llc, rotated in ((1 << 20, False), (4 * LANES * 64 * 4 * 8, True)):  # 8x the weights
+        meas = TvmMeasure(CPU, 2, 4 * LANES, 64, 4 * LANES, seq_max=32, llc_bytes=llc)
+        assert meas(sched, 32).ok
+        assert bool(meas._streamed) == rotated  # the copies exist only once a timing rotated
+
+
 def test_wrong_weight_shape():
     with pytest.raises(ShapeError):
         pack_weights(np.zeros((4, 30), np.float32), 16)

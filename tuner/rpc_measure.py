@@ -30,7 +30,7 @@ from sandwich.compiler.target import CpuInfo
 from sandwich.errors import BuildError, ConfigError
 from sandwich.tuner.measure import MeasureResult
 from sandwich.tuner.reference import ReferenceRows
-from sandwich.tuner.streaming import llc_bytes, rotation_copies
+from sandwich.tuner.streaming import from_dram, llc_bytes, rotation_copies
 from sandwich.tuner.timing import gflops
 from sandwich.tuner.tvm_measure import check_ms, random_problem, result_error
 from sandwich.types import KernelSchedule
@@ -234,14 +234,17 @@ class RpcMeasure:
 
     def _time(self, remote: _Remote, schedule: KernelSchedule, m: int) -> float:
         module = self._module(remote, schedule)
-        if m > self.stream_max_m:
+        nbytes = sum(x.nbytes for x in self.wp)
+        if not from_dram(m, nbytes, llc_bytes(), skinny_m=self.stream_max_m):
             return remote.session.best_seconds(module, self._args(remote, schedule, m, remote.weights),
                                                min_repeat_ms=self.min_repeat_ms, repeat=self.repeat)
-        # decode: weights streamed from DRAM, as the local measure times them, cycled over
-        # copies of the weights (together 8x the LLC) by the server itself
-        copies = min(self.max_copies, rotation_copies(self.wp[0].nbytes, llc_bytes()))
+        # decode, and large weights at any M: streamed from DRAM, as the local measure times
+        # them, cycled over copies of the weights (together 8x the LLC) by the server itself;
+        # past decode's M one pass over the copies (each call is long)
+        copies = min(self.max_copies, rotation_copies(nbytes, llc_bytes()))
+        passes = self.stream_passes if m <= self.stream_max_m else 1
         return remote.session.streamed_seconds(module, self._args(remote, schedule, m, remote.weights),
-                                               copies=copies, passes=self.stream_passes)
+                                               copies=copies, passes=passes)
 
     def __call__(self, schedule: KernelSchedule, m: int) -> MeasureResult:
         try:

@@ -23,7 +23,7 @@ from sandwich.compiler.target import CpuInfo
 from sandwich.errors import BuildError, ConfigError
 from sandwich.tuner.measure import MeasureResult
 from sandwich.tuner.reference import ReferenceRows, reference_matmul
-from sandwich.tuner.streaming import llc_bytes, rotation_copies
+from sandwich.tuner.streaming import from_dram, llc_bytes, rotation_copies
 from sandwich.tuner.timing import gflops, time_callable
 from sandwich.types import KernelSchedule
 from sandwich.weight_formats import dequantize, quantize, round_bf16
@@ -125,9 +125,10 @@ class TvmMeasure:
 
     def streamed_weights(self) -> list[np.ndarray]:
         """Copies of the packed weights, together 8x the last-level cache, that skinny-M
-        timings rotate through: at M <= 8 (decode) a GEMM reads its weights from DRAM, and
-        the schedule that is fastest on cache-resident weights need not be the one that
-        streams them fastest (its b_k and threads set how many misses are in flight).
+        timings (and every timing of large weights: streaming.from_dram) rotate through: at
+        M <= 8 (decode) a GEMM reads its weights from DRAM, and the schedule that is fastest
+        on cache-resident weights need not be the one that streams them fastest (its b_k and
+        threads set how many misses are in flight).
 
         Each copy is its own allocation, as a model's weights are: in one contiguous block
         the hardware prefetcher runs on from one copy into the next, which hid about 4 us of
@@ -181,7 +182,8 @@ class TvmMeasure:
                 self.ws_buf = aligned_empty((t_k * self.seq_max * self.n,))
             ws = workspace_view(self.ws_buf, t_k, m, self.n)
         skinny = m <= self.stream_max_m
-        weights = self.streamed_weights() if skinny else [self.wp]
+        cold = from_dram(m, sum(x.nbytes for x in self.wp), self.llc_bytes, skinny_m=self.stream_max_m)
+        weights = self.streamed_weights() if cold else [self.wp]
         calls = itertools.cycle([gemm_args(self.a[:m], wp, self.c[:m], schedule, ws) for wp in weights])
         # a big GEMM's call lasts up to seconds at large M, where most candidates of a round
         # are far behind the leader: one repeat of those ranks them as well as three
