@@ -28,6 +28,7 @@ from sandwich.runtime.loader import (
     pack_model,
 )
 from sandwich.tuner.kernel_cache import KernelCache
+from sandwich.weight_formats import weights_flag
 
 
 def check_tp(cfg: ModelConfig, tp: int) -> None:
@@ -66,9 +67,8 @@ def shard_gemms(cfg: ModelConfig, cache: KernelCache, *, tp: int,
             found[GEMM_FIELDS.get(op.name, op.name)] = cache.gemm(n=op.n, k=op.k, dtype=op.dtype,
                                                                   threads=threads)
         except CacheError as e:
-            flags = f"--tp {tp}" + (f" --weights {weights}" if weights != "fp32" else "")
             raise CacheError(f"{e} (GEMM {op.name} at tensor-parallel degree {tp}: "
-                             f"tune with `{flags}`)") from None
+                             f"tune with `--tp {tp}{weights_flag(weights)}`)") from None
     return ModelGemms(**found)
 
 

@@ -67,6 +67,13 @@ def parse_format(name: str | WeightFormat) -> WeightFormat:
     return fmt
 
 
+def weights_flag(name: str | WeightFormat) -> str:
+    """What a suggested command line adds for the format: `` --weights F``, or nothing for
+    fp32 (the default)."""
+    fmt = parse_format(name)
+    return "" if fmt.bits == 32 else f" --weights {fmt.name}"
+
+
 def layout(fmt: WeightFormat, k: int, n: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """(shape, dtype) of each array of a (K, N) weight in `fmt`: what a kernel allocates."""
     out = {"q": ((n, k // 2 if fmt.bits == 4 else k),

@@ -205,7 +205,8 @@ def test_tp2_int_weights_equal_tp1(tmp_path, cache):
 
 
 def _generate_ids(model, cache, *flags, prompt, new_tokens=STEPS) -> list[int]:
-    """`sandwichc generate`'s greedy ids; the process is unpinned after (rank 0 pins it)."""
+    """`sandwichc generate`'s greedy ids; the process is unpinned after (the command pins
+    rank 0 until the process exits, atexit; later tests need both CPUs)."""
     from sandwich.cli import main
     from sandwich.runtime.phases import unpin_process
 
@@ -243,18 +244,10 @@ def test_config_errors_come_before_any_process(tmp_path):
 @pytest.mark.tvm
 def test_generate_cli_with_tp2_gives_the_tp1_ids(llama160m, cache, capsys):
     from sandwich.cli import main
-    from sandwich.runtime.phases import unpin_process
 
-    outs, cpus = [], tuple(sorted(os.sched_getaffinity(0)))
-    try:
-        for tp in ("1", "2"):
-            assert main(["generate", "--model", str(llama160m), "--cache-dir", str(cache.dir),
-                         "--prompt-ids", "1,5,9,200", "--max-new-tokens", "6", "--json", "--tp", tp,
-                         "--threads", "2", "--ops", "numpy"]) == 0
-            outs.append(json.loads(capsys.readouterr().out))
-    finally:  # the command pins rank 0 until the process exits (atexit); later tests need both
-        unpin_process(cpus)
-    assert len(outs[0]["ids"]) == 6 and outs[0]["ids"] == outs[1]["ids"]
+    ids = [_generate_ids(llama160m, cache, "--tp", tp, "--ops", "numpy", prompt=[1, 5, 9, 200],
+                         new_tokens=6) for tp in ("1", "2")]
+    assert len(ids[0]) == 6 and ids[0] == ids[1]
     assert main(["generate", "--model", str(llama160m), "--cache-dir", str(cache.dir),
                  "--prompt-ids", "1", "--max-new-tokens", "2", "--tp", "2",
                  "--prefill-config", "x.json"]) == 1

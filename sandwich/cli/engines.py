@@ -160,6 +160,7 @@ def _planned_engine(args, cache, *, max_batch: int, max_seq: int, clock=None):
 
     from sandwich.errors import ConfigWarning
     from sandwich.runtime.planner import make_plan, plan_engine, settings_of, stored_plan
+    from sandwich.weight_formats import weights_flag
 
     explicit = args.prefill_config or args.decode_config or args.tp > 1 or args.threads
     if getattr(args, "plan", "auto") == "off" or explicit:
@@ -170,9 +171,9 @@ def _planned_engine(args, cache, *, max_batch: int, max_seq: int, clock=None):
         return None
     if why:
         if args.no_tune:
-            flags = f"--model {args.model}" + (f" --weights {weights}" if weights != "fp32" else "")
             warnings.warn(ConfigWarning(f"{path}: stale plan ({why}); not used. `sandwichc tune "
-                                        f"{flags}` plans again"), stacklevel=1)
+                                        f"--model {args.model}{weights_flag(weights)}` plans "
+                                        f"again"), stacklevel=1)
             return None
         print(f"re-planning {args.model}: the stored plan is stale ({why})", file=sys.stderr)
         plan = make_plan(args.model, cache, settings_of(plan),

@@ -25,12 +25,13 @@ def cmd_plan_show(args) -> int:
     from sandwich.runtime.plan import format_plan
     from sandwich.runtime.planner import stored_plan
     from sandwich.tuner.kernel_cache import KernelCache
+    from sandwich.weight_formats import weights_flag
 
     plan, why, path = stored_plan(args.model, KernelCache(cache_dir_arg(args)), weights=args.weights)
     if plan is None:
-        flags = f"--model {args.model}" + (f" --weights {args.weights}" if args.weights != "fp32" else "")
         raise CacheError(f"no plan for {args.model} with {args.weights} weights in {path.parent}; "
-                         f"`sandwichc tune {flags}` makes one")
+                         f"`sandwichc tune --model {args.model}{weights_flag(args.weights)}` "
+                         f"makes one")
     if args.json:
         print(json.dumps(json.loads(plan.to_json()) | {"stale": why}, indent=1))
         return 0
