@@ -1,7 +1,8 @@
 """Weight formats side by side (issue 26): one model's tuned GEMMs in each format, in one run
 with the same threads. Decode rows (M <= 8) stream their weights from beyond the LLC and are
 reported in stored bytes per second against the streaming read of the same moment; larger M
-in GFLOPS; every row also as a speedup over the fp32 kernel of the same op and M, and against
+in GFLOPS, with weights of 1/8 of the LLC or more also read from DRAM (as the tuner times them
+and as a model reads them: each layer's weights evict the last's); every row also as a speedup over the fp32 kernel of the same op and M, and against
 its Roof-Surface bound (tuner/roofsurface.py) on this machine's measured rates."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from sandwich.bench.machine import measure_machine
 from sandwich.compiler.gemm_runner import aligned_empty
 from sandwich.errors import ConfigError
 from sandwich.tuner import roofsurface as rs
-from sandwich.tuner.streaming import rotation_copies
+from sandwich.tuner.streaming import from_dram, rotation_copies
 from sandwich.tuner.tvm_measure import kernel_rows
 from sandwich.weight_formats import dequantize, gemm_dtype, parse_format, quantize
 
@@ -41,8 +42,8 @@ class FormatRow:
     gflops: float
     stored_mb: float  # what one call reads of the weights: values, scales, minimums
     schedule: str
-    rotated: bool = False
-    stored_gbs: float | None = None  # rotated rows: stored bytes / time
+    rotated: bool = False  # timed over copies beyond the LLC: the weights come from DRAM
+    stored_gbs: float | None = None  # decode rows: stored bytes / time
     read_gbs: float | None = None  # the streaming read around this row's timing
     pct_read: float | None = None
     speedup_vs_fp32: float | None = None
@@ -145,16 +146,17 @@ def _time_row(cache, limits, model: str, name: str, op, fmt: str, m: int,
     out = aligned_empty((m, op.n))
     first = gemm.pack(w)
     stored = first.nbytes
-    rotated = m <= DECODE_MAX_M
+    rotated = from_dram(m, stored, limits.llc_bytes, skinny_m=DECODE_MAX_M)
     handles = [first] + [gemm.pack(w) for _ in range(rotation_copies(stored, limits.llc_bytes) - 1)] \
         if rotated else [first]
-    before = moment_read(limits) if rotated else None
+    decode = m <= DECODE_MAX_M
+    before = moment_read(limits) if decode else None
     rows = kernel_rows(op.dtype, op.k)
     t = measure_runner(name, bound_runner(gemm, out), a, ref, handles, ref_a=rows(a) if rows else None,
                        **TIMING)
     row = FormatRow(model, name, op.n, op.k, parse_format(fmt).name, m, t.timing.median_s * 1e6,
                     t.gflops, stored / 1e6, gemm.schedule_for(m).key(), rotated)
-    if rotated:
+    if decode:
         read = (before + moment_read(limits)) / 2
         row.stored_gbs = stored / t.timing.median_s / 1e9
         row.read_gbs, row.pct_read = read, 100 * row.stored_gbs / read
@@ -180,7 +182,8 @@ def _speedups(rows: list[FormatRow]) -> None:
 
 
 def _line(r: FormatRow) -> str:
-    read = f", {r.stored_gbs:.1f} GB/s stored = {r.pct_read:.0f}% of the read" if r.rotated else ""
+    read = (f", {r.stored_gbs:.1f} GB/s stored = {r.pct_read:.0f}% of the read"
+            if r.stored_gbs is not None else ", weights from DRAM" if r.rotated else "")
     bound = f", {r.pct_bound:.0f}% of its {r.bound_by} bound" if r.bound_by else ""
     if r.pct_bound_range:
         bound += f" ({r.pct_bound_range[0]:.0f}-{r.pct_bound_range[1]:.0f}% over the passes)"
@@ -198,8 +201,9 @@ def write_report(res: FormatsResult, md: Path, js: Path) -> None:
              f"- machine: {res.machine}, {res.threads} threads; streaming read {res.read_gbs:.1f} "
              f"GB/s at the start (each decode row is taken against the read measured just "
              f"before and after it)",
-             "- decode rows (M <= 8) cycle over copies of the weights 8x the LLC, so they stream "
-             "from DRAM; `stored` counts the bytes a call reads of the weights (values, scales, "
+             "- decode rows (M <= 8), and larger M where the weights are 1/8 of the LLC or more "
+             "(`from`), cycle over copies of the weights 8x the LLC, so they stream from DRAM as "
+             "in a model and as the tuner timed them; `stored` counts the bytes a call reads of the weights (values, scales, "
              "minimums); each kernel is checked against numpy on the weights it stores before it "
              "is timed; `x fp32` is the fp32 kernel's time over this one's, same op and M",
              "- bound: the Roof-Surface bound (`sandwichc roofsurface`) on the FMA, dot-product "
@@ -209,18 +213,19 @@ def write_report(res: FormatsResult, md: Path, js: Path) -> None:
              "of median % of bound, and the range over the passes",
              f"- model check: {within} of {mem} rows the model calls MEM-bound are within "
              f"{MODEL_CHECK:.0%} of their bound\n",
-             "| model | op | N x K | weights | M | us | GFLOPS | stored MB | stored GB/s | % of read "
-             "| bound GFLOPS | bound by | % of bound | range | x fp32 | schedule |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"]
+             "| model | op | N x K | weights | M | from | us | GFLOPS | stored MB | stored GB/s "
+             "| % of read | bound GFLOPS | bound by | % of bound | range | x fp32 | schedule |",
+             "|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"]
     for r in res.rows:
-        gbs = f"{r.stored_gbs:.1f}" if r.rotated else ""
-        pct = f"{r.pct_read:.0f}%" if r.rotated else ""
+        gbs = f"{r.stored_gbs:.1f}" if r.stored_gbs is not None else ""
+        pct = f"{r.pct_read:.0f}%" if r.pct_read is not None else ""
         sp = f"{r.speedup_vs_fp32:.2f}" if r.speedup_vs_fp32 else ""
         bound = (f"{r.bound_gflops:.0f} | {r.bound_by} | {r.pct_bound:.0f}%" if r.bound_by
                  else " | | ")
         spread = (f"{r.pct_bound_range[0]:.0f}-{r.pct_bound_range[1]:.0f}%"
                   if r.pct_bound_range else "")
-        lines.append(f"| {r.model} | {r.op} | {r.n} x {r.k} | {r.weights} | {r.m} | {r.us:.1f} | "
+        lines.append(f"| {r.model} | {r.op} | {r.n} x {r.k} | {r.weights} | {r.m} | "
+                     f"{'DRAM' if r.rotated else 'cache'} | {r.us:.1f} | "
                      f"{r.gflops:.1f} | {r.stored_mb:.2f} | {gbs} | {pct} | {bound} | {spread} | "
                      f"{sp} | `{r.schedule}` |")
     md.write_text("\n".join(lines) + "\n")

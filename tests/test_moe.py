@@ -148,6 +148,55 @@ def test_tp2_equals_tp1(moe, cache):
     assert max(errors) <= 1e-4, errors
 
 
+
+def test_int8_experts_pack_in_the_format_and_tp2_equals_tp1(moe, cache):
+    """--weights int8 on an MoE model: the router and every expert are packed from the
+    checkpoint quantized in the format (what one process holds), in int8's bytes, the logits
+    stay near fp32's, and each TP rank's share of the experts' K is cut from the whole K
+    quantized: int8's one scale per column is the whole column's (re-quantizing a rank's
+    share gives it another scale), so TP=2 equals TP=1."""
+    from sandwich.weight_formats import quantize
+
+    d, fp32 = moe
+    fmt = "int8"
+    tune_model(d, cache, tp=1, threads=2, weights=fmt)
+    tune_model(d, cache, tp=2, threads=1, weights=fmt)
+    model = load_model(d, cache, threads=2, weights=fmt)
+    assert model.gemms.gate_up.dtype == model.gemms.router.dtype == fmt
+    ckpt = Checkpoint(d)
+
+    def stored(name):  # W (K, N) in the format, from the checkpoint's (N, K) float tensor
+        return quantize(ckpt.get(f"model.layers.1.block_sparse_moe.{name}.weight").to_f32().T, fmt)
+
+    w13 = np.concatenate([ckpt.get(f"model.layers.1.block_sparse_moe.experts.3.{w}.weight").to_f32()
+                          for w in ("w1", "w3")])
+    layer = model.layers[1].moe
+    packs = [(layer.experts[3].gate_up, model.gemms.gate_up.pack(quantize(w13.T, fmt))),
+             (layer.experts[3].down, model.gemms.down.pack(stored("experts.3.w2"))),
+             (layer.router, model.gemms.router.pack(stored("gate")))]
+    for got, want in packs:
+        for a, b in zip(got.data, want.data, strict=True):
+            np.testing.assert_array_equal(a, b)
+    one = model.layers[0].moe.experts[0]
+    assert one.gate_up.nbytes + one.down.nbytes < 0.3 * (4 * (128 * 256 + 128 * 128))
+
+    ref = Executor(fp32, max_batch=1, max_seq=32, max_tokens=16, ops="numpy", threads=2)
+    ex = Executor(model, max_batch=1, max_seq=32, max_tokens=16, ops="numpy", threads=2)
+    (_, want32), (s, want) = ref.start(PROMPT), ex.start(PROMPT)
+    assert _rel(want, want32) <= 5e-2  # 8-bit weights and activations
+    tp = TPExecutor(d, cache, tp=2, max_batch=1, max_seq=32, max_tokens=16, ops="numpy",
+                    cpu_sets=[[0], [1]], weights=fmt)
+    try:
+        t, got = tp.start(PROMPT)
+        errors = [_rel(got, want)]
+        for _ in range(4):
+            tok = int(want.argmax())
+            want, got = ex.decode([s], [tok])[0], tp.decode([t], [tok])[0]
+            errors.append(_rel(got, want))
+    finally:
+        tp.close()
+    assert max(errors) <= 1e-3, errors  # fp32 sums in another order, 8-bit activations alike
+
 def _config(tmp_path, **over):
     raw, _ = read_raw_config("mixtral-small")
     path = tmp_path / f"config-{len(list(tmp_path.iterdir()))}.json"

@@ -214,6 +214,40 @@ def test_bench_formats_checks_int_kernels_on_the_activations_they_multiply(tmp_p
     assert "rows the model calls MEM-bound are within 15% of their bound" in md
 
 
+
+def test_bench_formats_reads_large_weights_from_dram_at_every_m(monkeypatch):
+    """As the tuner times them (streaming.from_dram) and as a model reads them, weights of 1/8
+    of the LLC or more are timed over copies beyond the LLC at prefill's M too; only decode
+    rows are also taken against the streaming read."""
+    from types import SimpleNamespace
+
+    from sandwich.bench import formats
+
+    seen = []
+
+    def fake_measure(name, run, a, ref, handles, **kw):
+        seen.append(len(handles))
+        return SimpleNamespace(timing=SimpleNamespace(median_s=1e-3), gflops=1.0)
+
+    gemm = SimpleNamespace(pack=lambda w: np.ascontiguousarray(w),
+                           schedule_for=lambda m: SimpleNamespace(key=lambda: "s"))
+    cache = SimpleNamespace(gemm=lambda **kw: gemm)
+    monkeypatch.setattr(formats, "measure_runner", fake_measure)
+    monkeypatch.setattr(formats, "bound_runner", lambda g, out: None)
+    monkeypatch.setattr(formats, "moment_read", lambda limits: 30.0)
+    op = SimpleNamespace(n=64, k=64, dtype="float32")  # 16 KiB of weights
+
+    def row(m, llc):
+        return formats._time_row(cache, SimpleNamespace(llc_bytes=llc), "m", "o", op, "fp32", m, 2)
+
+    big = row(512, 64 << 10)  # the weights are 1/4 of this LLC
+    assert big.rotated and seen[-1] > 1 and big.stored_gbs is None and big.pct_read is None
+    hot = row(512, 1 << 20)  # 1/64 of it
+    assert not hot.rotated and seen[-1] == 1
+    decode = row(1, 1 << 20)
+    assert decode.rotated and seen[-1] > 1 and decode.pct_read == pytest.approx(
+        100 * 16384 / 1e-3 / 1e9 / 30.0)
+
 @pytest.mark.tvm
 def test_int8_tile_is_vpdpbusd_where_avx512_vnni_exists():
     """Cross-compiled for znver4 (any host): dot8 is one vpdpbusd per weight vector and row

@@ -127,3 +127,15 @@ def test_kernel_cache_key_depends_on_the_l2_size(tmp_path):
     assert a.fingerprint() == b.fingerprint()  # same target, flags and TVM
     assert cache_fingerprint(a) != cache_fingerprint(b)
     assert cache_fingerprint(a) == cache_fingerprint(dataclasses.replace(a))
+
+
+def test_kernel_cache_key_depends_on_the_timing_method(tmp_path, monkeypatch):
+    """Records timed another way (before: large weights hot at prefill's M) ranked schedules
+    on other terms, so a cache tuned so is searched again, not reused."""
+    from sandwich.tuner import streaming
+    from sandwich.tuner.kernel_cache import cache_fingerprint
+
+    cpu = detect_cpu(_snapshot(tmp_path / "a", "avx2 fma"), llvm_cpu="haswell")
+    before = cache_fingerprint(cpu)
+    monkeypatch.setattr(streaming, "TIMING_VERSION", streaming.TIMING_VERSION + 1)
+    assert cache_fingerprint(cpu) != before

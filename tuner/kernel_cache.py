@@ -76,10 +76,13 @@ def cache_fingerprint(cpu: CpuInfo) -> str:
     """What records and kernel files are keyed by: the target fingerprint (TVM version,
     target, CPU flags), the GEMM family's source, so a new kernel version starts afresh, and
     the L2 size, which the family's kernels are built with (their row chunks) and whose
-    schedules were timed on it: two CPUs of one target can differ in L2."""
+    schedules were timed on it: two CPUs of one target can differ in L2. The timing method
+    (streaming.TIMING_VERSION) too: records timed another way were ranked on other terms."""
     from sandwich.compiler.gemm_dsl import family_source_sha256
+    from sandwich.tuner.streaming import TIMING_VERSION
 
-    key = f"{cpu.fingerprint()}:{family_source_sha256()}:l2={cpu.l2_bytes}"
+    key = (f"{cpu.fingerprint()}:{family_source_sha256()}:l2={cpu.l2_bytes}"
+           f":timing={TIMING_VERSION}")
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 

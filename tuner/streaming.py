@@ -48,6 +48,10 @@ def rotation_copies(weight_bytes: int, llc_bytes: int, *, factor: int = 8) -> in
 
 
 LARGE_SHARE = 8  # weights of 1/8 of the LLC and more are timed from DRAM at every M
+# What a record's timing means, part of the kernel cache's key: schedules timed another way
+# rank as no model runs them, so a change here re-tunes every cache. 2: large weights are
+# timed from DRAM at every M (before, only at M <= 8).
+TIMING_VERSION = 2
 
 
 def from_dram(m: int, weight_bytes: int, llc: int, *, skinny_m: int = 8) -> bool:
