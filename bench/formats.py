@@ -1,9 +1,10 @@
 """Weight formats side by side (issue 26): one model's tuned GEMMs in each format, in one run
 with the same threads. Decode rows (M <= 8) stream their weights from beyond the LLC and are
 reported in stored bytes per second against the streaming read of the same moment; larger M
-in GFLOPS, with weights of 1/8 of the LLC or more also read from DRAM (as the tuner times them
-and as a model reads them: each layer's weights evict the last's); every row also as a speedup over the fp32 kernel of the same op and M, and against
-its Roof-Surface bound (tuner/roofsurface.py) on this machine's measured rates."""
+in GFLOPS, with weights of 1/8 of the LLC or more also read from DRAM (as the tuner times
+them and as a model reads them: each layer's weights evict the last's); every row also as a
+speedup over the fp32 kernel of the same op and M, and against its Roof-Surface bound
+(tuner/roofsurface.py) on this machine's measured rates."""
 
 from __future__ import annotations
 
@@ -203,8 +204,8 @@ def write_report(res: FormatsResult, md: Path, js: Path) -> None:
              f"before and after it)",
              "- decode rows (M <= 8), and larger M where the weights are 1/8 of the LLC or more "
              "(`from`), cycle over copies of the weights 8x the LLC, so they stream from DRAM as "
-             "in a model and as the tuner timed them; `stored` counts the bytes a call reads of the weights (values, scales, "
-             "minimums); each kernel is checked against numpy on the weights it stores before it "
+             "in a model and as the tuner timed them; `stored` counts the bytes a call reads of "
+             "the weights (values, scales, minimums); each kernel is checked against numpy on the weights it stores before it "
              "is timed; `x fp32` is the fp32 kernel's time over this one's, same op and M",
              "- bound: the Roof-Surface bound (`sandwichc roofsurface`) on the FMA, dot-product "
              "and dequantization rates measured at the start, with a decode row's own moment "
