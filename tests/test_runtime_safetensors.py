@@ -48,6 +48,24 @@ def test_round_trip_all_dtypes(tmp_path):
     assert (8 + struct.unpack("<Q", p.read_bytes()[:8])[0]) % 8 == 0  # data section aligned
 
 
+
+def test_a_written_file_is_on_disk_before_save_returns(tmp_path, monkeypatch):
+    """save_file flushes what it wrote (fsync): a benchmark that loads a checkpoint it has
+    just written does not share the machine with its writeback."""
+    import os
+
+    from sandwich.runtime import safetensors_io
+
+    synced = []
+
+    def fsync(fd):
+        synced.append(os.fstat(fd).st_size)
+
+    monkeypatch.setattr(safetensors_io.os, "fsync", fsync)
+    path = tmp_path / "m.safetensors"
+    save_file(_tensors(), path)
+    assert synced == [path.stat().st_size]  # once, after the last byte
+
 def test_bf16_rounds_to_nearest_even():
     x = np.array([1.0, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, -2.0], np.float32)
     assert bf16_bits(x).tolist() == [0x3F80, 0x3F80, 0x3F82, 0xC000]
