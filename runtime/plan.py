@@ -44,6 +44,8 @@ class Candidate:
     ttft_spread: float = float("nan")  # (max - min) / median over the rounds
     tpot_spread: float = float("nan")
     runnable: str = ""  # empty when measured; else why it was not
+    ttft_all: tuple[float, ...] = ()  # every round's figure, in round order (a wide spread
+    tpot_all: tuple[float, ...] = ()  # says which rounds: a slow first one, or one outlier)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -52,7 +54,9 @@ class Candidate:
 
     @classmethod
     def from_dict(cls, d: dict) -> Candidate:
-        return cls(**{**d, "config": ServiceConfig.from_dict(d["config"]), "ops": tuple(d["ops"])})
+        """Plans stored before the per-round figures load with none."""
+        return cls(**{**d, "config": ServiceConfig.from_dict(d["config"]), "ops": tuple(d["ops"]),
+                      "ttft_all": tuple(d.get("ttft_all", ())), "tpot_all": tuple(d.get("tpot_all", ()))})
 
 
 @dataclass(frozen=True)

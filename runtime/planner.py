@@ -209,7 +209,8 @@ def _candidate(r, s: Samples | None, why: str) -> Candidate:
     if s is None:
         return c
     return replace(c, ttft_ms=s.ttft, tpot_ms=s.tpot, ttft_spread=s.ttft_spread,
-                   tpot_spread=s.tpot_spread)
+                   tpot_spread=s.tpot_spread, ttft_all=tuple(round(x, 3) for x in s.ttft_ms),
+                   tpot_all=tuple(round(x, 4) for x in s.tpot_ms))
 
 
 def _measure_pair(factory: RunnerFactory, runners: dict[str, Runner], pre: Candidate,

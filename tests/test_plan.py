@@ -146,6 +146,8 @@ def test_tune_stores_a_measured_plan(gqa, planned):
     assert staleness(plan, cache, cfg, tree_hash(machine_tree())) is None
     measured = [c for c in plan.candidates if not c.runnable]
     assert len(measured) >= 2 and all(c.ttft_ms > 0 and c.tpot_ms > 0 for c in measured)
+    # each candidate keeps its rounds (--rounds 1: the one round is the median)
+    assert all(c.ttft_all == (round(c.ttft_ms, 3),) and len(c.tpot_all) == 1 for c in measured)
     best_pre = min(measured, key=lambda c: c.ttft_ms)
     best_dec = min(measured, key=lambda c: c.tpot_ms)
     assert plan.prefill.processes == best_pre.config.processes
@@ -283,3 +285,16 @@ def test_report_checks_the_pair_against_every_single(tmp_path):
     assert "| pair (the plan) | 10.10 |" in text and "within 3%" in text
     assert "faster in every round" in text
     assert json.loads(js.read_text())["plans"][0]["verdict"]["split"] is True
+
+
+def test_a_candidate_stored_without_per_round_figures_loads():
+    """Plans stored before candidates kept their rounds load with none; new ones round-trip."""
+    from sandwich.runtime.plan import Candidate
+
+    c = Candidate(config=ServiceConfig("prefill", (ProcessPlan((0,)),), 1), ops=("group",),
+                  sim_ttft_ms=2.0, sim_tpot_ms=0.5, ttft_ms=1.0, tpot_ms=0.2, ttft_spread=0.2,
+                  tpot_spread=0.5, ttft_all=(1.0, 1.2), tpot_all=(0.2, 0.3))
+    d = json.loads(json.dumps(c.to_dict()))
+    assert Candidate.from_dict(d) == c
+    old = {k: v for k, v in d.items() if k not in ("ttft_all", "tpot_all")}
+    assert Candidate.from_dict(old) == dataclasses.replace(c, ttft_all=(), tpot_all=())
