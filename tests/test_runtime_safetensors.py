@@ -48,7 +48,6 @@ def test_round_trip_all_dtypes(tmp_path):
     assert (8 + struct.unpack("<Q", p.read_bytes()[:8])[0]) % 8 == 0  # data section aligned
 
 
-
 def test_a_written_file_is_on_disk_before_save_returns(tmp_path, monkeypatch):
     """save_file flushes what it wrote (fsync): a benchmark that loads a checkpoint it has
     just written does not share the machine with its writeback."""
