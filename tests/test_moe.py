@@ -134,19 +134,25 @@ def test_tp2_equals_tp1(moe, cache):
     d, model = moe
     tune_model(d, cache, tp=2, threads=1)  # one CPU per rank
     ref = Executor(model, max_batch=1, max_seq=32, max_tokens=16, ops="numpy", threads=2)
+    errors, _ = _tp2_errors(ref, d, cache)
+    assert max(errors) <= 1e-4, errors
+
+
+def _tp2_errors(ref: Executor, d, cache, weights: str = "fp32") -> tuple[list[float], np.ndarray]:
+    """TP=2's logits (one CPU per rank) against `ref`'s over PROMPT and 4 greedy tokens; also
+    ref's logits after the prompt."""
     tp = TPExecutor(d, cache, tp=2, max_batch=1, max_seq=32, max_tokens=16, ops="numpy",
-                    cpu_sets=[[0], [1]])
+                    cpu_sets=[[0], [1]], weights=weights)
     try:
         (s, want), (t, got) = ref.start(PROMPT), tp.start(PROMPT)
-        errors = [_rel(got, want)]
+        first, errors = want.copy(), [_rel(got, want)]  # the executor reuses its logits buffer
         for _ in range(4):
             tok = int(want.argmax())
             want, got = ref.decode([s], [tok])[0], tp.decode([t], [tok])[0]
             errors.append(_rel(got, want))
     finally:
         tp.close()
-    assert max(errors) <= 1e-4, errors
-
+    return errors, first
 
 
 def test_int8_experts_pack_in_the_format_and_tp2_equals_tp1(moe, cache):
@@ -180,22 +186,13 @@ def test_int8_experts_pack_in_the_format_and_tp2_equals_tp1(moe, cache):
     one = model.layers[0].moe.experts[0]
     assert one.gate_up.nbytes + one.down.nbytes < 0.3 * (4 * (128 * 256 + 128 * 128))
 
-    ref = Executor(fp32, max_batch=1, max_seq=32, max_tokens=16, ops="numpy", threads=2)
     ex = Executor(model, max_batch=1, max_seq=32, max_tokens=16, ops="numpy", threads=2)
-    (_, want32), (s, want) = ref.start(PROMPT), ex.start(PROMPT)
-    assert _rel(want, want32) <= 5e-2  # 8-bit weights and activations
-    tp = TPExecutor(d, cache, tp=2, max_batch=1, max_seq=32, max_tokens=16, ops="numpy",
-                    cpu_sets=[[0], [1]], weights=fmt)
-    try:
-        t, got = tp.start(PROMPT)
-        errors = [_rel(got, want)]
-        for _ in range(4):
-            tok = int(want.argmax())
-            want, got = ex.decode([s], [tok])[0], tp.decode([t], [tok])[0]
-            errors.append(_rel(got, want))
-    finally:
-        tp.close()
+    errors, want = _tp2_errors(ex, d, cache, weights=fmt)
     assert max(errors) <= 1e-3, errors  # fp32 sums in another order, 8-bit activations alike
+    ref = Executor(fp32, max_batch=1, max_seq=32, max_tokens=16, ops="numpy", threads=2)
+    _, want32 = ref.start(PROMPT)
+    assert _rel(want, want32) <= 5e-2  # 8-bit weights and activations
+
 
 def _config(tmp_path, **over):
     raw, _ = read_raw_config("mixtral-small")
