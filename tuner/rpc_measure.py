@@ -117,6 +117,7 @@ class RpcMeasure:
     stream_max_m: int = 8
     stream_passes: int = 3
     max_copies: int = 1024
+    llc_bytes: int = field(default_factory=llc_bytes)  # read once, as TvmMeasure reads it
     failover: bool = True  # a failed server's call runs again on another (False: raise at once)
     compile_seconds: float = 0.0
     remote_seconds: float = 0.0
@@ -235,13 +236,13 @@ class RpcMeasure:
     def _time(self, remote: _Remote, schedule: KernelSchedule, m: int) -> float:
         module = self._module(remote, schedule)
         nbytes = sum(x.nbytes for x in self.wp)
-        if not from_dram(m, nbytes, llc_bytes(), skinny_m=self.stream_max_m):
+        if not from_dram(m, nbytes, self.llc_bytes, skinny_m=self.stream_max_m):
             return remote.session.best_seconds(module, self._args(remote, schedule, m, remote.weights),
                                                min_repeat_ms=self.min_repeat_ms, repeat=self.repeat)
         # decode, and large weights at any M: streamed from DRAM, as the local measure times
         # them, cycled over copies of the weights (together 8x the LLC) by the server itself;
         # past decode's M one pass over the copies (each call is long)
-        copies = min(self.max_copies, rotation_copies(nbytes, llc_bytes()))
+        copies = min(self.max_copies, rotation_copies(nbytes, self.llc_bytes))
         passes = self.stream_passes if m <= self.stream_max_m else 1
         return remote.session.streamed_seconds(module, self._args(remote, schedule, m, remote.weights),
                                                copies=copies, passes=passes)
