@@ -3,7 +3,9 @@
 Timing a kernel needs the CPU; reading its innermost loop does not. llvm-mca's model of
 the named CPU says how many cycles the loop takes per iteration, and the same model says
 how fast that many independent FMAs could go, so a loop slowed by spills, extra loads or
-index arithmetic shows on any machine (an AMD host guards the Intel builds too).
+index arithmetic shows on any machine (an AMD host guards the Intel builds too). A bf16 or
+int family is built as it is for that CPU, with vdpbf16ps or vpdpbusd where the CPU has
+them, and those count as the loop's products.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from sandwich.compiler.llvm_splice import splice_module
 from sandwich.compiler.target import CpuInfo, tvm_target
 from sandwich.errors import BuildError, ToolError, first_line
 from sandwich.types import KernelSchedule
@@ -23,7 +26,10 @@ TOLERANCE = 1.10  # the loop may take at most 10% more cycles than its FMAs alon
 ITERATIONS = 200
 _TRIPLES = {"x86_64": "x86_64-unknown-linux-gnu", "aarch64": "aarch64-linux-gnu"}
 _COMMENTS = {"x86_64": "#", "aarch64": "//"}  # AArch64 writes immediates as #4
-_FMA = {"x86_64": re.compile(r"^\s*vfn?madd\d+p[sd]\s"), "aarch64": re.compile(r"^\s*fmla\s")}
+# the loop's product instructions: FMAs, and the dot products that replace them for bf16
+# (vdpbf16ps) and int weights on 8-bit activations (vpdpbusd) where the CPU has them
+_FMA = {"x86_64": re.compile(r"^\s*(vfn?madd\d+p[sd]|vdpbf16ps|vpdpbusds?|vpdpwssds?)\s"),
+        "aarch64": re.compile(r"^\s*fmla\s")}
 _LABEL = re.compile(r"^([.\w$]+):")
 _BRANCH = re.compile(r"^\s*(j\w+|b\.\w+|b|cbn?z|tbn?z)\s+(?:.*,\s*)?([.\w$]+)\s*$")
 # a stack slot: x86 (%rsp), or (%rbp) when the function keeps a frame pointer (else it is
@@ -42,8 +48,9 @@ class LoopCheck:
     target: str  # LLVM CPU name
     tile: str  # mu_m x mu_n
     cycles_per_iter: float
-    fma_bound: float  # cycles per iteration of the loop's FMAs alone
+    fma_bound: float  # cycles per iteration of the loop's FMAs (or dot products) alone
     fmas: int
+    products: tuple[str, ...]  # the mnemonics of those instructions, e.g. ("vdpbf16ps",)
     spills: tuple[str, ...]  # loop instructions that touch a stack slot
     sign_extensions: int  # 32-bit index widenings inside the loop
     mca_version: str
@@ -100,28 +107,34 @@ def find_llvm_mca() -> tuple[str, str]:
 
 
 @lru_cache(maxsize=16)
-def _parsed(schedule: KernelSchedule, n: int, k: int, lanes: int, l2_bytes: int):
+def _parsed(schedule: KernelSchedule, n: int, k: int, lanes: int, l2_bytes: int, isa: str,
+            bf16_dot: bool, int8_dot: bool):
     """The family's TIR: parsing it is most of a build and does not depend on the CPU's
-    model, so one parse serves every CPU of the same vector width and L2 (which sizes a
-    thread's chunks of rows, outside the hot loop)."""
+    model, so one parse serves every CPU of the same vector ISA, L2 (which sizes a thread's
+    chunks of rows, outside the hot loop) and dot-product instructions."""
     from sandwich.compiler.build import parse_tvmscript
     from sandwich.compiler.gemm_dsl import gemm_dsl_tvmscript
 
-    return parse_tvmscript(gemm_dsl_tvmscript(schedule, n=n, k=k, lanes=lanes, l2_bytes=l2_bytes))
+    return parse_tvmscript(gemm_dsl_tvmscript(schedule, n=n, k=k, lanes=lanes, l2_bytes=l2_bytes,
+                                              isa=isa, bf16_dot=bf16_dot, int8_dot=int8_dot))
 
 
 def kernel_asm(schedule: KernelSchedule, *, cpu: CpuInfo, n: int, k: int) -> str:
-    """The assembly of the GEMM family of `schedule` built for `cpu`, one thread (what
-    build_gemm_dsl compiles); it is only read, never run."""
+    """The assembly of the GEMM family of `schedule` built for `cpu`, one thread, as
+    build_gemm_dsl compiles it (with the CPU's bf16 and int8 dot products where it has them);
+    it is only read, never run."""
     import tvm
 
     try:
-        ex = tvm.compile(_parsed(schedule.family(), n, k, cpu.lanes_f32, cpu.l2_bytes),
+        ex = tvm.compile(_parsed(schedule.family(), n, k, cpu.lanes_f32, cpu.l2_bytes, cpu.isa,
+                                 cpu.bf16_dot, cpu.int8_dot),
                          target=tvm_target(cpu, 1))
     except Exception as e:  # TVM raises many types; the caller sees one line
         raise BuildError(f"TVM failed to cross-compile for {cpu.mcpu}: "
                          f"{first_line(e)}") from e
-    return ex.mod.inspect_source("asm")
+    if cpu.bf16_dot:  # vdpbf16ps goes in after TVM, as in a build (a module without it stays)
+        ex = splice_module(ex)
+    return getattr(ex, "mod", ex).inspect_source("asm")
 
 
 def hot_loop(asm: str, *, arch: str = "x86_64") -> list[str]:
@@ -202,6 +215,7 @@ def check_asm(asm: str, *, mcpu: str, arch: str = "x86_64", tile: str = "") -> L
         target=mcpu, tile=tile,
         cycles_per_iter=mca_cycles(loop, mca=mca, triple=triple, mcpu=mcpu),
         fma_bound=mca_cycles(block, mca=mca, triple=triple, mcpu=mcpu), fmas=len(block),
+        products=tuple(sorted({x.split()[0] for x in block})),
         spills=stack_traffic(loop, asm=asm, arch=arch),
         sign_extensions=sum(bool(_SIGN_EXT.match(x)) for x in loop), mca_version=mca[1])
 
