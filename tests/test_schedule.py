@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import tuned_checkpoint
+from conftest import tune_model, tuned_checkpoint
 from engine_fakes import FakeExecutor
 
 from sandwich.errors import ConfigError
@@ -203,6 +203,33 @@ def test_splitwise_gives_the_same_tokens_and_survives_its_pool_dying(model, cach
         res = engine.run([Request(prompt=(1, 2, 3), max_new_tokens=2)] * 2)
         assert all(r.finish == "error" and "prompt pool" in r.error for r in res)
         assert not engine.busy and ex.kv.in_use() == []
+    finally:
+        sched.close()
+        phases.restore()
+
+
+@pytest.mark.tvm
+@pytest.mark.skipif(not TWO_CPUS, reason="splitwise:1,1 needs two cores")
+def test_splitwise_reads_the_weight_format_in_both_pools(model, cache, sandwich_ids):
+    """--schedule splitwise --weights int8-g32: the prompt pool (its own process) and the token
+    pool both read the int8 weights, so the tokens are one int8 engine's, not fp32's."""
+    from sandwich.runtime.executor import Executor
+    from sandwich.runtime.loader import load_model
+    from sandwich.runtime.schedule.splitwise import splitwise_engine_parts
+
+    fmt = "int8-g32"
+    for threads in (2, 1):  # this process's engine, and each pool's one core
+        tune_model(model, cache, threads=threads, weights=fmt)
+    one = Executor(load_model(model, cache, threads=2, weights=fmt), max_batch=3, max_seq=96,
+                   max_tokens=40)
+    want = _staggered(Engine(one))
+    assert want != sandwich_ids  # the format changes the tokens, so a pool reading fp32 shows
+    cpus = sorted(os.sched_getaffinity(0))
+    ex, sched, phases = splitwise_engine_parts(model, cache, cpus=cpus, prompt_cores=1,
+                                               token_cores=1, max_batch=3, max_seq=96,
+                                               weights=fmt)
+    try:
+        assert _staggered(Engine(ex, schedule=sched, phases=phases)) == want
     finally:
         sched.close()
         phases.restore()
