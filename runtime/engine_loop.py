@@ -85,10 +85,7 @@ class EngineLoop:
         except BaseException as e:  # report to every waiting client, never die silently
             self._error = e
             for job in self._jobs.values():
-                job.on_done(Result(rid=job.req.rid, ids=(), finish="error", ttft_ms=0.0,
-                                   tpot_ms=0.0, arrival_s=0.0, finish_s=0.0,
-                                   prompt_len=len(job.req.prompt), ticket=job.ticket,
-                                   error=f"the engine stopped: {type(e).__name__}: {e}"))
+                _fail(job, f"the engine stopped: {type(e).__name__}: {e}")
             self._jobs.clear()
             raise
 
@@ -96,7 +93,11 @@ class EngineLoop:
         if kind == "submit":
             if job.cancelled:
                 return
-            job.ticket = self.engine.submit(job.req)
+            try:
+                job.ticket = self.engine.submit(job.req)
+            except Exception as e:  # nothing was queued: this request fails, the rest go on
+                _fail(job, f"the engine refused the request: {type(e).__name__}: {e}")
+                return
             self._jobs[job.ticket] = job
         elif kind == "cancel" and job.ticket and self._jobs.pop(job.ticket, None) is not None:
             self.engine.cancel(job.ticket)
@@ -105,3 +106,10 @@ class EngineLoop:
         job = self._jobs.get(ticket)
         if job is not None and not job.cancelled:
             job.on_token(token)
+
+
+def _fail(job: Job, why: str) -> None:
+    """Answer a job with an error result and no tokens."""
+    job.on_done(Result(rid=job.req.rid, ids=(), finish="error", ttft_ms=0.0, tpot_ms=0.0,
+                       arrival_s=0.0, finish_s=0.0, prompt_len=len(job.req.prompt),
+                       ticket=job.ticket, error=why))

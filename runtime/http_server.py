@@ -54,6 +54,7 @@ class OpenAIServer:
 
         routes = [Route("/health", self.health, methods=["GET"]),
                   Route("/v1/models", self.models, methods=["GET"]),
+                  Route("/v1/models/{model:path}", self.model, methods=["GET"]),
                   Route("/v1/completions", self.completions, methods=["POST"]),
                   Route("/v1/chat/completions", self.chat_completions, methods=["POST"])]
         return Starlette(routes=routes, exception_handlers={
@@ -72,6 +73,21 @@ class OpenAIServer:
 
         return JSONResponse(api.models_list(self.settings.model_name, self.created))
 
+    async def model(self, request):
+        """OpenAI's model retrieval: this server's one model, or a 404 naming it."""
+        from starlette.responses import JSONResponse
+
+        name = request.path_params["model"]
+        if name != self.settings.model_name:
+            raise self._unknown_model(name, status=404)
+        return JSONResponse(api.model_card(name, self.created))
+
+    def _unknown_model(self, name: str, *, status: int) -> ApiError:
+        return ApiError(f"model {name!r} is not served here; this server serves "
+                        f"{self.settings.model_name!r} (GET /v1/models)", param="model",
+                        code="model_not_found", status=status,
+                        kind="not_found_error" if status == 404 else "invalid_request_error")
+
     async def completions(self, request):
         return await self._serve(request, api.parse_completion(await self._body(request)))
 
@@ -84,9 +100,7 @@ class OpenAIServer:
         from starlette.responses import JSONResponse, StreamingResponse
 
         if p.model is not None and p.model != self.settings.model_name:
-            raise ApiError(f"model {p.model!r} is not served here; this server serves "
-                           f"{self.settings.model_name!r} (GET /v1/models)", param="model",
-                           code="model_not_found")
+            raise self._unknown_model(p.model, status=400)
         if not self.loop.alive:
             raise ApiError("the engine has stopped; restart the server", status=503,
                            kind="server_error")

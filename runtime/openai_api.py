@@ -230,6 +230,10 @@ def chunk(p: GenParams, rid: str, model: str, text: str | None, finish: str | No
     return out
 
 
+def model_card(model: str, created: int) -> dict[str, Any]:
+    """The one model this server serves, as GET /v1/models/{model} returns it."""
+    return {"id": model, "object": "model", "created": created, "owned_by": "sandwichc"}
+
+
 def models_list(model: str, created: int) -> dict[str, Any]:
-    return {"object": "list",
-            "data": [{"id": model, "object": "model", "created": created, "owned_by": "sandwichc"}]}
+    return {"object": "list", "data": [model_card(model, created)]}

@@ -47,7 +47,9 @@ class Sampler:
         if why:
             raise ConfigError(why)
         self.params = params
-        self.rng = np.random.default_rng(params.seed)
+        # any integer seeds (OpenAI's is an int64; numpy takes only seeds >= 0): a negative one
+        # by its 64-bit two's complement, so -1 is as reproducible as 1
+        self.rng = np.random.default_rng(params.seed % (1 << 64))
         self._scratch = scratch  # (2, vocab) float64, shared by the engine's samplers
 
     def __call__(self, row: np.ndarray) -> int:

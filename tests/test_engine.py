@@ -113,6 +113,20 @@ def test_sampling_is_reproducible_from_the_seed(ex):
     assert greedy != a
 
 
+def test_any_integer_seed_is_reproducible():
+    """OpenAI clients send int64 seeds, negative ones too; numpy takes only seeds >= 0, so a
+    negative seed draws as its 64-bit two's complement (before, -1 raised on the engine's
+    thread and stopped the server for everyone)."""
+    row = np.linspace(0.0, 1.0, 50).astype(np.float32)
+
+    def draws(seed):
+        sampler = Sampler(SamplingParams(3.0, seed=seed))
+        return [sampler(row) for _ in range(30)]
+
+    assert draws(-1) == draws(-1) == draws((1 << 64) - 1) != draws(1)
+    assert draws(-(10 ** 30)) == draws(-(10 ** 30)) and draws(1 << 70) == draws(1 << 70)
+
+
 def test_sampler_cuts_on_a_known_row():
     row = np.array([0.0, 3.0, 1.0, 2.9, -5.0], np.float32)
     assert Sampler(SamplingParams())(row) == 1

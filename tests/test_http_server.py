@@ -165,6 +165,9 @@ def test_completions_and_chat_equal_the_engine_streamed_or_not(tok):
         assert "".join(p.choices[0].delta.content or "" for p in parts if p.choices) == want_chat
         assert parts[-1].choices == [] and parts[-1].usage.prompt_tokens == len(chat_prompt)
         assert [m.id for m in client.models.list().data] == ["tiny"]
+        assert client.models.retrieve("tiny").id == "tiny"
+        with pytest.raises(openai.NotFoundError, match="not served here"):
+            client.models.retrieve("gpt-4o")
         assert httpx.get(url + "/health").json()["status"] == "ok"
 
 
@@ -212,6 +215,32 @@ def test_bad_requests_get_400_with_an_error_body_and_the_server_goes_on(tok):
         missing = httpx.get(url + "/v1/nothing")
         assert missing.status_code == 404 and "error" in missing.json()
         assert httpx.get(url + "/v1/completions").status_code == 405
+
+
+def test_a_request_the_engine_cannot_take_fails_alone(tok, monkeypatch):
+    """A request whose submit raises inside the engine thread gets a 500 with an error body;
+    the engine keeps serving (before, the exception stopped the engine: every later request
+    got 503). A negative seed, which used to be such a request, now samples."""
+    from sandwich.runtime import engine as engine_mod
+
+    real = engine_mod.Sampler
+
+    def sampler(params, scratch=None):
+        if params.seed == 13:
+            raise RuntimeError("a fault in the sampler")
+        return real(params, scratch)
+
+    monkeypatch.setattr(engine_mod, "Sampler", sampler)
+    body = {"prompt": "x", "max_tokens": 3, "temperature": 0.7}
+    with serving(FakeExecutor(max_batch=2, max_seq=64, vocab=CONFIG["vocab"]), tok) as (url, server):
+        bad = httpx.post(url + "/v1/completions", json=body | {"seed": 13}, timeout=60)
+        assert bad.status_code == 500
+        assert "a fault in the sampler" in bad.json()["error"]["message"]
+        assert server.loop.alive and server.loop.in_flight == 0
+        for seed in (-1, -1, 2):
+            r = httpx.post(url + "/v1/completions", json=body | {"seed": seed}, timeout=60)
+            assert r.status_code == 200, r.text[:200]
+        assert httpx.get(url + "/health").status_code == 200
 
 
 def test_clients_that_leave_mid_stream_free_their_slots(tok):
