@@ -190,6 +190,21 @@ def test_skinny_tiles_keep_their_own_stream_in_flight():
     assert four_rows.count("llvm.prefetch.p0") == lines  # the next-tile prefetch only
 
 
+def test_int8_tiles_in_a_slice_of_two_row_blocks_prefetch_the_next_tile():
+    """Decode with int8 weights: a slice's only row block keeps 16 rows of its own tile in
+    flight, and in a slice of two or more row blocks each block fetches its share of the next
+    tile's rows instead (the later blocks re-read this tile from cache while DRAM would idle):
+    one prefetch per 64-byte line of a weight row for each (before: the own stream alone).
+    int4 keeps its own stream only."""
+    lines = 4 * L // 16
+
+    def prefetches(fmt):
+        return gemm_dsl_tvmscript(replace(_sched(4, 4 * L, (8, 4 * L, 64), (1, 2, 1)), dtype=fmt),
+                                  n=N, k=128, lanes=L, l2_bytes=1 << 20).count("llvm.prefetch.p0")
+
+    assert prefetches("int8-g32") == 2 * lines and prefetches("int4-g32") == lines
+
+
 def test_accumulators_are_one_stack_row_per_buffer():
     """TVM 0.27 keeps only "global" buffers under 1024 B on the stack (in registers)."""
     src = gemm_dsl_tvmscript(_sched(6, 4 * L, (12, 4 * L, 32), (1, 2, 1)), n=N, k=K, lanes=L, l2_bytes=1 << 20)
