@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandwich.errors import ConfigError
+from sandwich.errors import ConfigError, first_line
 
 # llama.cpp's pre-tokenizer regexes (llama-vocab.cpp), applied in order, each splitting the
 # pieces the previous one left; keyed by `tokenizer.ggml.pre`
@@ -156,23 +156,29 @@ def from_gguf_metadata(meta: dict[str, Any], *, source: str) -> TextTokenizer:
         if len(scores) != len(tokens):
             raise ConfigError(f"{source}: a SentencePiece vocabulary needs one score per token "
                               f"(tokenizer.ggml.scores), got {len(scores)} for {len(tokens)}")
-        backend = _spm_bpe(list(tokens), scores, types,
-                           space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)))
     elif kind == "gpt2":
         pre = meta.get("tokenizer.ggml.pre", "default")
         if pre not in PRE_TOKENIZER_SPLITS:
             raise ConfigError(f"{source}: GGUF pre-tokenizer {pre!r} is not supported "
                               f"({', '.join(sorted(PRE_TOKENIZER_SPLITS))})")
-        backend = _byte_level_bpe(list(tokens), list(meta.get("tokenizer.ggml.merges") or ()),
-                                  PRE_TOKENIZER_SPLITS[pre])
     else:
         raise ConfigError(f"{source}: GGUF tokenizer {kind!r} is not supported (gpt2 byte-level "
                           f"BPE, llama SentencePiece)")
     typed = list(zip(tokens, types, strict=True))
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                for t, k in typed if k == CONTROL])
-    backend.add_tokens([AddedToken(t, special=False, normalized=False)
-                        for t, k in typed if k == USER_DEFINED])
+    try:  # a damaged vocabulary or merge list fails inside `tokenizers`, in its own words
+        if kind == "llama":
+            backend = _spm_bpe(list(tokens), scores, types,
+                               space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)))
+        else:
+            backend = _byte_level_bpe(list(tokens), list(meta.get("tokenizer.ggml.merges") or ()),
+                                      PRE_TOKENIZER_SPLITS[pre])
+        backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                    for t, k in typed if k == CONTROL])
+        backend.add_tokens([AddedToken(t, special=False, normalized=False)
+                            for t, k in typed if k == USER_DEFINED])
+    except Exception as e:
+        raise ConfigError(f"{source}: the GGUF vocabulary (tokenizer.ggml.*) makes no tokenizer: "
+                          f"{type(e).__name__}: {first_line(e)}") from None
     bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
     stops = {int(eos)} if eos is not None else set()
     if meta.get("tokenizer.ggml.eot_token_id") is not None:
@@ -195,7 +201,7 @@ def from_hf_dir(model_dir: Path) -> TextTokenizer:
     try:
         backend = Tokenizer.from_file(str(path))
     except Exception as e:
-        raise ConfigError(f"{path}: not a valid tokenizer.json ({e})") from None
+        raise ConfigError(f"{path}: not a valid tokenizer.json ({first_line(e)})") from None
     conf_path = model_dir / "tokenizer_config.json"
     conf = json.loads(conf_path.read_text()) if conf_path.is_file() else {}
 

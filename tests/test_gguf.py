@@ -144,6 +144,21 @@ def test_a_broken_gguf_file_is_one_clear_error(tiny, tmp_path):
         assert str(p) in msg and "\n" not in msg, (name, msg)
 
 
+@pytest.mark.parametrize("merges", [["hello"], ["zzqqx yyzzw"]])  # not a pair; not in the vocabulary
+def test_a_damaged_vocabulary_is_one_clear_error(tiny, merges):
+    """A merge list `tokenizers` cannot take fails inside it (a TypeError, a bare Exception
+    with the offending token); the user gets one line naming the file, as random byte flips
+    in a GGUF's tokenizer metadata showed."""
+    from sandwich.gguf_config import metadata, open_reader
+    from sandwich.runtime.tokenizer import from_gguf_metadata
+
+    meta = dict(metadata(open_reader(tiny[0])))
+    meta["tokenizer.ggml.merges"] = merges
+    with pytest.raises(ConfigError, match="makes no tokenizer") as e:
+        from_gguf_metadata(meta, source=str(tiny[0]))
+    assert "\n" not in str(e.value) and str(tiny[0]) in str(e.value)
+
+
 def test_another_architecture_is_refused_by_name(tmp_path):
     path, _ = write_tiny_gguf(tmp_path / "gpt2.gguf", arch="gpt2")
     with pytest.raises(ConfigError, match="architecture 'gpt2' is not supported"):
