@@ -269,8 +269,9 @@ def bind(host: str, port: int) -> socket.socket:
     caller knows the port."""
     try:
         sock = socket.create_server((host, port), reuse_port=False)
-    except OSError as e:
-        raise SandwichError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    except (OSError, OverflowError) as e:  # OverflowError: a port outside 0-65535
+        raise SandwichError(f"cannot listen on {host}:{port}: "
+                            f"{getattr(e, 'strerror', None) or e}") from None
     return sock
 
 

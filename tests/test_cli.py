@@ -71,6 +71,25 @@ def test_zero_and_negative_counts_are_refused_not_defaulted(capsys, argv, match)
     _main_error(capsys, argv, match)
 
 
+@pytest.mark.parametrize("argv, match", [
+    (["serve", "--model", "llama-160m", "--port", "99999"], "a TCP port is 0-65535, got 99999"),
+    (["serve", "--model", "llama-160m", "--port", "-1"], "a TCP port is 0-65535, got -1"),
+    (["rpc-server", "--tracker", "127.0.0.1:9190", "--port", "x"], "expected a TCP port number"),
+])
+def test_a_port_out_of_range_is_argparses_one_line(capsys, argv, match):
+    """`serve --port 99999` ended in socket's OverflowError and a 16-line traceback."""
+    from sandwich.cli import main
+    from sandwich.errors import SandwichError
+    from sandwich.runtime.http_server import bind
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and match in err and "Traceback" not in err
+    with pytest.raises(SandwichError, match="cannot listen on 127.0.0.1:70000"):
+        bind("127.0.0.1", 70000)
+
+
 def test_a_prompt_beyond_the_context_is_refused(tmp_path, capsys):
     """Issue 24, item 4: a prompt beyond max_position_embeddings ran without a word."""
     f = tmp_path / "config.json"

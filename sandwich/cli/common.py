@@ -35,6 +35,17 @@ def _weights_format(name: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 0-65535 (0: the system picks a free one)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a TCP port number, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is 0-65535, got {port}")
+    return port
+
+
 def cache_dir_arg(args) -> Path:
     """--cache-dir, else $SANDWICHC_CACHE_DIR, else the user's cache directory."""
     from sandwich.tuner.kernel_cache import default_cache_dir

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sandwich.cli.common import port_number
 from sandwich.errors import ConfigError
 
 DEFAULT_MAX_SEQ = 2048  # KV positions per sequence when the model's context is longer
@@ -17,7 +18,7 @@ def register(sub) -> None:
                        "(/v1/completions, /v1/chat/completions, /v1/models, /health)")
     _serving_args(s, sampling=False)
     s.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    s.add_argument("--port", type=int, default=8000, help="TCP port (0 picks a free one)")
+    s.add_argument("--port", type=port_number, default=8000, help="TCP port (0 picks a free one)")
     s.add_argument("--max-batch", type=int, default=16,
                    help="sequences decoded together; more requests wait in the queue")
     s.add_argument("--served-model-name",

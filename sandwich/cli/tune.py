@@ -9,7 +9,13 @@ import sys
 import time
 from dataclasses import replace
 
-from sandwich.cli.common import add_cache_arg, add_threads_arg, add_weights_arg, cache_dir_arg
+from sandwich.cli.common import (
+    add_cache_arg,
+    add_threads_arg,
+    add_weights_arg,
+    cache_dir_arg,
+    port_number,
+)
 from sandwich.errors import CacheError, ConfigError
 from sandwich.models import DEFAULT_MODEL
 from sandwich.tuner.budget import BUDGETS
@@ -80,7 +86,7 @@ def register(sub) -> None:
     server.add_argument("--tracker", required=True, metavar="HOST:PORT")
     server.add_argument("--key", default="sandwichc")
     server.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    server.add_argument("--port", type=int, default=9090, help="first port to try")
+    server.add_argument("--port", type=port_number, default=9090, help="first port to try")
     server.add_argument("--port-end", type=int, default=None, help="the port after the last "
                         "to try (default: --port + 100)")
     add_threads_arg(server)
