@@ -41,6 +41,29 @@ def test_schedule_keys_parse_back():
             parse_schedule_key(bad)
 
 
+def test_every_weight_formats_trials_are_read(tmp_path):
+    """Schedule keys and log names carry the format's name, dashes and all (int8-g32,
+    int4-g32-asym): their logs were skipped, so each tune's per-format guide started with no
+    prior for every format but fp32, bf16 and int8."""
+    from sandwich.tuner.guide import Guides, GuideSettings
+
+    folder = tmp_path / "logs" / "fp"
+    folder.mkdir(parents=True)
+    for fmt in ("int8-g32", "int4-g32-asym", "bf16"):
+        s = KernelSchedule(MicroKernel(4, 64), ComputeSlice(8, 64, 256), Polymerization(1, 2, 1), 64,
+                           dtype=fmt)
+        assert parse_schedule_key(s.key()) == s
+        lines = [json.dumps({"m": m, "schedule": s.key(), "gflops": 100.0 + m}) for m in (1, 8)]
+        (folder / f"n2048_k2048_{fmt}_t2.jsonl").write_text("\n".join(lines))
+    trials = read_trials(tmp_path / "logs")
+    assert (trials.files, trials.skipped) == (3, 0)
+    assert sorted(x.schedule.dtype for x in trials.samples) == [
+        "bf16", "bf16", "int4-g32-asym", "int4-g32-asym", "int8-g32", "int8-g32"]
+    guides = Guides(GuideSettings(measure_share=0.5), cache_dir=tmp_path, fingerprint="fp",
+                    constants=CONSTANTS)
+    assert [x.m for x in guides("int4-g32-asym").samples] == [1, 8]
+
+
 def test_features_have_a_fixed_order_and_constants_are_optional():
     s = parse_schedule_key("gemm_float32_mk2x32_p1x2x1_n32_s4x64x256")
     bare, full = cm.features(s, 5, 768, 768), cm.features(s, 5, 768, 768, CONSTANTS)

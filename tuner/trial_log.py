@@ -12,11 +12,13 @@ from pathlib import Path
 
 from sandwich.types import ComputeSlice, KernelSchedule, MicroKernel, Polymerization
 
-# KernelSchedule.key(): gemm_float32_mk2x32_p1x2x1_n32_s4x32x256
-_KEY = re.compile(r"^(?P<op>\w+?)_(?P<dtype>[a-z]+\d+)_mk(\d+)x(\d+)_p(\d+)x(\d+)x(\d+)"
+# a schedule's dtype: float32, or a weight format's name (bf16, int8, int8-g32, int4-g32-asym)
+_DTYPE = r"[a-z]+\d+(?:-[a-z]+\d*)*"
+# KernelSchedule.key(): gemm_float32_mk2x32_p1x2x1_n32_s4x32x256, gemm_int8-g32_mk4x64_...
+_KEY = re.compile(rf"^(?P<op>\w+?)_(?P<dtype>{_DTYPE})_mk(\d+)x(\d+)_p(\d+)x(\d+)x(\d+)"
                   r"_n(\d+)_s(\d+)x(\d+)x(\d+)$")
 # tune.py names a log n{N}_k{K}_{dtype}_t{threads}.jsonl under logs/<fingerprint>/
-_FILE = re.compile(r"^n(\d+)_k(\d+)_([a-z]+\d+)_t(\d+)$")
+_FILE = re.compile(rf"^n(\d+)_k(\d+)_({_DTYPE})_t(\d+)$")
 
 
 def parse_schedule_key(key: str) -> KernelSchedule:
