@@ -90,6 +90,22 @@ def test_a_port_out_of_range_is_argparses_one_line(capsys, argv, match):
         bind("127.0.0.1", 70000)
 
 
+def test_cache_ls_says_why_its_records_do_not_count(tmp_path, capsys):
+    """Records of an older kernel source (or another CPU) are searched afresh; `cache ls`
+    said only "no tuned kernels", as if the cache were empty."""
+    from sandwich.cli import main
+    from sandwich.tuner.kernel_cache import KernelCache
+    from sandwich.types import ComputeSlice, KernelSchedule, MicroKernel, Polymerization, TuneRecord
+
+    cache = KernelCache(tmp_path)
+    s = KernelSchedule(MicroKernel(2, 32), ComputeSlice(4, 32, 64), Polymerization(1, 2, 1), 32)
+    cache.db.put_record(TuneRecord("an-older-key", "o", 64, 64, "float32", 1, 8, s, 10.0, 3, 0.1),
+                        threads=2)
+    assert main(["cache", "ls", "--cache-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "no tuned kernels for this target" in out and "its 1 other records" in out
+
+
 def test_a_prompt_beyond_the_context_is_refused(tmp_path, capsys):
     """Issue 24, item 4: a prompt beyond max_position_embeddings ran without a word."""
     f = tmp_path / "config.json"

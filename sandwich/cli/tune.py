@@ -346,7 +346,10 @@ def cmd_cache_ls(args) -> int:
     cache = _cache(args)
     recs = cache.db.records(fingerprint=cache.fingerprint)
     if not recs:
-        print(f"{cache.dir}: no tuned kernels for this target ({cache.fingerprint})")
+        others = len(cache.db.records())
+        print(f"{cache.dir}: no tuned kernels for this target ({cache.fingerprint})"
+              + (f"; its {others} other records are of another CPU or of another version of the "
+                 f"kernels or their timing, which are searched afresh" if others else ""))
         return 0
     print(f"{cache.dir} (target {cache.fingerprint})")
     print(f"{'op':<14}{'N':>7}{'K':>7}{'thr':>5}{'M range':>13}  {'GFLOPS':>8}  schedule")
