@@ -95,33 +95,48 @@ def run_ab(*, a_dir: str, b_dir: str, models: list[str], ms: list[int], threads:
                 for side, hs in zip(sides, handles, strict=True):  # once: numpy at M = 2048 is slow
                     check_gemm(side.run(x, hs[0]), x, w, what=side.name)
                 row = AbRow("+".join(names), op.n, op.k, m, rotated)
-                for r in range(rounds):
-                    order = (0, 1, 1, 0) if r % 2 == 0 else (1, 0, 0, 1)
-                    got: dict[int, list[float]] = {0: [], 1: []}
-                    for i in order:
-                        run, hs = sides[i].run, handles[i]
-                        t = (time_rotated(run, x, hs, **TIMING) if len(hs) > 1 else
-                             time_callable(lambda run=run, h=hs[0], x=x: run(x, h), **TIMING))
-                        got[i].append(gflops(2.0 * m * op.n * op.k, t.median_s))
-                    row.a_gflops.append(max(got[0]))
-                    row.b_gflops.append(max(got[1]))
+                time_interleaved(row, sides, handles, x, rounds)
                 res.rows.append(row)
-                log(f"{row.op:<14} M={m:<5} {op.n}x{op.k}{' rotated' if rotated else ''}: "
-                    f"A {statistics.median(row.a_gflops):7.1f}  B {statistics.median(row.b_gflops):7.1f} "
-                    f"GFLOPS  B/A x{row.ratio:.3f}")
+                log(row_line(row))
     return res
 
 
-def write_markdown(res: AbResult, path: Path, command: str) -> None:
-    lines = ["# Two kernel caches, interleaved: B / A", "",
+def time_interleaved(row: AbRow, sides, handles, x, rounds: int) -> None:
+    """`rounds` rounds of A B B A (odd rounds B A A B) of the two sides' run(x, handle), each
+    over its handles round robin when it has several (weights rotated beyond the LLC); each
+    side's better run of a round goes into the row."""
+    for r in range(rounds):
+        order = (0, 1, 1, 0) if r % 2 == 0 else (1, 0, 0, 1)
+        got: dict[int, list[float]] = {0: [], 1: []}
+        for i in order:
+            run, hs = sides[i].run, handles[i]
+            t = (time_rotated(run, x, hs, **TIMING) if len(hs) > 1 else
+                 time_callable(lambda run=run, h=hs[0], x=x: run(x, h), **TIMING))
+            got[i].append(gflops(2.0 * row.m * row.n * row.k, t.median_s))
+        row.a_gflops.append(max(got[0]))
+        row.b_gflops.append(max(got[1]))
+
+
+def row_line(row: AbRow) -> str:
+    return (f"{row.op:<14} M={row.m:<5} {row.n}x{row.k}{' rotated' if row.rotated else ''}: "
+            f"A {statistics.median(row.a_gflops):7.1f}  B {statistics.median(row.b_gflops):7.1f} "
+            f"GFLOPS  B/A x{row.ratio:.3f}")
+
+
+GROUPS = (("all", lambda r: True), ("M <= 8", lambda r: r.m <= 8),
+          ("16 <= M <= 256", lambda r: 16 <= r.m <= 256), ("M >= 512", lambda r: r.m >= 512))
+
+
+def write_markdown(res: AbResult, path: Path, command: str,
+                   title: str = "Two kernel caches, interleaved: B / A") -> None:
+    lines = [f"# {title}", "",
              f"Command: `{command}`", f"Machine: {res.machine}; {res.threads} threads; {res.date}.",
              f"A = `{res.a}`, B = `{res.b}`. Each row: {res.rounds} rounds of A B B A (or B A A B), "
              "each side's better run per round; the row's ratio is the median over rounds of "
              "B / A. Rows up to M = 8 rotate the weights beyond the LLC.", "",
-             f"Geomean B / A: all {res.geomean():.3f}, M <= 8 "
-             f"{res.geomean(lambda r: r.m <= 8):.3f}, 16 <= M <= 256 "
-             f"{res.geomean(lambda r: 16 <= r.m <= 256):.3f}, M >= 512 "
-             f"{res.geomean(lambda r: r.m >= 512):.3f}.", "",
+             "Geomean B / A: " + ", ".join(
+                 f"{name} {res.geomean(pred):.3f}" for name, pred in GROUPS
+                 if any(pred(r) for r in res.rows)) + ".", "",
              "| op | N x K | M | A GFLOPS (median) | B GFLOPS (median) | B / A |",
              "|---|---|---|---|---|---|"]
     for r in res.rows:

@@ -16,7 +16,7 @@ from sandwich.compiler.gemm_formats import int_activations, weight_args, weight_
 from sandwich.compiler.gemm_template import GemmProblem, validate
 from sandwich.compiler.lower_tir import to_tvmscript
 from sandwich.compiler.target import CpuInfo
-from sandwich.errors import ConfigError, DSLError
+from sandwich.errors import ConfigError, DSLError, first_line
 from sandwich.types import KernelSchedule
 
 KERNEL = "gemm_family"
@@ -27,6 +27,21 @@ def _kernel():
     from sandwich.dsl.load import load_kernel
 
     return load_kernel(KERNEL)
+
+
+def load_family(path: str | Path):
+    """The `gemm_family` kernel of another source file (an edited copy of the shipped one, to
+    time against it); ConfigError when the file does not parse or has no such kernel."""
+    from sandwich.dsl.load import load_file
+
+    try:
+        module = load_file(path)
+    except DSLError as e:
+        raise ConfigError(f"{path}: {first_line(e)}") from None
+    for kernel in module.kernels:
+        if kernel.name == KERNEL:
+            return kernel
+    raise ConfigError(f"{path} has no kernel named {KERNEL}")
 
 
 _LOWERING_PACKAGES = ("sandwich.compiler", "sandwich.dsl")
@@ -112,11 +127,12 @@ def family_tunables(schedule: KernelSchedule, k: int) -> dict[str, int]:
 
 def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int, l2_bytes: int,
                        isa: str | None = None, bf16_dot: bool = False,
-                       int8_dot: bool = False) -> str:
+                       int8_dot: bool = False, kernel=None) -> str:
     """TVMScript of the family; refuses the schedules the hand template refuses. `l2_bytes`:
     one core's L2, which sizes the chunks of rows a thread runs one after another; `bf16_dot`:
     the target has avx512_bf16, so bf16 weights take vdpbf16ps (else f32 FMAs on them);
-    `int8_dot`: it has AVX512-VNNI, so the int formats' dot8 is vpdpbusd (else pmaddwd)."""
+    `int8_dot`: it has AVX512-VNNI, so the int formats' dot8 is vpdpbusd (else pmaddwd);
+    `kernel`: another version of the family (load_family), else the shipped one."""
     validate(schedule, GemmProblem(n=n, k=k, lanes=lanes))
     split_k = schedule.polymerization.t_k > 1
     args = ("A", *weight_args(schedule.dtype, k), "C") + (("WS",) if split_k else ()) + ("bmb", "bnt", "bk")
@@ -125,7 +141,7 @@ def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int, 
         # align=4: activations are numpy views (not 64-byte aligned), as in the hand
         # template; "inline" scalars: no let variables, which TVM 0.27 puts in heap
         # workspace and reloads after every store (the hand template pays for that)
-        return to_tvmscript(_kernel(), tunables=family_tunables(schedule, k), vlen=lanes,
+        return to_tvmscript(kernel or _kernel(), tunables=family_tunables(schedule, k), vlen=lanes,
                             fixed={"N": n, "K": k, "G": fmt.group_size(k), "L2": l2_bytes}, args=args, align=4,
                             scalars="inline", fold=True, isa=isa, bf16_dot=bf16_dot,
                             int8_dot=int8_dot)
@@ -133,8 +149,11 @@ def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int, 
         raise ConfigError(f"GEMM schedule {schedule.key()} is outside {KERNEL}.sw: {e}") from e
 
 
-def build_gemm_dsl(schedule: KernelSchedule, *, n: int, k: int, cpu: CpuInfo, threads: int):
-    """Compile the DSL GEMM for the family of one schedule (any M, any slice)."""
+def build_gemm_dsl(schedule: KernelSchedule, *, n: int, k: int, cpu: CpuInfo, threads: int,
+                   kernel=None):
+    """Compile the DSL GEMM for the family of one schedule (any M, any slice); `kernel`: as
+    in gemm_dsl_tvmscript."""
     src = gemm_dsl_tvmscript(schedule, n=n, k=k, lanes=cpu.lanes_f32, l2_bytes=cpu.l2_bytes,
-                             isa=cpu.isa, bf16_dot=cpu.bf16_dot, int8_dot=cpu.int8_dot)
+                             isa=cpu.isa, bf16_dot=cpu.bf16_dot, int8_dot=cpu.int8_dot,
+                             kernel=kernel)
     return compile_source(src, cpu, threads)

@@ -9,7 +9,7 @@ import pytest
 
 from sandwich.bench.baselines.vendor import make_peers
 from sandwich.bench.cache_ab import run_ab, write_markdown
-from sandwich.errors import ConfigError
+from sandwich.errors import ConfigError, SandwichError
 
 TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
         "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 1,
@@ -58,3 +58,59 @@ def test_bench_caches_pairs_every_row(two_caches, tmp_path):
         with pytest.raises(ConfigError, match=match):
             run_ab(**({"a_dir": str(a_dir), "b_dir": str(b_dir), "models": [str(cfg)], "ms": [1],
                        "threads": 2, "rounds": 1} | bad))
+
+
+# -- bench kernels: two versions of the family's source ------------------------------------
+INT8 = "gemm_int8-g32_mk2x32_p1x2x1_n32_s4x32x64"
+
+
+@pytest.mark.tvm
+def test_bench_kernels_pairs_two_sources_on_each_schedule(tmp_path):
+    """An edited copy of the family against the shipped one: every schedule at every M is
+    checked against numpy on what it multiplies, then timed in paired rounds."""
+    from sandwich.bench.kernel_ab import run_kernel_ab
+    from sandwich.dsl.load import builtin_kernels
+
+    copy = tmp_path / "gemm_family.sw"  # the edit under test: a comment
+    copy.write_text("// an edited copy\n" + builtin_kernels()["gemm_family"].read_text())
+    lines = []
+    res = run_kernel_ab(a_src=None, b_src=str(copy), n=64, k=128, ms=[2, 16], threads=2, rounds=2,
+                        schedules=[INT8, "gemm_float32_mk2x32_p1x2x1_n32_s4x32x64"],
+                        log=lines.append, llc=1 << 16)
+    assert [(r.op, r.m, r.rotated) for r in res.rows] == [
+        (INT8, 2, True), (INT8, 16, False), ("gemm_float32_mk2x32_p1x2x1_n32_s4x32x64", 2, True),
+        ("gemm_float32_mk2x32_p1x2x1_n32_s4x32x64", 16, False)]
+    assert all(len(r.a_gflops) == len(r.b_gflops) == 2 and r.ratio > 0 for r in res.rows)
+    assert len(lines) == 4 and res.a == "shipped"
+    write_markdown(res, tmp_path / "k.md", "sandwichc bench kernels", title="Two sources")
+    text = (tmp_path / "k.md").read_text()
+    assert text.startswith("# Two sources") and "M <= 8" in text and "M >= 512" not in text
+
+
+@pytest.mark.tvm
+def test_bench_kernels_refuses_a_broken_source_and_a_wrong_schedule(tmp_path):
+    """A source that does not parse, or that computes wrong products, never gets timed."""
+    from sandwich.bench.kernel_ab import run_kernel_ab
+    from sandwich.dsl.load import builtin_kernels
+
+    def run(b_src, schedules=(INT8,), threads=2):
+        return run_kernel_ab(a_src=None, b_src=str(b_src), n=64, k=128, ms=[2], threads=threads,
+                             rounds=1, schedules=list(schedules), log=lambda _: None, llc=1 << 16)
+
+    broken = tmp_path / "broken.sw"
+    broken.write_text("kernel gemm_family( {")
+    other = tmp_path / "other.sw"
+    other.write_text("kernel scale(f32 x[4]) { x[0] = 1.0; }")
+    source = builtin_kernels()["gemm_family"].read_text()
+    wrong = tmp_path / "wrong.sw"  # the int8 products land twice
+    wrong.write_text(source.replace("accg[i, j] += (f32)acci[i, j] * ad[", "accg[i, j] += 2.0 * (f32)acci[i, j] * ad[", 1))
+    for path, schedules, threads, match in (
+            (tmp_path / "missing.sw", (INT8,), 2, "no such kernel source"),
+            (broken, (INT8,), 2, "broken.sw"), (other, (INT8,), 2, "no kernel named gemm_family"),
+            (broken, ("gemm_int8",), 2, "not a schedule key"),
+            (broken, (INT8,), 1, "runs on 2 threads")):
+        with pytest.raises(ConfigError, match=match) as e:
+            run(path, schedules, threads)
+        assert "\n" not in str(e.value)
+    with pytest.raises(SandwichError, match=r"B \(.*wrong\.sw\) is wrong"):
+        run(wrong)

@@ -162,6 +162,24 @@ def register(sub) -> None:
     add_threads_arg(c)
     c.set_defaults(func=_run_caches)
 
+    kab = bsub.add_parser("kernels", help="two versions of the GEMM family's source (the "
+                          "shipped one and an edited copy) on the same schedules, timed against "
+                          "each other in interleaved rounds")
+    kab.add_argument("--b", required=True, metavar="FILE", help="the .sw source compared")
+    kab.add_argument("--a", default=None, metavar="FILE", help="the reference source "
+                     "(default: the shipped dsl/kernels/gemm_family.sw)")
+    kab.add_argument("--schedule", action="append", required=True, metavar="KEY",
+                     help="a schedule key, its dtype the weight format, e.g. "
+                     "gemm_int8-g32_mk4x64_p1x2x1_n64_s8x64x256 (repeatable)")
+    kab.add_argument("--n", type=int, required=True, help="the GEMM's N")
+    kab.add_argument("--k", type=int, required=True, help="the GEMM's K")
+    kab.add_argument("--m", default="8", help="comma-separated M values")
+    kab.add_argument("--rounds", type=int, default=8, help="A B B A rounds per row")
+    kab.add_argument("--json", dest="json_out", default=None, help="also write the rows as JSON")
+    kab.add_argument("--md", default=None, help="also write a Markdown table")
+    add_threads_arg(kab)
+    kab.set_defaults(func=_run_kernels)
+
     from sandwich.cli import bench_scheduling
 
     bench_scheduling.register(bsub)
@@ -218,6 +236,24 @@ def _run_caches(args) -> int:
         Path(args.json_out).write_text(json.dumps(res.to_json(), indent=1))
     if args.md:
         write_markdown(res, Path(args.md), "sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+    return 0
+
+
+def _run_kernels(args) -> int:
+    from sandwich.bench.cache_ab import write_markdown
+    from sandwich.bench.kernel_ab import run_kernel_ab
+
+    threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
+    if args.n < 1 or args.k < 1:
+        raise ConfigError(f"--n and --k must be >= 1, got {args.n} and {args.k}")
+    res = run_kernel_ab(a_src=args.a, b_src=args.b, schedules=args.schedule, n=args.n, k=args.k,
+                        ms=int_list(args.m, "--m"), threads=threads, rounds=args.rounds)
+    print(f"geomean B / A: {res.geomean():.3f} ({len(res.rows)} rows, {threads} threads)")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(res.to_json(), indent=1))
+    if args.md:
+        write_markdown(res, Path(args.md), "sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+                       title="Two versions of the GEMM family's source, interleaved: B / A")
     return 0
 
 

@@ -1,0 +1,120 @@
+"""`sandwichc bench kernels`: two versions of the GEMM family's source (the shipped one and an
+edited copy, or two copies) timed against each other on the same schedules, interleaved.
+
+A kernel change is worth a few points at decode, while a VM's streaming read drifts by more
+than that between two runs minutes apart, so two `bench formats` runs (one per source) cannot
+tell the change from the drift. Here both builds sit in one process and take turns, A B B A,
+round after round (bench/cache_ab.py's rounds): both sides of a ratio ran seconds apart. Up
+to M = 8 the weights rotate over copies beyond the LLC, as decode reads them.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sandwich.bench.baselines.measure import check_gemm
+from sandwich.bench.cache_ab import ROTATE_MAX_M, AbResult, AbRow, row_line, time_interleaved
+from sandwich.compiler.gemm_runner import aligned_empty, gemm_args
+from sandwich.compiler.target import describe_machine, detect_cpu
+from sandwich.errors import ConfigError
+from sandwich.tuner.streaming import llc_bytes, rotation_copies
+from sandwich.tuner.trial_log import parse_schedule_key
+from sandwich.types import KernelSchedule
+
+
+@dataclass
+class SourceSide:
+    """One schedule built from one version of the family: packs weights in its format and
+    runs on arguments bound once per (A, weights) pair, as the executor calls a GEMM (the
+    timing loop keeps `a` and every handle alive, so their ids name them)."""
+
+    name: str
+    schedule: KernelSchedule
+    func: Callable
+    n: int
+    bound: dict = field(default_factory=dict)
+
+    def prepare(self, w) -> tuple:
+        from sandwich.compiler.gemm_runner import pack_weight
+
+        return pack_weight(w, self.schedule.pack_n, self.schedule.dtype)
+
+    def run(self, a: np.ndarray, packed: tuple) -> np.ndarray:
+        call = self.bound.get((id(a), id(packed)))
+        if call is None:
+            out = aligned_empty((a.shape[0], self.n))
+            ws = aligned_empty((self.schedule.polymerization.t_k * a.shape[0], self.n))
+            args = gemm_args(a, packed, out, self.schedule, ws)
+            call = self.bound[(id(a), id(packed))] = (args, out)
+        self.func(*call[0])
+        return call[1]
+
+
+def _sides(a_src: str | None, b_src: str, schedule: KernelSchedule, n: int, k: int,
+           threads: int, cpu) -> tuple[SourceSide, SourceSide]:
+    from sandwich.compiler.gemm_dsl import build_gemm_dsl, load_family
+
+    out = []
+    for tag, src in (("A", a_src), ("B", b_src)):
+        kernel = load_family(src) if src else None
+        func = build_gemm_dsl(schedule, n=n, k=k, cpu=cpu, threads=threads, kernel=kernel)["main"]
+        out.append(SourceSide(f"{tag} ({src or 'shipped'})", schedule, func, n))
+    return out[0], out[1]
+
+
+def run_kernel_ab(*, a_src: str | None, b_src: str, schedules: list[str], n: int, k: int,
+                  ms: list[int], threads: int, rounds: int = 8,
+                  log: Callable[[str], None] = print, llc: int | None = None) -> AbResult:
+    """Time each schedule (a KernelSchedule key; its dtype is the weight format) at every M
+    built from `a_src` (None: the shipped family) and from `b_src`, interleaved. Both builds
+    are first checked against numpy on what the kernel multiplies."""
+    from sandwich.compiler.gemm_formats import weight_format
+    from sandwich.tuner.tvm_measure import kernel_rows
+    from sandwich.weight_formats import dequantize, quantize
+
+    if rounds < 1:
+        raise ConfigError(f"--rounds must be >= 1, got {rounds}")
+    for src in (a_src, b_src):
+        if src is not None and not Path(src).is_file():
+            raise ConfigError(f"{src}: no such kernel source file")
+    try:
+        parsed = [parse_schedule_key(s) for s in schedules]
+    except ValueError as e:
+        raise ConfigError(f"--schedule: {e}") from None
+    if not parsed:
+        raise ConfigError("give at least one --schedule (a key such as "
+                          "gemm_int8-g32_mk4x64_p1x2x1_n64_s8x64x256)")
+    cpu = detect_cpu()
+    llc = llc or llc_bytes()
+    res = AbResult(a_src or "shipped", b_src, threads, rounds, describe_machine(),
+                   datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    rng = np.random.default_rng(0)
+    for s in parsed:
+        if s.polymerization.threads != threads:
+            raise ConfigError(f"{s.key()} runs on {s.polymerization.threads} threads, not "
+                              f"--threads {threads}")
+        sides = _sides(a_src, b_src, s, n, k, threads, cpu)
+        w = ref = rng.standard_normal((k, n), dtype=np.float32)
+        if weight_format(s.dtype).bits != 32:  # every copy packs the same quantized values
+            w = quantize(w, s.dtype)
+            ref = dequantize(w)
+        rows = kernel_rows(s.dtype, k)
+        for m in ms:
+            x = aligned_empty((m, k))
+            x[...] = rng.standard_normal((m, k), dtype=np.float32)
+            rotated = m <= ROTATE_MAX_M
+            nbytes = sum(a.nbytes for a in sides[0].prepare(w))
+            copies = rotation_copies(nbytes, llc) if rotated else 1
+            handles = [[side.prepare(w) for _ in range(copies)] for side in sides]
+            for side, hs in zip(sides, handles, strict=True):
+                check_gemm(side.run(x, hs[0]), rows(x) if rows else x, ref, what=side.name)
+            row = AbRow(s.key(), n, k, m, rotated)
+            time_interleaved(row, sides, handles, x, rounds)
+            res.rows.append(row)
+            log(row_line(row))
+    return res
