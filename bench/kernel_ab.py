@@ -19,7 +19,7 @@ import numpy as np
 
 from sandwich.bench.baselines.measure import check_gemm
 from sandwich.bench.cache_ab import ROTATE_MAX_M, AbResult, AbRow, row_line, time_interleaved
-from sandwich.compiler.gemm_runner import aligned_empty, gemm_args
+from sandwich.compiler.gemm_runner import aligned_empty, gemm_args, pack_weight
 from sandwich.compiler.target import describe_machine, detect_cpu
 from sandwich.errors import ConfigError
 from sandwich.tuner.streaming import llc_bytes, rotation_copies
@@ -40,8 +40,6 @@ class SourceSide:
     bound: dict = field(default_factory=dict)
 
     def prepare(self, w) -> tuple:
-        from sandwich.compiler.gemm_runner import pack_weight
-
         return pack_weight(w, self.schedule.pack_n, self.schedule.dtype)
 
     def run(self, a: np.ndarray, packed: tuple) -> np.ndarray:
@@ -108,7 +106,7 @@ def run_kernel_ab(*, a_src: str | None, b_src: str, schedules: list[str], n: int
             x = aligned_empty((m, k))
             x[...] = rng.standard_normal((m, k), dtype=np.float32)
             rotated = m <= ROTATE_MAX_M
-            nbytes = sum(a.nbytes for a in sides[0].prepare(w))
+            nbytes = sum(arr.nbytes for arr in sides[0].prepare(w))
             copies = rotation_copies(nbytes, llc) if rotated else 1
             handles = [[side.prepare(w) for _ in range(copies)] for side in sides]
             for side, hs in zip(sides, handles, strict=True):
