@@ -49,3 +49,15 @@ def test_cli_chat_streams_replies_resets_and_leaves_at_end_of_input(tiny, cache)
     replies = r.stdout.split("\n")[:2]
     assert replies[0] == replies[1]  # greedy, and /reset forgot the first turn
     assert "(conversation cleared)" in r.stderr
+
+
+@pytest.mark.tvm
+def test_cli_chat_fits_its_default_reply_to_a_short_context(tiny, cache):
+    """The tiny model's context is 256 tokens: a default reply of 512 refused every message
+    ("does not fit the context"); the default is now half the context when that is shorter."""
+    tune_model(tiny, cache)
+    cmd = [sys.executable, "-m", "sandwich.cli", "chat", "--model", str(tiny), "--cache-dir",
+           str(cache.dir), "--no-tune"]
+    r = subprocess.run(cmd, input="hello world\n", capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "does not fit" not in r.stderr, r.stderr
+    assert r.stdout  # a reply (this random model's are mostly newlines)

@@ -17,10 +17,14 @@ def register(sub) -> None:
                        "streamed replies; " + HELP + ")")
     _serving_args(c)
     c.add_argument("--system", help="a system message that opens the conversation")
-    c.add_argument("--max-new-tokens", type=int, default=512, help="longest reply")
+    c.add_argument("--max-new-tokens", type=int, default=None,
+                   help="longest reply (default: 512, or half the context when that is shorter)")
     c.add_argument("--top-k", type=int, default=0)
     c.add_argument("--top-p", type=float, default=1.0)
     c.set_defaults(func=cmd_chat)
+
+
+DEFAULT_REPLY = 512  # tokens a reply may take, unless the context is shorter than twice that
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -30,10 +34,12 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from sandwich.runtime.engine import Request, RequestError
     from sandwich.runtime.tokenizer import load_tokenizer
 
-    if args.max_new_tokens < 1:
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     tok = load_tokenizer(args.model)
     max_seq = args.max_seq or min(2048, load_model_config(args.model).max_position_embeddings)
+    if args.max_new_tokens is None:  # a 256-token model refused every message with 512
+        args.max_new_tokens = max(1, min(DEFAULT_REPLY, max_seq // 2))
     session = ChatSession(tok, max_seq, args.max_new_tokens, args.system)
     session.prompt("hi")  # the template renders before the slow part, or fails here
     session.reset()
