@@ -77,6 +77,8 @@ def run_kernel_ab(*, a_src: str | None, b_src: str, schedules: list[str], n: int
 
     if rounds < 1:
         raise ConfigError(f"--rounds must be >= 1, got {rounds}")
+    if n < 1 or k < 1:
+        raise ConfigError(f"--n and --k must be >= 1, got {n} and {k}")
     for src in (a_src, b_src):
         if src is not None and not Path(src).is_file():
             raise ConfigError(f"{src}: no such kernel source file")
@@ -102,15 +104,19 @@ def run_kernel_ab(*, a_src: str | None, b_src: str, schedules: list[str], n: int
             w = quantize(w, s.dtype)
             ref = dequantize(w)
         rows = kernel_rows(s.dtype, k)
+        # packed once per schedule: decode rows rotate over every copy, the others use the first
+        first = [side.prepare(w) for side in sides]
+        copies = rotation_copies(sum(arr.nbytes for arr in first[0]), llc) \
+            if min(ms) <= ROTATE_MAX_M else 1
+        rotation = [[h] + [side.prepare(w) for _ in range(copies - 1)]
+                    for side, h in zip(sides, first, strict=True)]
         for m in ms:
             x = aligned_empty((m, k))
             x[...] = rng.standard_normal((m, k), dtype=np.float32)
             rotated = m <= ROTATE_MAX_M
-            nbytes = sum(arr.nbytes for arr in sides[0].prepare(w))
-            copies = rotation_copies(nbytes, llc) if rotated else 1
-            handles = [[side.prepare(w) for _ in range(copies)] for side in sides]
-            for side, hs in zip(sides, handles, strict=True):
-                check_gemm(side.run(x, hs[0]), rows(x) if rows else x, ref, what=side.name)
+            handles = rotation if rotated else [[h] for h in first]
+            for side, h in zip(sides, first, strict=True):
+                check_gemm(side.run(x, h), rows(x) if rows else x, ref, what=side.name)
             row = AbRow(s.key(), n, k, m, rotated)
             time_interleaved(row, sides, handles, x, rounds)
             res.rows.append(row)

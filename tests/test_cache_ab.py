@@ -114,3 +114,6 @@ def test_bench_kernels_refuses_a_broken_source_and_a_wrong_schedule(tmp_path):
         assert "\n" not in str(e.value)
     with pytest.raises(SandwichError, match=r"B \(.*wrong\.sw\) is wrong"):
         run(wrong)
+    with pytest.raises(ConfigError, match="--n and --k must be >= 1, got 0 and 128"):
+        run_kernel_ab(a_src=None, b_src=str(wrong), n=0, k=128, ms=[2], threads=2, rounds=1,
+                      schedules=[INT8])
