@@ -101,20 +101,37 @@ def run_ab(*, a_dir: str, b_dir: str, models: list[str], ms: list[int], threads:
     return res
 
 
+def interleaved_rounds(sides: list[Callable[[], float]], rounds: int) -> list[list[float]]:
+    """Each side's better figure in each of `rounds` rounds, the sides taking turns forward and
+    back within a round (A B B A; three sides A B C C B A), the order reversed every other
+    round (B A A B): every side runs as often early as late in a round, seconds from the others."""
+    out: list[list[float]] = [[] for _ in sides]
+    for r in range(rounds):
+        order = list(range(len(sides))) if r % 2 == 0 else list(reversed(range(len(sides))))
+        got: dict[int, list[float]] = {i: [] for i in order}
+        for i in order + order[::-1]:
+            got[i].append(sides[i]())
+        for i, figures in got.items():
+            out[i].append(max(figures))
+    return out
+
+
 def time_interleaved(row: AbRow, sides, handles, x, rounds: int) -> None:
     """`rounds` rounds of A B B A (odd rounds B A A B) of the two sides' run(x, handle), each
     over its handles round robin when it has several (weights rotated beyond the LLC); each
     side's better run of a round goes into the row."""
-    for r in range(rounds):
-        order = (0, 1, 1, 0) if r % 2 == 0 else (1, 0, 0, 1)
-        got: dict[int, list[float]] = {0: [], 1: []}
-        for i in order:
-            run, hs = sides[i].run, handles[i]
+    def timer(i: int) -> Callable[[], float]:
+        run, hs = sides[i].run, handles[i]
+
+        def gemm_gflops() -> float:
             t = (time_rotated(run, x, hs, **TIMING) if len(hs) > 1 else
-                 time_callable(lambda run=run, h=hs[0], x=x: run(x, h), **TIMING))
-            got[i].append(gflops(2.0 * row.m * row.n * row.k, t.median_s))
-        row.a_gflops.append(max(got[0]))
-        row.b_gflops.append(max(got[1]))
+                 time_callable(lambda: run(x, hs[0]), **TIMING))
+            return gflops(2.0 * row.m * row.n * row.k, t.median_s)
+        return gemm_gflops
+
+    a, b = interleaved_rounds([timer(0), timer(1)], rounds)
+    row.a_gflops.extend(a)
+    row.b_gflops.extend(b)
 
 
 def row_line(row: AbRow) -> str:

@@ -53,33 +53,24 @@ class SourceSide:
         return call[1]
 
 
-def _sides(a_src: str | None, b_src: str, schedule: KernelSchedule, n: int, k: int,
-           threads: int, cpu) -> tuple[SourceSide, SourceSide]:
+def build_side(tag: str, src: str | None, schedule: KernelSchedule, n: int, k: int,
+               threads: int, cpu) -> SourceSide:
+    """`schedule` built from the family's source in `src` (None: the shipped one)."""
     from sandwich.compiler.gemm_dsl import build_gemm_dsl, load_family
 
-    out = []
-    for tag, src in (("A", a_src), ("B", b_src)):
-        kernel = load_family(src) if src else None
-        func = build_gemm_dsl(schedule, n=n, k=k, cpu=cpu, threads=threads, kernel=kernel)["main"]
-        out.append(SourceSide(f"{tag} ({src or 'shipped'})", schedule, func, n))
-    return out[0], out[1]
+    kernel = load_family(src) if src else None
+    func = build_gemm_dsl(schedule, n=n, k=k, cpu=cpu, threads=threads, kernel=kernel)["main"]
+    return SourceSide(f"{tag} ({src or 'shipped'})", schedule, func, n)
 
 
-def run_kernel_ab(*, a_src: str | None, b_src: str, schedules: list[str], n: int, k: int,
-                  ms: list[int], threads: int, rounds: int = 8,
-                  log: Callable[[str], None] = print, llc: int | None = None) -> AbResult:
-    """Time each schedule (a KernelSchedule key; its dtype is the weight format) at every M
-    built from `a_src` (None: the shipped family) and from `b_src`, interleaved. Both builds
-    are first checked against numpy on what the kernel multiplies."""
-    from sandwich.compiler.gemm_formats import weight_format
-    from sandwich.tuner.tvm_measure import kernel_rows
-    from sandwich.weight_formats import dequantize, quantize
-
+def check_source_args(schedules: list[str], n: int, k: int, rounds: int, threads: int,
+                      sources: tuple[str | None, ...]) -> list[KernelSchedule]:
+    """The parsed schedule keys, or one ConfigError line for the first bad argument."""
     if rounds < 1:
         raise ConfigError(f"--rounds must be >= 1, got {rounds}")
     if n < 1 or k < 1:
         raise ConfigError(f"--n and --k must be >= 1, got {n} and {k}")
-    for src in (a_src, b_src):
+    for src in sources:
         if src is not None and not Path(src).is_file():
             raise ConfigError(f"{src}: no such kernel source file")
     try:
@@ -89,21 +80,44 @@ def run_kernel_ab(*, a_src: str | None, b_src: str, schedules: list[str], n: int
     if not parsed:
         raise ConfigError("give at least one --schedule (a key such as "
                           "gemm_int8-g32_mk4x64_p1x2x1_n64_s8x64x256)")
+    for s in parsed:
+        if s.polymerization.threads != threads:
+            raise ConfigError(f"{s.key()} runs on {s.polymerization.threads} threads, not "
+                              f"--threads {threads}")
+    return parsed
+
+
+def problem(schedule: KernelSchedule, n: int, k: int,
+            rng) -> tuple[np.ndarray, np.ndarray, Callable | None]:
+    """The weights in the schedule's format (quantized once: every copy packs the same
+    values), the fp32 weights they stand for, and how the kernel rounds A (None: it does not)."""
+    from sandwich.compiler.gemm_formats import weight_format
+    from sandwich.tuner.tvm_measure import kernel_rows
+    from sandwich.weight_formats import dequantize, quantize
+
+    w = ref = rng.standard_normal((k, n), dtype=np.float32)
+    if weight_format(schedule.dtype).bits != 32:
+        w = quantize(w, schedule.dtype)
+        ref = dequantize(w)
+    return w, ref, kernel_rows(schedule.dtype, k)
+
+
+def run_kernel_ab(*, a_src: str | None, b_src: str, schedules: list[str], n: int, k: int,
+                  ms: list[int], threads: int, rounds: int = 8,
+                  log: Callable[[str], None] = print, llc: int | None = None) -> AbResult:
+    """Time each schedule (a KernelSchedule key; its dtype is the weight format) at every M
+    built from `a_src` (None: the shipped family) and from `b_src`, interleaved. Both builds
+    are first checked against numpy on what the kernel multiplies."""
+    parsed = check_source_args(schedules, n, k, rounds, threads, (a_src, b_src))
     cpu = detect_cpu()
     llc = llc or llc_bytes()
     res = AbResult(a_src or "shipped", b_src, threads, rounds, describe_machine(),
                    datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     rng = np.random.default_rng(0)
     for s in parsed:
-        if s.polymerization.threads != threads:
-            raise ConfigError(f"{s.key()} runs on {s.polymerization.threads} threads, not "
-                              f"--threads {threads}")
-        sides = _sides(a_src, b_src, s, n, k, threads, cpu)
-        w = ref = rng.standard_normal((k, n), dtype=np.float32)
-        if weight_format(s.dtype).bits != 32:  # every copy packs the same quantized values
-            w = quantize(w, s.dtype)
-            ref = dequantize(w)
-        rows = kernel_rows(s.dtype, k)
+        sides = tuple(build_side(tag, src, s, n, k, threads, cpu)
+                      for tag, src in (("A", a_src), ("B", b_src)))
+        w, ref, rows = problem(s, n, k, rng)
         # packed once per schedule: decode rows rotate over every copy, the others use the first
         first = [side.prepare(w) for side in sides]
         copies = rotation_copies(sum(arr.nbytes for arr in first[0]), llc) \

@@ -117,3 +117,40 @@ def test_bench_kernels_refuses_a_broken_source_and_a_wrong_schedule(tmp_path):
     with pytest.raises(ConfigError, match="--n and --k must be >= 1, got 0 and 128"):
         run_kernel_ab(a_src=None, b_src=str(wrong), n=0, k=128, ms=[2], threads=2, rounds=1,
                       schedules=[INT8])
+
+
+# -- bench streaming: a decode GEMM against the read and its resident rate ------------------
+@pytest.mark.tvm
+def test_bench_streaming_times_each_round_against_the_read_and_the_resident_kernel(tmp_path):
+    """Every round has a read, a streamed and (a copy fits half the LLC) a resident figure;
+    the ratios are the round's own; a wrong source is refused before it is timed."""
+    from sandwich.bench.kernel_stream import run_kernel_stream, write_markdown
+    from sandwich.dsl.load import builtin_kernels
+
+    def run(**kw):
+        args = {"src": None, "schedules": [INT8], "n": 64, "k": 128, "ms": [1, 2], "threads": 2,
+                "rounds": 2, "log": lines.append, "llc": 1 << 16, "read_bytes": 1 << 20}
+        return run_kernel_stream(**(args | kw))
+
+    lines = []
+    res = run()
+    assert [(r.m, len(r.read_gbs), len(r.streamed_gbs), len(r.resident_gbs)) for r in res.rows] == \
+        [(1, 2, 2, 2), (2, 2, 2, 2)]
+    row = res.rows[0]
+    assert row.copies > 1 and row.of_read() == [s / r for s, r in zip(row.streamed_gbs, row.read_gbs, strict=True)]
+    assert all(c >= f for c, f in zip(row.of_ceiling(), row.of_read(), strict=True))
+    assert len(lines) == 2 and "streamed / read" in lines[0]
+    write_markdown(res, tmp_path / "s.md", "sandwichc bench streaming")
+    assert (tmp_path / "s.md").read_text().count("| 2 |") == 2
+    assert json.dumps(res.to_json())
+    # weights larger than half the LLC have no resident figure
+    assert run(llc=1 << 12, ms=[1]).rows[0].resident_gbs == []
+    for kw, match in (({"ms": [16]}, "decode rows only"), ({"rounds": 0}, "--rounds"),
+                      ({"schedules": ["gemm_int8"]}, "not a schedule key")):
+        with pytest.raises(ConfigError, match=match):
+            run(**kw)
+    wrong = tmp_path / "wrong.sw"
+    wrong.write_text(builtin_kernels()["gemm_family"].read_text().replace(
+        "accg[i, j] += (f32)acci[i, j] * ad[", "accg[i, j] += 2.0 * (f32)acci[i, j] * ad[", 1))
+    with pytest.raises(SandwichError, match="is wrong"):
+        run(src=str(wrong))

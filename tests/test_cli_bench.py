@@ -37,3 +37,12 @@ def test_bench_gemm_end_to_end(tmp_path, tiny_config):
         for name in ("sandwich", "numpy"):
             assert len(r[f"{name}_gflops_passes"]) == 2
             assert r[f"{name}_gflops"] == max(r[f"{name}_gflops_passes"])
+
+
+def test_bench_streaming_bad_arguments_are_one_line():
+    """`bench streaming` refuses a row that is not decode, and a bad key, before any build."""
+    key = "gemm_int8-g32_mk4x64_p1x2x1_n64_s8x64x256"
+    one_line_error(run("bench", "streaming", "--schedule", key, "--n", "64", "--k", "128",
+                       "--m", "16", "--threads", "2"), "decode rows only")
+    one_line_error(run("bench", "streaming", "--schedule", "gemm_int8", "--n", "64", "--k", "128",
+                       "--threads", "2"), "not a schedule key")

@@ -180,6 +180,23 @@ def register(sub) -> None:
     add_threads_arg(kab)
     kab.set_defaults(func=_run_kernels)
 
+    st = bsub.add_parser("streaming", help="a decode GEMM against the streaming read and "
+                         "against itself on cache-resident weights (its compute ceiling), "
+                         "in interleaved rounds")
+    st.add_argument("--src", default=None, metavar="FILE", help="the .sw source built "
+                    "(default: the shipped dsl/kernels/gemm_family.sw)")
+    st.add_argument("--schedule", action="append", required=True, metavar="KEY",
+                    help="a schedule key, its dtype the weight format, e.g. "
+                    "gemm_int8-g32_mk4x64_p1x2x1_n64_s8x64x256 (repeatable)")
+    st.add_argument("--n", type=int, required=True, help="the GEMM's N")
+    st.add_argument("--k", type=int, required=True, help="the GEMM's K")
+    st.add_argument("--m", default="8", help="comma-separated M values, 1 to 8")
+    st.add_argument("--rounds", type=int, default=8, help="rounds per row")
+    st.add_argument("--json", dest="json_out", default=None, help="also write the rows as JSON")
+    st.add_argument("--md", default=None, help="also write a Markdown table per row")
+    add_threads_arg(st)
+    st.set_defaults(func=_run_streaming)
+
     from sandwich.cli import bench_scheduling
 
     bench_scheduling.register(bsub)
@@ -252,6 +269,19 @@ def _run_kernels(args) -> int:
     if args.md:
         write_markdown(res, Path(args.md), "sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
                        title="Two versions of the GEMM family's source, interleaved: B / A")
+    return 0
+
+
+def _run_streaming(args) -> int:
+    from sandwich.bench.kernel_stream import run_kernel_stream, write_markdown
+
+    threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
+    res = run_kernel_stream(src=args.src, schedules=args.schedule, n=args.n, k=args.k,
+                            ms=int_list(args.m, "--m"), threads=threads, rounds=args.rounds)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(res.to_json(), indent=1))
+    if args.md:
+        write_markdown(res, Path(args.md), "sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     return 0
 
 
