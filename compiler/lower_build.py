@@ -3,6 +3,7 @@ scalars -> TIR -> tvm.compile (the `sandwichc compile` path and the benchmarks).
 
 from __future__ import annotations
 
+from sandwich.compiler.amx import request_tiles
 from sandwich.compiler.build import compile_source
 from sandwich.compiler.lower_tir import to_tvmscript
 from sandwich.compiler.target import CpuInfo
@@ -43,6 +44,11 @@ def split_params(kernel: H.Kernel, params: dict[str, str], *, vlen: int) -> tupl
 
 def build_kernel(kernel: H.Kernel, *, tunables: dict, fixed: dict | None, cpu: CpuInfo,
                  threads: int):
-    """The compiled kernel (a tvm Executable; call ex["main"] or export it)."""
-    source = to_tvmscript(kernel, tunables=tunables, vlen=cpu.lanes_f32, fixed=fixed)
+    """The compiled kernel (a tvm Executable; call ex["main"] or export it). A kernel with
+    AMX tile statements builds only where `cpu` has AMX-BF16; for the host, this process
+    then asks Linux for the tile state, so the kernel can run here."""
+    source = to_tvmscript(kernel, tunables=tunables, vlen=cpu.lanes_f32, fixed=fixed,
+                          amx=cpu.amx)
+    if any(isinstance(s, A.Tile) for s in H.walk(kernel.body)):
+        request_tiles()
     return compile_source(source, cpu, threads)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from sandwich.compiler import lower_vector as V
 from sandwich.compiler.lower_args import check_fixed, signature
 from sandwich.compiler.lower_static import SCALARS, StaticParts
+from sandwich.compiler.lower_tiles import TileStatements
 from sandwich.dsl import ast as A
 from sandwich.dsl.builtins import FUNCS
 from sandwich.dsl.errors import DSLError
@@ -49,11 +50,12 @@ def _assigned(stmts) -> set[str]:
     return out
 
 
-class _Emitter(V.VectorLoops, StaticParts):
+class _Emitter(V.VectorLoops, StaticParts, TileStatements):
     def __init__(self, kernel: H.Kernel, consts: dict, vlen: int, scalars: str = "box",
                  fold: bool = False, isa: str | None = None, bf16_dot: bool = False,
-                 int8_dot: bool = False) -> None:
+                 int8_dot: bool = False, amx: bool = False) -> None:
         self.consts, self.vlen, self.scalars, self.fold = consts, vlen, scalars, fold
+        self.amx = amx  # AMX-BF16: the tile statements (compiler/lower_tiles.py)
         self.isa = isa  # the target's vector ISA (compiler/target.py), for intrinsics
         self.bf16_dot = bf16_dot and isa == "avx512"  # vdpbf16ps for dotbf16
         self.int8_dot = int8_dot and isa == "avx512"  # vpdpbusd for dot8
@@ -230,6 +232,8 @@ class _Emitter(V.VectorLoops, StaticParts):
         elif isinstance(s, A.Prefetch):  # rw 0 (read), locality 2 (L2), cache type 1 (data)
             self.line(depth, 'T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", '
                              f"T.address_of({self.expr(s.target)}), 0, 2, 1))")
+        elif isinstance(s, A.Tile):
+            self.tile(s, depth)
         elif isinstance(s, A.Assert):
             text = print_expr(s.cond).replace('"', "'")
             self.line(depth, f'assert {self.expr(s.cond)}, "kernel requirement failed: {text}"')
@@ -303,7 +307,8 @@ class _Emitter(V.VectorLoops, StaticParts):
 def to_tvmscript(kernel: H.Kernel, *, tunables: dict[str, int], vlen: int,
                  fixed: dict | None = None, args: tuple[str, ...] | None = None,
                  align: int | None = None, scalars: str = "box", fold: bool = False,
-                 isa: str | None = None, bf16_dot: bool = False, int8_dot: bool = False) -> str:
+                 isa: str | None = None, bf16_dot: bool = False, int8_dot: bool = False,
+                 amx: bool = False) -> str:
     """TVMScript source of `main(<params in order>)` for one point of the search space.
 
     `fixed` scalar parameters keep their place in the signature (a call with another value
@@ -313,7 +318,8 @@ def to_tvmscript(kernel: H.Kernel, *, tunables: dict[str, int], vlen: int,
     "box", "inline" or "let"); `fold` writes constant parts of expressions as numbers.
     `isa` (CpuInfo.isa) lets the lowering use that ISA's intrinsics (madd16 and dot8:
     pmaddwd), `bf16_dot` (the target has avx512_bf16) vdpbf16ps for dotbf16, and `int8_dot`
-    (the target has AVX512-VNNI) vpdpbusd for dot8.
+    (the target has AVX512-VNNI) vpdpbusd for dot8; `amx` (AMX-BF16) the tile statements,
+    which are an error without it.
     """
     if scalars not in SCALARS:
         raise DSLError(f"scalars must be one of {SCALARS}, got {scalars!r}")
@@ -321,7 +327,7 @@ def to_tvmscript(kernel: H.Kernel, *, tunables: dict[str, int], vlen: int,
     fixed = dict(fixed or {})
     check_fixed(kernel, fixed)
     consts = {**tunables, A.VLEN: vlen, **fixed}
-    e = _Emitter(kernel, consts, vlen, scalars, fold, isa, bf16_dot, int8_dot)
+    e = _Emitter(kernel, consts, vlen, scalars, fold, isa, bf16_dot, int8_dot, amx)
     sig = signature(kernel, args, fixed)
     for p in kernel.params:
         if p.shape and p not in sig:

@@ -99,7 +99,7 @@ def reductions(loop: H.For) -> list[Reduction] | None:
     found: dict[str, Reduction] = {}
     reads: list[str] = []
     for s in _statements(loop.body):
-        if isinstance(s, (H.For, A.Prefetch)) or (isinstance(s, A.Decl) and s.shape):
+        if isinstance(s, (H.For, A.Prefetch, A.Tile)) or (isinstance(s, A.Decl) and s.shape):
             return None
         red = as_reduction(s, local)
         if red is not None:

@@ -73,6 +73,11 @@ class CpuInfo:
         (vpdpbusd, AVX512-VNNI)."""
         return "+avx512vnni" in self.mattr
 
+    @property
+    def amx(self) -> bool:
+        """Whether the target has AMX tiles with bf16 products (tdpbf16ps: AMX-TILE, AMX-BF16)."""
+        return "+amx-tile" in self.mattr and "+amx-bf16" in self.mattr
+
     def target_dict(self, threads: int | None = None) -> dict:
         """The TVM target in the dict form that TVM 0.27 accepts."""
         d: dict = {"kind": "llvm", "mcpu": self.mcpu, "num-cores": threads or self.cores}

@@ -173,4 +173,26 @@ class Prefetch:
     loc: Loc | None = _loc()
 
 
+# x86 AMX tile statements and their argument counts (Tile)
+TILE_OPS = {"tile_config": 8, "tile_zero": 1, "tile_load": 3, "tile_store": 3,
+            "tile_dpbf16": 3, "tile_release": 0}
+TILES, TILE_ROWS, TILE_ROW_BYTES = 8, 16, 64
+
+
+@dataclass(frozen=True)
+class Tile:
+    """An x86 AMX statement (AMX-TILE, AMX-BF16), for CPUs with matrix tiles: eight tile
+    registers of up to 16 rows of 64 bytes. `tile_config(r0, ..., r7)` gives each tile its
+    rows (0: unused; every row 64 bytes) and zeroes them all; `tile_zero(t)`; `tile_load(t,
+    X[i, ...], stride)` and `tile_store(t, X[i, ...], stride)` move tile t's rows from or to
+    X, row r at the element `stride * r` after X[i, ...] in memory order; `tile_dpbf16(c, a,
+    b)` adds to f32 tile c (rows x 16) the products of a's bf16 pairs (rows x 16 pairs) and
+    b's (16 rows of pairs along K x 16 columns), as tdpbf16ps does; `tile_release()` frees
+    them. Tile numbers are integer literals."""
+
+    op: str
+    args: tuple
+    loc: Loc | None = _loc()
+
+
 ASSIGN_OPS = ("=", "+=", "-=", "*=", "/=")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from sandwich.dsl.ast import TILE_OPS  # the x86 AMX tile statements: keywords at both levels
+
 # name -> (argument kinds, result). Kinds: "float" (a float; an integer literal is fine),
 # "int", "num" (int or float), "bool", "any" (numeric arguments of one category, joined).
 # Result "same" is the joined type of the numeric arguments, else the type named.
@@ -37,10 +39,10 @@ FUNCS: dict[str, tuple[tuple[str, ...], str]] = {
 
 LOW_KEYWORDS = frozenset({
     "kernel", "tunable", "in", "for", "if", "else", "assert", "parallel", "vectorize",
-    "unroll", "true", "false", "inf"})
+    "unroll", "true", "false", "inf", *TILE_OPS})
 HIGH_KEYWORDS = frozenset({
     "def", "tunable", "in", "for", "if", "elif", "else", "and", "or", "not", "assert", "pass",
-    "range", "parallel", "vector", "unroll", "True", "False", "inf", "int", "float"})
+    "range", "parallel", "vector", "unroll", "True", "False", "inf", "int", "float", *TILE_OPS})
 TYPE_NAMES = frozenset({"f32", "bf16", "f16", "i32", "i64", "i8", "u8", "bool"})
 # A name must be usable at both levels (lowering must print), and not shadow vlen.
 RESERVED = LOW_KEYWORDS | HIGH_KEYWORDS | TYPE_NAMES | {"vlen"}

@@ -208,6 +208,8 @@ class Checker:
             if self.lookup(s.target.array) is not self.scopes[1].get(s.target.array):
                 raise self.fail(f"prefetch needs an array parameter; '{s.target.array}' is a "
                                 "local array", s.target)
+        elif isinstance(s, A.Tile):
+            self.tile(s)
         elif isinstance(s, A.If):
             if self.expr(s.cond) != "bool":
                 raise self.fail("if needs a bool condition", s.cond)
@@ -223,6 +225,32 @@ class Checker:
             self.scopes.pop()
         else:
             raise self.fail(f"not a statement: {type(s).__name__}", s)
+
+    def tile(self, s: A.Tile) -> None:
+        """Tile numbers are literals 0-7 (the registers are named in the instruction), the
+        rows of a configuration and a load's or store's stride are integers, and a load or
+        store names an element of an array of 4-byte values (i32 pairs of bf16, or f32)."""
+        want = A.TILE_OPS[s.op]
+        if len(s.args) != want:
+            raise self.fail(f"{s.op} takes {want} argument{'s' if want != 1 else ''}, "
+                            f"got {len(s.args)}", s)
+        tiles = {"tile_zero": 1, "tile_load": 1, "tile_store": 1, "tile_dpbf16": 3}.get(s.op, 0)
+        for t in s.args[:tiles]:
+            if not isinstance(t, A.IntLit) or not 0 <= t.value < A.TILES:
+                raise self.fail(f"{s.op}: a tile is an integer literal from 0 to {A.TILES - 1}", t)
+        if s.op == "tile_dpbf16" and len({t.value for t in s.args}) < 3:
+            raise self.fail("tile_dpbf16 needs three different tiles", s)
+        if s.op == "tile_config":
+            for rows in s.args:
+                self.int_expr(rows, "tile rows")
+        if s.op in ("tile_load", "tile_store"):
+            ref = s.args[1]
+            if not isinstance(ref, A.Index):
+                raise self.fail(f"{s.op} needs an array element, such as X[i, k]", ref)
+            if self.index(ref) not in ("i32", "f32"):
+                raise self.fail(f"{s.op} moves 4-byte elements (i32 or f32); '{ref.array}' is "
+                                f"{self.lookup(ref.array).dtype}", ref)
+            self.int_expr(s.args[2], "tile stride")
 
     def assign(self, s: A.Assign) -> None:
         t = s.target

@@ -14,6 +14,7 @@ import numpy as np
 from sandwich.dsl import ast as A
 from sandwich.dsl.errors import DSLError
 from sandwich.dsl.highlevel import ast as H
+from sandwich.dsl.tiles import TileFile
 from sandwich.errors import ShapeError
 from sandwich.weight_formats import round_bf16
 
@@ -109,6 +110,7 @@ def _cast(dtype: str, v):
 class Interpreter:
     def __init__(self, env: dict) -> None:
         self.env = env
+        self.tiles: TileFile | None = None  # made by the first tile statement
 
     def fail(self, message: str, node) -> DSLError:
         loc = getattr(node, "loc", None)
@@ -169,6 +171,8 @@ class Interpreter:
                 raise self.fail("assertion failed", s)
         elif isinstance(s, A.If):
             self.block(s.then if self.expr(s.cond) else s.orelse)
+        elif isinstance(s, A.Tile):
+            self.tile(s)
         # A.Prefetch: a cache hint, nothing to compute (its element may lie past the end)
         elif isinstance(s, H.For):
             start, stop, step = (self.expr(x) for x in (s.start, s.stop, s.step))
@@ -177,6 +181,25 @@ class Interpreter:
             for i in range(start, stop, step):
                 self.env[s.var] = i
                 self.block(s.body)
+
+    def tile(self, s: A.Tile) -> None:
+        tiles = self.tiles = self.tiles or TileFile()
+        try:
+            if s.op == "tile_config":
+                tiles.config([self.expr(r) for r in s.args])
+            elif s.op in ("tile_load", "tile_store"):
+                arr, idx = self.element(s.args[1])
+                flat = int(np.ravel_multi_index(idx, arr.shape))
+                move = tiles.load if s.op == "tile_load" else tiles.store
+                move(s.args[0].value, arr, flat, self.expr(s.args[2]), s.args[1].array)
+            elif s.op == "tile_dpbf16":
+                tiles.dpbf16(*(t.value for t in s.args))
+            elif s.op == "tile_zero":
+                tiles.zero(s.args[0].value)
+            else:
+                tiles.release()
+        except DSLError as e:
+            raise self.fail(str(e), s) from None
 
     def assign(self, s: A.Assign) -> None:
         value = self.expr(s.value)

@@ -134,6 +134,14 @@ class ExprTransformer(Transformer):
         target = A.Index(str(children[0]), tuple(children[1:]), loc=self.loc(meta))
         return A.Prefetch(target, loc=self.loc(meta))
 
+    def tile_op(self, meta, children):
+        return str(children[0])
+
+    def tile_stmt(self, meta, children):
+        """The same statement at both levels: `tile_load(4, X[i, k], K / 2)`."""
+        return A.Tile(children[0], tuple(c for c in children[1:] if c is not None),
+                      loc=self.loc(meta))
+
     def call(self, meta, children):
         args = tuple(c for c in children[1:] if c is not None)
         return A.Call(str(children[0]), args, loc=self.loc(meta))

@@ -99,6 +99,8 @@ def _stmt(s, depth: int) -> list[str]:
         return [f"{pad}assert {print_expr(s.cond)}"]
     if isinstance(s, A.Prefetch):
         return [f"{pad}prefetch({print_expr(s.target)})"]
+    if isinstance(s, A.Tile):
+        return [f"{pad}{s.op}({', '.join(print_expr(a) for a in s.args)})"]
     if isinstance(s, H.For):
         return [f"{pad}for {s.var} in {s.kind}({_range(s)}):", *_suite(s.body, depth + 1)]
     if isinstance(s, A.If):

@@ -69,6 +69,8 @@ def _stmt(s, depth: int) -> list[str]:
         return [f"{pad}assert({print_expr(s.cond)});"]
     if isinstance(s, A.Prefetch):
         return [f"{pad}prefetch({print_expr(s.target)});"]
+    if isinstance(s, A.Tile):
+        return [f"{pad}{s.op}({', '.join(print_expr(a) for a in s.args)});"]
     if isinstance(s, L.For):
         hint = f"{s.hint} " if s.hint else ""
         step = (f"{s.step_var}++" if s.step == A.IntLit(1)

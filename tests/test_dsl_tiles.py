@@ -1,0 +1,128 @@
+"""Issue 26's AMX path, first part: the DSL's tile statements (dsl/ast.py, Tile) parse at
+both levels, are checked, run in the reference interpreter against numpy (dsl/tiles.py), and
+lower to LLVM's AMX intrinsics for a CPU that has them. No machine of ours has AMX, so the
+shipped AMX GEMM is checked by the interpreter and by cross-compilation only."""
+
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TVM_NUM_THREADS", "2")
+
+from sandwich.compiler.gemm_runner import pack_weight  # noqa: E402
+from sandwich.dsl.errors import DSLError  # noqa: E402
+from sandwich.dsl.highlevel.printer import print_module  # noqa: E402
+from sandwich.dsl.highlevel.transform import parse as parse_high  # noqa: E402
+from sandwich.dsl.interp import run  # noqa: E402
+from sandwich.dsl.load import builtin_kernels, load_file, load_kernel, load_source  # noqa: E402
+from sandwich.weight_formats import round_bf16  # noqa: E402
+
+HEAD = "kernel k(i32 X[4, 32], i8 Y[64], f32 C[4, 16]) {\n"
+
+
+def kernel(body: str):
+    return load_source(HEAD + body + "\n}", file="k.sw").kernels[0]
+
+
+def bf16_product(a: np.ndarray, w: np.ndarray) -> np.ndarray:
+    return round_bf16(a).astype(np.float64) @ round_bf16(w).astype(np.float64)
+
+
+@pytest.mark.parametrize("m,n,k,pack_n", [(37, 64, 64, 32), (5, 64, 96, 64), (32, 32, 32, 32),
+                                          (16, 128, 32, 64)])
+def test_the_amx_gemm_matches_numpy_in_the_interpreter(m, n, k, pack_n):
+    """Row blocks of 32 with a tail of any size, both panel widths, one to three K steps."""
+    rng = np.random.default_rng(m + n + k)
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    w = rng.standard_normal((k, n), dtype=np.float32)
+    (wb,) = pack_weight(w, pack_n, "bf16")  # the bf16 family's packing is the B tile's layout
+    c = np.full((m, n), np.nan, np.float32)
+    run(load_kernel("gemm_amx_bf16"), tunables={"pack_n": pack_n}, M=m, N=n, K=k, A=a, WB=wb, C=c)
+    np.testing.assert_allclose(c, bf16_product(a, w), rtol=1e-5, atol=1e-4)
+
+
+def test_tile_statements_round_trip_through_the_high_level_ir():
+    k = load_kernel("gemm_amx_bf16")
+    text = print_module(load_file(builtin_kernels()["gemm_amx_bf16"]))
+    assert "tile_dpbf16(0, 4, 6)" in text and "tile_config(r0, r0, r1, r1, r0, r1, 16, 16)" in text
+    assert parse_high(text).kernels[0] == k
+
+
+@pytest.mark.parametrize("body,message", [
+    ("tile_zero(8);", "a tile is an integer literal from 0 to 7"),
+    ("i32 t = 1; tile_zero(t);", "a tile is an integer literal"),
+    ("tile_zero(0, 1);", "tile_zero takes 1 argument, got 2"),
+    ("tile_config(16, 16);", "tile_config takes 8 arguments, got 2"),
+    ("tile_config(16, 16, 16, 16, 16, 16, 16, 1.5);", "tile rows must be an integer"),
+    ("tile_dpbf16(0, 0, 1);", "three different tiles"),
+    ("tile_load(0, 3, 16);", "needs an array element"),
+    ("tile_load(0, Y[0], 16);", "moves 4-byte elements .i32 or f32.; .Y. is i8"),
+    ("tile_store(0, C[0, 0], 1.0);", "tile stride must be an integer"),
+    ("tile_load(0, Z[0], 16);", "undefined array 'Z'"),
+])
+def test_bad_tile_statements_are_one_clear_error(body, message):
+    with pytest.raises(DSLError, match=message) as e:
+        kernel(body)
+    assert str(e.value).startswith("k.sw:2:")  # the place, then the line with a caret
+
+
+@pytest.mark.parametrize("body,message", [
+    ("tile_zero(0);", "before tile_config"),
+    ("tile_config(4, 0, 0, 0, 0, 0, 0, 0); tile_zero(1);", "tile 1 has no rows"),
+    ("tile_config(17, 0, 0, 0, 0, 0, 0, 0);", "0 to 16 rows, got 17"),
+    ("tile_config(4, 0, 0, 0, 0, 0, 0, 0); tile_load(0, X[1, 0], 32);",
+     "tile 0 row 3 reads or writes elements 128 to 143 of 'X' \\(size 128\\)"),
+    ("tile_config(4, 4, 4, 0, 0, 0, 0, 0); tile_dpbf16(0, 1, 2);",
+     "C and A need the same rows and B 16"),
+])
+def test_the_interpreter_stops_where_the_cpu_would_fault(body, message):
+    k = kernel(body)
+    with pytest.raises(DSLError, match=message):
+        run(k, tunables={}, X=np.zeros((4, 32), np.int32), Y=np.zeros(64, np.int8),
+            C=np.zeros((4, 16), np.float32))
+
+
+def test_a_tile_store_writes_exactly_its_rows():
+    """tile_zero then a store of 2 rows of 16 f32 into C at a stride of 16: rows 1-2 only."""
+    k = kernel("tile_config(2, 0, 0, 0, 0, 0, 0, 0); tile_zero(0); tile_store(0, C[1, 0], 16);")
+    c = np.ones((4, 16), np.float32)
+    run(k, tunables={}, X=np.zeros((4, 32), np.int32), Y=np.zeros(64, np.int8), C=c)
+    assert (c[1:3] == 0).all() and (c[[0, 3]] == 1).all()
+
+
+@pytest.mark.tvm
+def test_the_amx_gemm_builds_for_sapphire_rapids_and_nowhere_without_amx():
+    import collections
+
+    import tvm
+
+    from sandwich.compiler.build import parse_tvmscript
+    from sandwich.compiler.lower_tir import to_tvmscript
+    from sandwich.compiler.static_check import cpu_for
+    from sandwich.compiler.target import tvm_target
+
+    k = load_kernel("gemm_amx_bf16")
+    spr, zen4 = cpu_for("sapphirerapids"), cpu_for("znver4")
+    assert spr.amx and not zen4.amx
+    src = to_tvmscript(k, tunables={"pack_n": 64}, vlen=16, isa=spr.isa, amx=spr.amx)
+    ex = tvm.compile(parse_tvmscript(src), target=tvm_target(spr, 2))
+    asm = getattr(ex, "mod", ex).inspect_source("asm")
+    ops = collections.Counter(line.split()[0] for line in asm.splitlines()
+                              if line.strip().startswith(("tile", "tdp", "ldtilecfg")))
+    assert {"ldtilecfg", "tilezero", "tileloadd", "tdpbf16ps", "tilestored", "tilerelease"} <= set(ops)
+    with pytest.raises(DSLError, match="this target has no AMX-BF16"):
+        to_tvmscript(k, tunables={"pack_n": 64}, vlen=16, isa=zen4.isa, amx=zen4.amx)
+
+
+def test_linux_refuses_the_tile_state_on_a_cpu_without_amx():
+    from sandwich.compiler.amx import request_tiles
+    from sandwich.compiler.target import detect_cpu
+    from sandwich.errors import ToolError
+
+    if detect_cpu().amx:
+        pytest.skip("this CPU has AMX: the request is granted")
+    request_tiles.cache_clear()
+    with pytest.raises(ToolError, match="refused this process the AMX tile state") as e:
+        request_tiles()
+    assert "\n" not in str(e.value)
