@@ -149,6 +149,9 @@ class Engine:
             bad = [t for t in req.prompt if not 0 <= t < self.vocab_size]
             if bad:
                 return f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
+            bad = [t for t in req.stop if not 0 <= t < self.vocab_size]
+            if bad:  # it could never be sampled: the request would run to its length unstopped
+                return f"stop token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
         if new < 1:
             return f"max_new_tokens must be >= 1, got {new}"
         if n + new - 1 > self.max_seq:  # the last token is sampled, never written to the cache

@@ -158,17 +158,19 @@ def test_bad_requests_get_errors_and_the_others_finish(ex):
             Request(prompt=(1, 2), max_new_tokens=0),
             Request(prompt=(1,) * 30, max_new_tokens=4),
             Request(prompt=(1, 2), max_new_tokens=2, temperature=-1.0),
+            Request(prompt=(1, 2), max_new_tokens=2, stop=(3, vocab + 5)),
             Request(prompt=tuple(PROMPTS[1]), max_new_tokens=5)]
     res = engine.run(reqs)
-    assert [r.finish for r in res] == ["length"] + ["error"] * 6 + ["length"]
+    assert [r.finish for r in res] == ["length"] + ["error"] * 7 + ["length"]
     assert "prompt of 33 tokens is longer than max_seq=32" in res[1].error
     assert "empty prompt" in res[2].error
     assert f"token id {vocab} is outside the vocabulary" in res[3].error
     assert "max_new_tokens must be >= 1" in res[4].error
     assert "needs 33 cache positions, beyond max_seq=32" in res[5].error
     assert "temperature must be >= 0" in res[6].error
-    assert all("\n" not in r.error for r in res[1:7])
-    assert len(res[0].ids) == 4 and len(res[7].ids) == 5 and engine.stats.errors == 6
+    assert f"stop token id {vocab + 5} is outside the vocabulary" in res[7].error
+    assert all("\n" not in r.error for r in res[1:8])
+    assert len(res[0].ids) == 4 and len(res[8].ids) == 5 and engine.stats.errors == 7
     assert ex.kv.in_use() == []
 
 
