@@ -126,3 +126,54 @@ def test_linux_refuses_the_tile_state_on_a_cpu_without_amx():
     with pytest.raises(ToolError, match="refused this process the AMX tile state") as e:
         request_tiles()
     assert "\n" not in str(e.value)
+
+
+BF16 = "gemm_bf16_mk2x32_p1x2x1_n32_s4x32x64"
+
+
+@pytest.mark.tvm
+def test_bench_amx_checks_and_times_both_kernels_with_the_interpreter_standing_in(monkeypatch):
+    """On a CPU with AMX, `bench amx` builds the AMX kernel, checks it and the family's bf16
+    kernel against numpy and times them in rounds. Here the interpreter runs the AMX kernel
+    in place of the CPU, so all but the hardware is exercised; a wrong AMX result is refused."""
+    import dataclasses
+
+    from sandwich.bench import amx as bench_amx
+    from sandwich.compiler import lower_build
+    from sandwich.compiler.target import detect_cpu
+    from sandwich.errors import SandwichError
+
+    cpu = detect_cpu()
+    monkeypatch.setattr(bench_amx, "detect_cpu", lambda: dataclasses.replace(
+        cpu, mattr=(*cpu.mattr, "+amx-bf16", "+amx-tile")))
+    wrong = []
+
+    def interpreted(kernel, *, tunables, fixed, cpu, threads):
+        def main(m, n, k, ta, tw, tc):
+            c = np.empty((m, n), np.float32)
+            run(kernel, tunables=tunables, M=m, N=n, K=k, A=ta.numpy(), WB=tw.numpy(), C=c)
+            tc.copyfrom(c * (2 if wrong else 1))
+        return {"main": main}
+
+    monkeypatch.setattr(lower_build, "build_kernel", interpreted)
+    lines = []
+    rows = bench_amx.run_amx(schedule=BF16, n=64, k=64, ms=[5, 33], threads=2, rounds=2,
+                             log=lines.append)
+    assert [(r.m, len(r.amx_gflops), len(r.family_gflops)) for r in rows] == [(5, 2, 2), (33, 2, 2)]
+    assert len(lines) == 2 and "AMX / family" in lines[0]
+    wrong.append(True)
+    with pytest.raises(SandwichError, match="the AMX kernel"):
+        bench_amx.run_amx(schedule=BF16, n=64, k=64, ms=[5], threads=2, rounds=1)
+
+
+def test_bench_amx_refuses_a_cpu_without_amx_and_a_format_it_does_not_take():
+    from cli_run import one_line_error
+    from cli_run import run as cli
+
+    from sandwich.compiler.target import detect_cpu
+
+    one_line_error(cli("bench", "amx", "--schedule", "gemm_int8-g32_mk4x64_p1x2x1_n64_s8x64x256",
+                       "--n", "64", "--k", "64", "--threads", "2"), "multiplies bf16 weights")
+    if not detect_cpu().amx:
+        one_line_error(cli("bench", "amx", "--schedule", BF16, "--n", "64", "--k", "64",
+                           "--threads", "2"), "has no AMX-BF16")

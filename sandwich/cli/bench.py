@@ -197,6 +197,18 @@ def register(sub) -> None:
     add_threads_arg(st)
     st.set_defaults(func=_run_streaming)
 
+    amx = bsub.add_parser("amx", help="the AMX bf16 GEMM (CPUs with AMX-BF16) against the bf16 "
+                          "family's kernel on the same weights, checked and timed in rounds")
+    amx.add_argument("--schedule", required=True, metavar="KEY", help="the family's bf16 "
+                     "schedule, whose pack_n the AMX kernel shares, e.g. "
+                     "gemm_bf16_mk6x64_p2x1x1_n64_s12x256x512")
+    amx.add_argument("--n", type=int, required=True, help="the GEMM's N")
+    amx.add_argument("--k", type=int, required=True, help="the GEMM's K")
+    amx.add_argument("--m", default="512,2048", help="comma-separated M values")
+    amx.add_argument("--rounds", type=int, default=5, help="rounds per row")
+    add_threads_arg(amx)
+    amx.set_defaults(func=_run_amx)
+
     from sandwich.cli import bench_scheduling
 
     bench_scheduling.register(bsub)
@@ -282,6 +294,15 @@ def _run_streaming(args) -> int:
         Path(args.json_out).write_text(json.dumps(res.to_json(), indent=1))
     if args.md:
         write_markdown(res, Path(args.md), "sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+    return 0
+
+
+def _run_amx(args) -> int:
+    from sandwich.bench.amx import run_amx
+
+    threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
+    run_amx(schedule=args.schedule, n=args.n, k=args.k, ms=int_list(args.m, "--m"),
+            threads=threads, rounds=args.rounds)
     return 0
 
 

@@ -1,0 +1,98 @@
+"""`sandwichc bench amx`: the AMX bf16 GEMM (dsl/kernels/gemm_amx_bf16.sw) on a CPU with
+AMX-BF16, checked against numpy and timed beside the bf16 family's kernel (vdpbf16ps) on the
+same packed weights and M, in interleaved rounds (bench/cache_ab.py's).
+
+No machine of the project had AMX when the tile statements landed, so this is the command an
+AMX session runs first: whether the kernel runs and computes what the interpreter says it
+does, and how far it is ahead of the vector kernel, before the tuner is taught to pick it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sandwich.bench.baselines.measure import check_gemm
+from sandwich.bench.cache_ab import TIMING, interleaved_rounds
+from sandwich.bench.kernel_ab import build_side, check_source_args
+from sandwich.compiler.gemm_runner import aligned_empty, pack_weight
+from sandwich.compiler.target import detect_cpu
+from sandwich.errors import ConfigError
+from sandwich.tuner.timing import gflops, time_callable
+from sandwich.weight_formats import round_bf16
+
+AMX_KERNEL = "gemm_amx_bf16"
+
+
+@dataclass
+class AmxRow:
+    m: int
+    n: int
+    k: int
+    pack_n: int
+    amx_gflops: list[float] = field(default_factory=list)  # one per round
+    family_gflops: list[float] = field(default_factory=list)
+
+    def line(self) -> str:
+        med = statistics.median
+        ratio = med(a / f for a, f in zip(self.amx_gflops, self.family_gflops, strict=True))
+        return (f"M={self.m} {self.n}x{self.k} (pack_n {self.pack_n}): AMX "
+                f"{med(self.amx_gflops):.1f}, vdpbf16ps family {med(self.family_gflops):.1f} "
+                f"GFLOPS, AMX / family x{ratio:.2f}")
+
+
+def run_amx(*, schedule: str, n: int, k: int, ms: list[int], threads: int, rounds: int = 5,
+            log: Callable[[str], None] = print) -> list[AmxRow]:
+    """The AMX kernel at the schedule's pack_n and the family's bf16 `schedule` (a key, e.g.
+    gemm_bf16_mk6x64_p2x1x1_n64_s12x256x512), each checked against numpy on the bf16-rounded
+    operands, then timed in rounds at every M."""
+    from sandwich.compiler.lower_build import build_kernel
+    from sandwich.compiler.tensors import tensor_over
+    from sandwich.dsl.load import load_kernel
+
+    [s] = check_source_args([schedule], n, k, rounds, threads, ())
+    if s.dtype != "bf16":
+        raise ConfigError(f"--schedule: the AMX kernel multiplies bf16 weights; {s.key()} is {s.dtype}")
+    cpu = detect_cpu()
+    if not cpu.amx:
+        raise ConfigError(f"this CPU ({cpu.model}, {cpu.mcpu}) has no AMX-BF16: nothing to time")
+    if s.pack_n % 32 or n % s.pack_n or k % 32:
+        raise ConfigError(f"the AMX kernel needs pack_n a multiple of 32 dividing N and K a "
+                          f"multiple of 32; got pack_n {s.pack_n}, N {n}, K {k}")
+    family = build_side("family", None, s, n, k, threads, cpu)
+    amx = build_kernel(load_kernel(AMX_KERNEL), tunables={"pack_n": s.pack_n},
+                       fixed={"N": n, "K": k}, cpu=cpu, threads=threads)["main"]
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((k, n), dtype=np.float32)
+    packed = pack_weight(w, s.pack_n, "bf16")
+    wb = tensor_over(packed[0])
+    rows = []
+    for m in ms:
+        a = aligned_empty((m, k))
+        a[...] = rng.standard_normal((m, k), dtype=np.float32)
+        c = aligned_empty((m, n))
+        ta, tc = tensor_over(a), tensor_over(c)
+
+        def run_amx_once(ta=ta, tc=tc, m=m) -> None:
+            amx(m, n, k, ta, wb, tc)
+
+        run_amx_once()
+        want = round_bf16(a)
+        check_gemm(c, want, round_bf16(w), what="the AMX kernel")
+        check_gemm(family.run(a, packed), want, round_bf16(w), what="the bf16 family")
+        flops = 2.0 * m * n * k
+
+        def amx_rate(run=run_amx_once, flops=flops) -> float:
+            return gflops(flops, time_callable(run, **TIMING).median_s)
+
+        def family_rate(a=a, flops=flops) -> float:
+            return gflops(flops, time_callable(lambda: family.run(a, packed), **TIMING).median_s)
+
+        row = AmxRow(m, n, k, s.pack_n)
+        row.amx_gflops, row.family_gflops = interleaved_rounds([amx_rate, family_rate], rounds)
+        rows.append(row)
+        log(row.line())
+    return rows
