@@ -152,7 +152,7 @@ class OpenAIServer:
         job = self.loop.submit(Job(
             req, on_token=lambda t: aio.call_soon_threadsafe(q.put_nowait, ("token", t)),
             on_done=lambda r: aio.call_soon_threadsafe(q.put_nowait, ("done", r))))
-        text, n, finished = TextStream(self.tok.stream(), stop), 0, False
+        text, n, finished = TextStream(self.tok.stream(), stop, self.tok.decode), 0, False
         try:
             while True:
                 kind, x = await q.get()

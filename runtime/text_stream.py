@@ -11,17 +11,24 @@ from collections.abc import Callable, Sequence
 class TextStream:
     """`push(id)` returns the text that is safe to send; `stopped` turns true at a stop
     string (the text before it is sent, the rest dropped); `flush()` returns what is held
-    back once generation ends without one."""
+    back once generation ends without one. With `decode` (the tokenizer's whole-reply
+    decoding), `flush()` also returns what the incremental decoder never will: a reply that
+    ends inside a UTF-8 sequence ends in U+FFFD, as the whole reply decodes."""
 
-    def __init__(self, step: Callable[[int], str], stop: Sequence[str] = ()) -> None:
+    def __init__(self, step: Callable[[int], str], stop: Sequence[str] = (),
+                 decode: Callable[[Sequence[int]], str] | None = None) -> None:
         self._step = step  # TextTokenizer.stream(): UTF-8-safe incremental decoding
         self.stop = tuple(s for s in stop if s)
         self.stopped = False
         self._held = ""
+        self._decode = decode
+        self._ids: list[int] = []
+        self._sent: list[str] = []
 
     def push(self, token: int) -> str:
         if self.stopped:
             return ""
+        self._ids.append(token)
         buf = self._held + self._step(token)
         cut = min((i for i in (buf.find(s) for s in self.stop) if i >= 0), default=-1)
         if cut >= 0:
@@ -29,11 +36,19 @@ class TextStream:
             return buf[:cut]
         keep = _partial_stop(buf, self.stop)
         self._held = buf[len(buf) - keep:] if keep else ""
-        return buf[:len(buf) - keep]
+        self._sent.append(buf[:len(buf) - keep])
+        return self._sent[-1]
 
     def flush(self) -> str:
         out, self._held = self._held, ""
-        return "" if self.stopped else out
+        if self.stopped:
+            return ""
+        if self._decode is not None:
+            sent = "".join(self._sent) + out
+            whole = self._decode(self._ids)
+            if whole.startswith(sent):  # only an end the incremental decoder held back
+                out += whole[len(sent):]
+        return out
 
 
 def _partial_stop(text: str, stops: tuple[str, ...]) -> int:

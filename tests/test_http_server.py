@@ -128,6 +128,43 @@ def test_stop_strings_are_held_back_and_cut():
     assert s.push(0) == "tail " and s.flush() == "x"  # the end releases what was held
 
 
+def test_a_reply_that_ends_inside_a_character_ends_as_the_whole_reply_decodes():
+    """The incremental decoder holds back an incomplete UTF-8 sequence for ever; the whole
+    reply decodes it as U+FFFD, and `generate --json` shows that: so does the stream's end."""
+    def stream(pieces, decoded, stop=()):
+        it = iter(pieces)
+        return TextStream(lambda _: next(it), stop, lambda ids: decoded[len(ids)])
+
+    s = stream(["a", "b", ""], {3: "ab\ufffd"})
+    assert [s.push(i) for i in range(3)] == ["a", "b", ""] and s.flush() == "\ufffd"
+    s = stream(["a", "xy", ""], {3: "axy\ufffd"}, stop=("xy",))
+    assert [s.push(i) for i in range(2)] == ["a", ""] and s.stopped and s.flush() == ""
+    s = stream(["a ", "b"], {2: "a b c"}, stop=("b c",))  # held back "b", then released
+    assert [s.push(i) for i in range(2)] == ["a ", ""] and s.flush() == "b c"
+    s = stream(["a", "b"], {2: "A B"})  # a decoding that disagrees adds nothing
+    assert [s.push(i) for i in range(2)] == ["a", "b"] and s.flush() == ""
+
+
+def test_the_stream_of_the_tiny_tokenizer_ends_as_its_decode(tmp_path):
+    """Random replies of the tiny GGUF's tokenizer: without a stop string, what is sent is
+    exactly the reply's decoding, U+FFFD at a broken end included."""
+    import random
+
+    from gguf_tiny import write_tiny_gguf
+
+    from sandwich.runtime.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(write_tiny_gguf(tmp_path / "t.gguf")[0])
+    rnd, broken = random.Random(0), 0
+    for _ in range(300):
+        ids = [rnd.randrange(tok.backend.get_vocab_size()) for _ in range(rnd.randrange(1, 20))]
+        s = TextStream(tok.stream(), (), tok.decode)
+        whole = tok.decode(ids)
+        assert "".join(s.push(t) for t in ids) + s.flush() == whole
+        broken += whole.endswith("\ufffd")
+    assert broken > 10  # the case under test occurs
+
+
 def test_cancel_frees_a_running_slot_and_a_queued_request():
     fake = FakeExecutor(max_batch=1, max_seq=64)
     engine = Engine(fake)
