@@ -9,14 +9,12 @@ does, and how far it is ahead of the vector kernel, before the tuner is taught t
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from sandwich.bench.baselines.measure import check_gemm
-from sandwich.bench.cache_ab import TIMING, interleaved_rounds
+from sandwich.bench.cache_ab import TIMING, AbRow, interleaved_rounds, row_line
 from sandwich.bench.kernel_ab import build_side, check_source_args
 from sandwich.compiler.gemm_runner import aligned_empty, pack_weight
 from sandwich.compiler.target import detect_cpu
@@ -27,28 +25,11 @@ from sandwich.weight_formats import round_bf16
 AMX_KERNEL = "gemm_amx_bf16"
 
 
-@dataclass
-class AmxRow:
-    m: int
-    n: int
-    k: int
-    pack_n: int
-    amx_gflops: list[float] = field(default_factory=list)  # one per round
-    family_gflops: list[float] = field(default_factory=list)
-
-    def line(self) -> str:
-        med = statistics.median
-        ratio = med(a / f for a, f in zip(self.amx_gflops, self.family_gflops, strict=True))
-        return (f"M={self.m} {self.n}x{self.k} (pack_n {self.pack_n}): AMX "
-                f"{med(self.amx_gflops):.1f}, vdpbf16ps family {med(self.family_gflops):.1f} "
-                f"GFLOPS, AMX / family x{ratio:.2f}")
-
-
 def run_amx(*, schedule: str, n: int, k: int, ms: list[int], threads: int, rounds: int = 5,
-            log: Callable[[str], None] = print) -> list[AmxRow]:
-    """The AMX kernel at the schedule's pack_n and the family's bf16 `schedule` (a key, e.g.
-    gemm_bf16_mk6x64_p2x1x1_n64_s12x256x512), each checked against numpy on the bf16-rounded
-    operands, then timed in rounds at every M."""
+            log: Callable[[str], None] = print) -> list[AbRow]:
+    """The AMX kernel at the schedule's pack_n (B) and the family's bf16 `schedule` (A, a key
+    such as gemm_bf16_mk6x64_p2x1x1_n64_s12x256x512), each checked against numpy on the
+    bf16-rounded operands, then timed in rounds at every M: each row's ratio is AMX / family."""
     from sandwich.compiler.lower_build import build_kernel
     from sandwich.compiler.tensors import tensor_over
     from sandwich.dsl.load import load_kernel
@@ -91,8 +72,8 @@ def run_amx(*, schedule: str, n: int, k: int, ms: list[int], threads: int, round
         def family_rate(a=a, flops=flops) -> float:
             return gflops(flops, time_callable(lambda: family.run(a, packed), **TIMING).median_s)
 
-        row = AmxRow(m, n, k, s.pack_n)
-        row.amx_gflops, row.family_gflops = interleaved_rounds([amx_rate, family_rate], rounds)
+        row = AbRow(f"AMX pack_n {s.pack_n} / family", n, k, m, rotated=False)
+        row.a_gflops, row.b_gflops = interleaved_rounds([family_rate, amx_rate], rounds)
         rows.append(row)
-        log(row.line())
+        log(row_line(row))
     return rows

@@ -159,8 +159,8 @@ def test_bench_amx_checks_and_times_both_kernels_with_the_interpreter_standing_i
     lines = []
     rows = bench_amx.run_amx(schedule=BF16, n=64, k=64, ms=[5, 33], threads=2, rounds=2,
                              log=lines.append)
-    assert [(r.m, len(r.amx_gflops), len(r.family_gflops)) for r in rows] == [(5, 2, 2), (33, 2, 2)]
-    assert len(lines) == 2 and "AMX / family" in lines[0]
+    assert [(r.m, len(r.a_gflops), len(r.b_gflops)) for r in rows] == [(5, 2, 2), (33, 2, 2)]
+    assert len(lines) == 2 and "AMX pack_n 32 / family" in lines[0] and "B/A" in lines[0]
     wrong.append(True)
     with pytest.raises(SandwichError, match="the AMX kernel"):
         bench_amx.run_amx(schedule=BF16, n=64, k=64, ms=[5], threads=2, rounds=1)

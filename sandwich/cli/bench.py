@@ -168,16 +168,8 @@ def register(sub) -> None:
     kab.add_argument("--b", required=True, metavar="FILE", help="the .sw source compared")
     kab.add_argument("--a", default=None, metavar="FILE", help="the reference source "
                      "(default: the shipped dsl/kernels/gemm_family.sw)")
-    kab.add_argument("--schedule", action="append", required=True, metavar="KEY",
-                     help="a schedule key, its dtype the weight format, e.g. "
-                     "gemm_int8-g32_mk4x64_p1x2x1_n64_s8x64x256 (repeatable)")
-    kab.add_argument("--n", type=int, required=True, help="the GEMM's N")
-    kab.add_argument("--k", type=int, required=True, help="the GEMM's K")
-    kab.add_argument("--m", default="8", help="comma-separated M values")
-    kab.add_argument("--rounds", type=int, default=8, help="A B B A rounds per row")
-    kab.add_argument("--json", dest="json_out", default=None, help="also write the rows as JSON")
-    kab.add_argument("--md", default=None, help="also write a Markdown table")
-    add_threads_arg(kab)
+    _schedule_args(kab, m="8", m_help="comma-separated M values", rounds=8,
+                   rounds_help="A B B A rounds per row")
     kab.set_defaults(func=_run_kernels)
 
     st = bsub.add_parser("streaming", help="a decode GEMM against the streaming read and "
@@ -185,33 +177,39 @@ def register(sub) -> None:
                          "in interleaved rounds")
     st.add_argument("--src", default=None, metavar="FILE", help="the .sw source built "
                     "(default: the shipped dsl/kernels/gemm_family.sw)")
-    st.add_argument("--schedule", action="append", required=True, metavar="KEY",
-                    help="a schedule key, its dtype the weight format, e.g. "
-                    "gemm_int8-g32_mk4x64_p1x2x1_n64_s8x64x256 (repeatable)")
-    st.add_argument("--n", type=int, required=True, help="the GEMM's N")
-    st.add_argument("--k", type=int, required=True, help="the GEMM's K")
-    st.add_argument("--m", default="8", help="comma-separated M values, 1 to 8")
-    st.add_argument("--rounds", type=int, default=8, help="rounds per row")
-    st.add_argument("--json", dest="json_out", default=None, help="also write the rows as JSON")
-    st.add_argument("--md", default=None, help="also write a Markdown table per row")
-    add_threads_arg(st)
+    _schedule_args(st, m="8", m_help="comma-separated M values, 1 to 8", rounds=8)
     st.set_defaults(func=_run_streaming)
 
     amx = bsub.add_parser("amx", help="the AMX bf16 GEMM (CPUs with AMX-BF16) against the bf16 "
                           "family's kernel on the same weights, checked and timed in rounds")
-    amx.add_argument("--schedule", required=True, metavar="KEY", help="the family's bf16 "
-                     "schedule, whose pack_n the AMX kernel shares, e.g. "
-                     "gemm_bf16_mk6x64_p2x1x1_n64_s12x256x512")
-    amx.add_argument("--n", type=int, required=True, help="the GEMM's N")
-    amx.add_argument("--k", type=int, required=True, help="the GEMM's K")
-    amx.add_argument("--m", default="512,2048", help="comma-separated M values")
-    amx.add_argument("--rounds", type=int, default=5, help="rounds per row")
-    add_threads_arg(amx)
+    _schedule_args(amx, m="512,2048", m_help="comma-separated M values", rounds=5, many=False,
+                   outputs=False)
     amx.set_defaults(func=_run_amx)
 
     from sandwich.cli import bench_scheduling
 
     bench_scheduling.register(bsub)
+
+
+def _schedule_args(p, *, m: str, m_help: str, rounds: int, rounds_help: str = "rounds per row",
+                   many: bool = True, outputs: bool = True) -> None:
+    """The arguments of the commands that time given schedules of the family at one N x K."""
+    if many:
+        p.add_argument("--schedule", action="append", required=True, metavar="KEY",
+                       help="a schedule key, its dtype the weight format, e.g. "
+                       "gemm_int8-g32_mk4x64_p1x2x1_n64_s8x64x256 (repeatable)")
+    else:
+        p.add_argument("--schedule", required=True, metavar="KEY", help="the family's bf16 "
+                       "schedule, whose pack_n the AMX kernel shares, e.g. "
+                       "gemm_bf16_mk6x64_p2x1x1_n64_s12x256x512")
+    p.add_argument("--n", type=int, required=True, help="the GEMM's N")
+    p.add_argument("--k", type=int, required=True, help="the GEMM's K")
+    p.add_argument("--m", default=m, help=m_help)
+    p.add_argument("--rounds", type=int, default=rounds, help=rounds_help)
+    if outputs:
+        p.add_argument("--json", dest="json_out", default=None, help="also write the rows as JSON")
+        p.add_argument("--md", default=None, help="also write a Markdown table")
+    add_threads_arg(p)
 
 
 def _run(args) -> int:
