@@ -259,11 +259,17 @@ def _run_caches(args) -> int:
                  threads=threads, rounds=args.rounds)
     print(f"geomean B / A: all {res.geomean():.3f}, M <= 8 {res.geomean(lambda r: r.m <= 8):.3f}, "
           f"M >= 512 {res.geomean(lambda r: r.m >= 512):.3f} ({len(res.rows)} rows, {threads} threads)")
+    _write_rows(args, res, write_markdown)
+    return 0
+
+
+def _write_rows(args, res, write_markdown, **kw) -> None:
+    """--json and --md of a command that times rows in rounds; the Markdown names the command."""
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(res.to_json(), indent=1))
     if args.md:
-        write_markdown(res, Path(args.md), "sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
-    return 0
+        write_markdown(res, Path(args.md), "sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+                       **kw)
 
 
 def _run_kernels(args) -> int:
@@ -274,11 +280,8 @@ def _run_kernels(args) -> int:
     res = run_kernel_ab(a_src=args.a, b_src=args.b, schedules=args.schedule, n=args.n, k=args.k,
                         ms=int_list(args.m, "--m"), threads=threads, rounds=args.rounds)
     print(f"geomean B / A: {res.geomean():.3f} ({len(res.rows)} rows, {threads} threads)")
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(res.to_json(), indent=1))
-    if args.md:
-        write_markdown(res, Path(args.md), "sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-                       title="Two versions of the GEMM family's source, interleaved: B / A")
+    _write_rows(args, res, write_markdown,
+                title="Two versions of the GEMM family's source, interleaved: B / A")
     return 0
 
 
@@ -288,10 +291,7 @@ def _run_streaming(args) -> int:
     threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
     res = run_kernel_stream(src=args.src, schedules=args.schedule, n=args.n, k=args.k,
                             ms=int_list(args.m, "--m"), threads=threads, rounds=args.rounds)
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(res.to_json(), indent=1))
-    if args.md:
-        write_markdown(res, Path(args.md), "sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+    _write_rows(args, res, write_markdown)
     return 0
 
 
