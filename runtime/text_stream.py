@@ -48,6 +48,8 @@ class TextStream:
             whole = self._decode(self._ids)
             if whole.startswith(sent):  # only an end the incremental decoder held back
                 out += whole[len(sent):]
+                cut = min((i for i in (out.find(s) for s in self.stop) if i >= 0), default=-1)
+                out = out if cut < 0 else out[:cut]
         return out
 
 

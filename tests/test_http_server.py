@@ -139,8 +139,10 @@ def test_a_reply_that_ends_inside_a_character_ends_as_the_whole_reply_decodes():
     assert [s.push(i) for i in range(3)] == ["a", "b", ""] and s.flush() == "\ufffd"
     s = stream(["a", "xy", ""], {3: "axy\ufffd"}, stop=("xy",))
     assert [s.push(i) for i in range(2)] == ["a", ""] and s.stopped and s.flush() == ""
-    s = stream(["a ", "b"], {2: "a b c"}, stop=("b c",))  # held back "b", then released
-    assert [s.push(i) for i in range(2)] == ["a ", ""] and s.flush() == "b c"
+    s = stream(["a ", "b"], {2: "a b c"}, stop=("b c",))  # the end completes a stop string
+    assert [s.push(i) for i in range(2)] == ["a ", ""] and s.flush() == ""
+    s = stream(["a ", "b"], {2: "a b!"}, stop=("b c",))  # held back "b", then released
+    assert [s.push(i) for i in range(2)] == ["a ", ""] and s.flush() == "b!"
     s = stream(["a", "b"], {2: "A B"})  # a decoding that disagrees adds nothing
     assert [s.push(i) for i in range(2)] == ["a", "b"] and s.flush() == ""
 
