@@ -15,12 +15,11 @@ import numpy as np
 
 from sandwich.bench.baselines.measure import check_gemm
 from sandwich.bench.cache_ab import TIMING, AbRow, interleaved_rounds, row_line
-from sandwich.bench.kernel_ab import build_side, check_source_args
-from sandwich.compiler.gemm_runner import aligned_empty, pack_weight
+from sandwich.bench.kernel_ab import build_side, check_source_args, problem
+from sandwich.compiler.gemm_runner import aligned_empty
 from sandwich.compiler.target import detect_cpu
 from sandwich.errors import ConfigError
 from sandwich.tuner.timing import gflops, time_callable
-from sandwich.weight_formats import round_bf16
 
 AMX_KERNEL = "gemm_amx_bf16"
 
@@ -47,8 +46,8 @@ def run_amx(*, schedule: str, n: int, k: int, ms: list[int], threads: int, round
     amx = build_kernel(load_kernel(AMX_KERNEL), tunables={"pack_n": s.pack_n},
                        fixed={"N": n, "K": k}, cpu=cpu, threads=threads)["main"]
     rng = np.random.default_rng(0)
-    w = rng.standard_normal((k, n), dtype=np.float32)
-    packed = pack_weight(w, s.pack_n, "bf16")
+    w, ref, rows_of = problem(s, n, k, rng)  # bf16 weights, their values, A rounded to bf16
+    packed = family.prepare(w)  # the family's layout is the AMX kernel's B tiles
     wb = tensor_over(packed[0])
     rows = []
     for m in ms:
@@ -61,9 +60,9 @@ def run_amx(*, schedule: str, n: int, k: int, ms: list[int], threads: int, round
             amx(m, n, k, ta, wb, tc)
 
         run_amx_once()
-        want = round_bf16(a)
-        check_gemm(c, want, round_bf16(w), what="the AMX kernel")
-        check_gemm(family.run(a, packed), want, round_bf16(w), what="the bf16 family")
+        want = rows_of(a)
+        check_gemm(c, want, ref, what="the AMX kernel")
+        check_gemm(family.run(a, packed), want, ref, what="the bf16 family")
         flops = 2.0 * m * n * k
 
         def amx_rate(run=run_amx_once, flops=flops) -> float:

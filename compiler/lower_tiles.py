@@ -32,7 +32,7 @@ class TileStatements:
         if s.op == "tile_config":
             self.tile_config(s, depth)
             return
-        args = [f"T.uint8({t.value})" for t in s.args if isinstance(t, A.IntLit)][:3]
+        args = [f"T.uint8({t.value})" for t in s.args[:A.TILE_NUMBERS[s.op]]]
         if s.op in ("tile_load", "tile_store"):
             ref, stride = s.args[1], s.args[2]
             item = _ITEM_BYTES[self.types[ref.array]]

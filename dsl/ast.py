@@ -176,6 +176,9 @@ class Prefetch:
 # x86 AMX tile statements and their argument counts (Tile)
 TILE_OPS = {"tile_config": 8, "tile_zero": 1, "tile_load": 3, "tile_store": 3,
             "tile_dpbf16": 3, "tile_release": 0}
+# how many of a tile statement's first arguments are tile numbers (literals 0 to TILES - 1)
+TILE_NUMBERS = {"tile_config": 0, "tile_zero": 1, "tile_load": 1, "tile_store": 1,
+                "tile_dpbf16": 3, "tile_release": 0}
 TILES, TILE_ROWS, TILE_ROW_BYTES = 8, 16, 64
 
 

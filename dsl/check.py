@@ -234,8 +234,7 @@ class Checker:
         if len(s.args) != want:
             raise self.fail(f"{s.op} takes {want} argument{'s' if want != 1 else ''}, "
                             f"got {len(s.args)}", s)
-        tiles = {"tile_zero": 1, "tile_load": 1, "tile_store": 1, "tile_dpbf16": 3}.get(s.op, 0)
-        for t in s.args[:tiles]:
+        for t in s.args[:A.TILE_NUMBERS[s.op]]:
             if not isinstance(t, A.IntLit) or not 0 <= t.value < A.TILES:
                 raise self.fail(f"{s.op}: a tile is an integer literal from 0 to {A.TILES - 1}", t)
         if s.op == "tile_dpbf16" and len({t.value for t in s.args}) < 3:
