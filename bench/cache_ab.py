@@ -116,20 +116,22 @@ def interleaved_rounds(sides: list[Callable[[], float]], rounds: int) -> list[li
     return out
 
 
+def gemm_timer(run: Callable, x, handles: list, n: int, k: int) -> Callable[[], float]:
+    """A call that times run(x, handle) and returns GFLOPS: over the handles round robin when
+    there are several (weights rotated beyond the LLC), else on the one."""
+    def gemm_gflops() -> float:
+        t = (time_rotated(run, x, handles, **TIMING) if len(handles) > 1 else
+             time_callable(lambda: run(x, handles[0]), **TIMING))
+        return gflops(2.0 * x.shape[0] * n * k, t.median_s)
+    return gemm_gflops
+
+
 def time_interleaved(row: AbRow, sides, handles, x, rounds: int) -> None:
     """`rounds` rounds of A B B A (odd rounds B A A B) of the two sides' run(x, handle), each
     over its handles round robin when it has several (weights rotated beyond the LLC); each
     side's better run of a round goes into the row."""
-    def timer(i: int) -> Callable[[], float]:
-        run, hs = sides[i].run, handles[i]
-
-        def gemm_gflops() -> float:
-            t = (time_rotated(run, x, hs, **TIMING) if len(hs) > 1 else
-                 time_callable(lambda: run(x, hs[0]), **TIMING))
-            return gflops(2.0 * row.m * row.n * row.k, t.median_s)
-        return gemm_gflops
-
-    a, b = interleaved_rounds([timer(0), timer(1)], rounds)
+    a, b = interleaved_rounds([gemm_timer(side.run, x, hs, row.n, row.k)
+                               for side, hs in zip(sides, handles, strict=True)], rounds)
     row.a_gflops.extend(a)
     row.b_gflops.extend(b)
 

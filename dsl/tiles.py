@@ -63,9 +63,8 @@ class TileFile:
             self.data[t, r] = mem[a:b].view(np.uint8)
 
     def store(self, t: int, arr: np.ndarray, flat: int, stride: int, name: str) -> None:
-        mem = arr.reshape(-1)  # a view: the kernel's arrays are C-contiguous
         for r, a, b in self._span(t, arr, flat, stride, name):
-            mem[a:b] = self.data[t, r].view(arr.dtype)
+            arr.flat[a:b] = self.data[t, r].view(arr.dtype)  # row-major positions, any layout
 
     def dpbf16(self, c: int, a: int, b: int) -> None:
         """C[m, n] += sum over k of A[m, 2k] B[k, 2n] + A[m, 2k + 1] B[k, 2n + 1], in f32."""

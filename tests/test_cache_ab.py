@@ -154,3 +154,29 @@ def test_bench_streaming_times_each_round_against_the_read_and_the_resident_kern
         "accg[i, j] += (f32)acci[i, j] * ad[", "accg[i, j] += 2.0 * (f32)acci[i, j] * ad[", 1))
     with pytest.raises(SandwichError, match="is wrong"):
         run(src=str(wrong))
+
+
+# -- bench schedules: several schedules of one GEMM, in any formats -------------------------
+@pytest.mark.tvm
+def test_bench_schedules_times_every_schedule_against_the_first_in_each_round(tmp_path):
+    """fp32 and bf16 schedules of one GEMM, each checked against numpy, then timed in the same
+    rounds; each ratio is its own round's; one schedule alone, or a bad key, is refused."""
+    from sandwich.bench.schedule_ab import run_schedule_ab, write_markdown
+
+    keys = ["gemm_float32_mk2x32_p1x2x1_n32_s4x32x64", "gemm_bf16_mk2x32_p1x2x1_n32_s4x32x64",
+            "gemm_bf16_mk4x32_p2x1x1_n32_s4x32x128"]
+    lines = []
+    res = run_schedule_ab(schedules=keys, n=64, k=128, ms=[2, 16], threads=2, rounds=2,
+                          log=lines.append, llc=1 << 16)
+    assert [(r.m, r.rotated, len(r.gflops), [len(g) for g in r.gflops]) for r in res.rows] == \
+        [(2, True, 3, [2, 2, 2]), (16, False, 3, [2, 2, 2])]
+    row = res.rows[1]
+    assert row.ratios(0) == [1.0, 1.0]
+    assert row.ratios(2) == [b / a for a, b in zip(row.gflops[0], row.gflops[2], strict=True)]
+    assert len(lines) == 2 and "x" in lines[0]
+    write_markdown(res, tmp_path / "s.md", "sandwichc bench schedules")
+    assert (tmp_path / "s.md").read_text().count("`gemm_bf16_mk4x32_p2x1x1_n32_s4x32x128`") == 2
+    assert json.dumps(res.to_json())
+    for schedules, match in (([keys[0]], "two or more --schedule"), ([keys[0], "gemm_bf16"], "not a schedule key")):
+        with pytest.raises(ConfigError, match=match):
+            run_schedule_ab(schedules=schedules, n=64, k=128, ms=[16], threads=2, rounds=1, llc=1 << 16)

@@ -83,10 +83,12 @@ def test_the_interpreter_stops_where_the_cpu_would_fault(body, message):
             C=np.zeros((4, 16), np.float32))
 
 
-def test_a_tile_store_writes_exactly_its_rows():
-    """tile_zero then a store of 2 rows of 16 f32 into C at a stride of 16: rows 1-2 only."""
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_a_tile_store_writes_exactly_its_rows(order):
+    """tile_zero then a store of 2 rows of 16 f32 into C at a stride of 16: rows 1-2 only,
+    in whatever memory order the caller's array has (a flattened copy would lose them)."""
     k = kernel("tile_config(2, 0, 0, 0, 0, 0, 0, 0); tile_zero(0); tile_store(0, C[1, 0], 16);")
-    c = np.ones((4, 16), np.float32)
+    c = np.ones((4, 16), np.float32, order=order)
     run(k, tunables={}, X=np.zeros((4, 32), np.int32), Y=np.zeros(64, np.int8), C=c)
     assert (c[1:3] == 0).all() and (c[[0, 3]] == 1).all()
 

@@ -259,6 +259,17 @@ class SandwichSearch:
                 return False
         return True
 
+    def _k_unit(self, m: int) -> int:
+        """The step of b_k (and the scale of start_k and probe_k) at `m`: K_UNIT values, or
+        twice that for bf16 weights past the skinny Ms. One vdpbf16ps adds two values of K, so
+        a bf16 panel of the fp32 b_k runs half the instructions per reload of its accumulators;
+        on Zen 4 (o, 2048 x 2048, M = 512 and 2048) b_k 320 reached 433 GFLOPS, 640-1024 reached
+        437-443, and fast start's 2% step could not see that from 320. Decode streams its
+        weights, where b_k sets the stream's stretch rather than an instruction count: the
+        skinny Ms keep fp32's unit (bf16 M = 1 lost 5% at b_k 640 against 320)."""
+        wide = self.dtype == "bf16" and m > self.settings.skinny_m
+        return K_UNIT * (2 if wide else 1)
+
     # -- fast start --------------------------------------------------------------------
     def fast_start(self, mk: MicroKernel, m: int, pl: Polymerization,
                    start: ComputeSlice | None = None) -> tuple[ComputeSlice, float]:
@@ -274,9 +285,9 @@ class SandwichSearch:
         doubles it: at large M the slice that won at small M can be a doubling short (b_k
         256 -> 512 gained 5-10% on Sheared-LLaMA's lm_head at M = 1024)."""
         caps = slice_caps(m, self.n, self.k, mk, pl)
-        tiles = (mk.mu_m, mk.mu_n, K_UNIT)
-        first = start or ComputeSlice(mk.mu_m, mk.mu_n,
-                                      max(K_UNIT, self.settings.start_k // K_UNIT * K_UNIT))
+        unit = self._k_unit(m)
+        tiles = (mk.mu_m, mk.mu_n, unit)
+        first = start or ComputeSlice(mk.mu_m, mk.mu_n, max(unit, self.settings.start_k // K_UNIT * unit))
         cur = list(astuple(clamp(first, caps)))
         best = self._eval(self._schedule(mk, ComputeSlice(*cur), pl), m, "fast_start")
         steps = [max(0, (c // t).bit_length() - 1) if start else 0 for c, t in zip(cur, tiles, strict=True)]
@@ -311,7 +322,7 @@ class SandwichSearch:
         caps = slice_caps(m, self.n, self.k, mk, pl)
         cur = clamp(start, caps)
         best = self._eval(self._schedule(mk, cur, pl), m, "finetune")
-        units = {"b_m": mk.mu_m, "b_n": mk.mu_n, "b_k": 4 * K_UNIT}
+        units = {"b_m": mk.mu_m, "b_n": mk.mu_n, "b_k": 4 * self._k_unit(m)}
         for _ in range(self.settings.finetune_steps):
             cands = []
             for dim, unit in units.items():
@@ -446,8 +457,8 @@ class SandwichSearch:
         """The one slice that ranks a micro-kernel against the others."""
         pl = self._default_poly(m, mk)
         caps = slice_caps(m, self.n, self.k, mk, pl)
-        return self._schedule(mk, clamp(ComputeSlice(4 * mk.mu_m, 4 * mk.mu_n, self.settings.probe_k),
-                                        caps), pl)
+        probe_k = self.settings.probe_k * self._k_unit(m) // K_UNIT
+        return self._schedule(mk, clamp(ComputeSlice(4 * mk.mu_m, 4 * mk.mu_n, probe_k), caps), pl)
 
     def _rank_micro_kernels(self, mks: list[MicroKernel], m: int) -> list[MicroKernel]:
         """Micro-kernels by their probe, fastest first; those the guide left unmeasured last."""

@@ -172,6 +172,12 @@ def register(sub) -> None:
                    rounds_help="A B B A rounds per row")
     kab.set_defaults(func=_run_kernels)
 
+    sab = bsub.add_parser("schedules", help="several schedules of one GEMM, in any weight "
+                          "formats (fp32's tuned kernel, two bf16 tunes' picks...), timed against "
+                          "the first in interleaved rounds")
+    _schedule_args(sab, m="512,2048", m_help="comma-separated M values", rounds=5)
+    sab.set_defaults(func=_run_schedules)
+
     st = bsub.add_parser("streaming", help="a decode GEMM against the streaming read and "
                          "against itself on cache-resident weights (its compute ceiling), "
                          "in interleaved rounds")
@@ -282,6 +288,16 @@ def _run_kernels(args) -> int:
     print(f"geomean B / A: {res.geomean():.3f} ({len(res.rows)} rows, {threads} threads)")
     _write_rows(args, res, write_markdown,
                 title="Two versions of the GEMM family's source, interleaved: B / A")
+    return 0
+
+
+def _run_schedules(args) -> int:
+    from sandwich.bench.schedule_ab import run_schedule_ab, write_markdown
+
+    threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
+    res = run_schedule_ab(schedules=args.schedule, n=args.n, k=args.k, ms=int_list(args.m, "--m"),
+                          threads=threads, rounds=args.rounds)
+    _write_rows(args, res, write_markdown)
     return 0
 
 
