@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sandwich.errors import SandwichError
+from sandwich.runtime.logprobs import MAX_TOP, TokenLogprob, token_logprob
 from sandwich.runtime.phases import PhaseSwitcher
 from sandwich.runtime.prefill_work import PrefillWork
 from sandwich.runtime.request import Request, RequestError, Result
@@ -47,6 +48,7 @@ class _Seq:
     slot: int = -1
     ids: list[int] = field(default_factory=list)
     times: list[float] = field(default_factory=list)  # engine clock at each token
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # when the request asks
     first: float = 0.0
 
 
@@ -56,11 +58,12 @@ class Engine:
     def __init__(self, executor, *, phases: PhaseSwitcher | None = None,
                  vocab_size: int | None = None, max_queue: int | None = None,
                  clock: Callable[[], float] = time.perf_counter,
-                 on_token: Callable[[int, int], None] | None = None,
+                 on_token: Callable[[int, int, TokenLogprob | None], None] | None = None,
                  schedule: Schedule | None = None) -> None:
         self.ex, self.clock = executor, clock
         self.schedule = schedule or SandwichSchedule()
-        self.on_token = on_token  # (ticket, token id) as each token is sampled: streaming
+        # (ticket, token id, its log-probability if asked) as each token is sampled: streaming
+        self.on_token = on_token
         self.max_batch, self.max_seq = executor.kv.max_batch, executor.kv.max_seq
         self.vocab_size = vocab_size or _vocab_of(executor)
         self.phases = phases or PhaseSwitcher.default()
@@ -154,6 +157,8 @@ class Engine:
                 return f"stop token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
         if new < 1:
             return f"max_new_tokens must be >= 1, got {new}"
+        if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP:
+            return f"logprobs must be 0 to {MAX_TOP} (the likeliest tokens shown), got {req.logprobs}"
         if n + new - 1 > self.max_seq:  # the last token is sampled, never written to the cache
             return (f"prompt of {n} tokens + {new} new tokens needs {n + new - 1} cache positions, "
                     f"beyond max_seq={self.max_seq}; lower max_new_tokens or raise max_seq")
@@ -186,7 +191,7 @@ class Engine:
         seq.slot = slot
         self._running.append(seq)
         self.stats.max_running = max(self.stats.max_running, len(self._running))
-        self._append(seq, seq.sampler(row))  # type: ignore[misc]
+        self._append(seq, seq.sampler(row), row)  # type: ignore[misc]
         seq.first = self.clock()
         seq.times.append(seq.first)
         self._retire()
@@ -231,7 +236,7 @@ class Engine:
         self.stats.steps += 1
         self.stats.decode_tokens += len(run)
         for i, s in enumerate(run):
-            self._append(s, s.sampler(logits[i]))  # type: ignore[misc]
+            self._append(s, s.sampler(logits[i]), logits[i])  # type: ignore[misc]
         now = self.clock()  # one read per step, as before: it is also the finish time
         for s in run:
             s.times.append(now)
@@ -243,10 +248,14 @@ class Engine:
             self.fail(s, why)
         self._running = []
 
-    def _append(self, seq: _Seq, token: int) -> None:
+    def _append(self, seq: _Seq, token: int, row: np.ndarray) -> None:
         seq.ids.append(token)
+        lp = None
+        if seq.req.logprobs is not None:
+            lp = token_logprob(row, token, seq.req.logprobs)
+            seq.logprobs.append(lp)
         if self.on_token is not None:
-            self.on_token(seq.ticket, token)
+            self.on_token(seq.ticket, token, lp)
 
     def _retire(self, now: float | None = None) -> None:
         """Finish every running sequence that hit a stop token or its length; free its slot."""
@@ -262,7 +271,7 @@ class Engine:
             self._done.append(Result(rid=s.req.rid, ids=tuple(s.ids), finish="stop" if stop else "length",
                                      ttft_ms=(s.first - s.arrival) * 1e3, tpot_ms=tpot, arrival_s=s.arrival,
                                      finish_s=now, prompt_len=len(s.req.prompt), ticket=s.ticket,
-                                     token_times=tuple(s.times)))
+                                     token_times=tuple(s.times), logprobs=tuple(s.logprobs)))
         self._running = keep
 
     def _release(self, seq: _Seq) -> None:

@@ -10,17 +10,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sandwich.runtime.engine import Engine, Request, Result
+from sandwich.runtime.logprobs import TokenLogprob
 
 
 @dataclass
 class Job:
-    """A request in flight: `on_token(id)` per sampled token, `on_done(result)` once.
+    """A request in flight: `on_token(id, logprob)` per sampled token (the logprob None unless
+    the request asks for them), `on_done(result)` once.
 
     Both callbacks run on the engine thread, so they must only hand data over (e.g.
     `loop.call_soon_threadsafe`)."""
 
     req: Request
-    on_token: Callable[[int], None]
+    on_token: Callable[[int, TokenLogprob | None], None]
     on_done: Callable[[Result], None]
     ticket: int = 0
     cancelled: bool = field(default=False, repr=False)
@@ -102,10 +104,10 @@ class EngineLoop:
         elif kind == "cancel" and job.ticket and self._jobs.pop(job.ticket, None) is not None:
             self.engine.cancel(job.ticket)
 
-    def _token(self, ticket: int, token: int) -> None:
+    def _token(self, ticket: int, token: int, lp: TokenLogprob | None) -> None:
         job = self._jobs.get(ticket)
         if job is not None and not job.cancelled:
-            job.on_token(token)
+            job.on_token(token, lp)
 
 
 def _fail(job: Job, why: str) -> None:

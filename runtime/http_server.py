@@ -20,6 +20,7 @@ from sandwich.errors import SandwichError
 from sandwich.runtime import openai_api as api
 from sandwich.runtime.engine import Request, Result
 from sandwich.runtime.engine_loop import EngineLoop, Job
+from sandwich.runtime.logprobs import TokenLogprob
 from sandwich.runtime.openai_api import ApiError, GenParams
 from sandwich.runtime.text_stream import TextStream
 from sandwich.runtime.tokenizer import TextTokenizer
@@ -38,6 +39,18 @@ class ServerSettings:
 class Outcome:
     finish: str  # "stop" or "length", as OpenAI reports them
     completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Text for the client, and the log-probabilities of the tokens that made it (when the
+    request asks for them; a token whose text is held back, an unfinished character or a
+    possible stop string, travels with the next piece); `offset`: where the text starts in
+    the reply."""
+
+    text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+    offset: int = 0
 
 
 class OpenAIServer:
@@ -116,9 +129,10 @@ class OpenAIServer:
             work.cancel()
             return JSONResponse(ApiError("client closed the request", status=499).body(), 499)
         gone.cancel()
-        text, out = work.result()
+        text, out, lps, offsets = work.result()
         return JSONResponse(api.response(p, rid, model, text, out.finish,
-                                         api.usage(len(req.prompt), out.completion_tokens)))
+                                         api.usage(len(req.prompt), out.completion_tokens),
+                                         api.logprobs_body(p, lps, self.tok.token_bytes, offsets)))
 
     def _request(self, p: GenParams) -> Request:
         """The engine request of a checked body: the prompt tokenized, max_tokens defaulted to
@@ -136,7 +150,7 @@ class OpenAIServer:
         new = p.max_tokens if p.max_tokens is not None else max(1, eng.max_seq - len(ids) + 1)
         req = Request(prompt=tuple(ids), max_new_tokens=new, temperature=p.temperature,
                       top_k=p.top_k, top_p=p.top_p, stop=tuple(sorted(self.tok.stop_ids)),
-                      seed=secrets.randbits(63) if p.seed is None else p.seed)
+                      seed=secrets.randbits(63) if p.seed is None else p.seed, logprobs=p.logprobs)
         why = eng.problem(req) or req.sampling.problem()
         if why:
             ctx = "max_seq" in why
@@ -144,24 +158,38 @@ class OpenAIServer:
                            code="context_length_exceeded" if ctx else None)
         return req
 
-    async def _run(self, req: Request, stop: tuple[str, ...]) -> AsyncIterator[str | Outcome]:
-        """Text deltas as the engine samples tokens, then the Outcome. Leaving early (a stop
-        string, a cancelled task, a closed stream) cancels the job and frees its slot."""
+    async def _run(self, req: Request, stop: tuple[str, ...]) -> AsyncIterator[Piece | Outcome]:
+        """Text pieces as the engine samples tokens, then the Outcome. Leaving early (a stop
+        string, a cancelled task, a closed stream) cancels the job and frees its slot. The
+        token that ends the turn (a stop id) has no text and no logprobs entry, as OpenAI's."""
         aio = asyncio.get_running_loop()
         q: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         job = self.loop.submit(Job(
-            req, on_token=lambda t: aio.call_soon_threadsafe(q.put_nowait, ("token", t)),
+            req, on_token=lambda t, lp: aio.call_soon_threadsafe(q.put_nowait, ("token", (t, lp))),
             on_done=lambda r: aio.call_soon_threadsafe(q.put_nowait, ("done", r))))
         text, n, finished = TextStream(self.tok.stream(), stop, self.tok.decode), 0, False
+        sent, held = 0, []  # characters sent so far; logprobs of tokens whose text is not out yet
+
+        def piece(delta: str) -> Piece:
+            nonlocal sent
+            out = Piece(delta, tuple(held), sent)
+            sent += len(delta)
+            held.clear()
+            return out
         try:
             while True:
                 kind, x = await q.get()
                 if kind == "token":
+                    token, lp = x
                     n += 1
-                    delta = text.push(x)
+                    if lp is not None and token not in req.stop:
+                        held.append(lp)
+                    delta = text.push(token)
                     if delta:
-                        yield delta
+                        yield piece(delta)
                     if text.stopped:
+                        if held:
+                            yield piece("")
                         yield Outcome("stop", n)
                         return
                     continue
@@ -170,23 +198,29 @@ class OpenAIServer:
                 if res.error:
                     raise ApiError(f"generation failed: {res.error}", status=500, kind="server_error")
                 rest = text.flush()
-                if rest:
-                    yield rest
+                if rest or held:
+                    yield piece(rest)
                 yield Outcome("stop" if res.finish == "stop" else "length", n)
                 return
         finally:
             if not finished:
                 self.loop.cancel(job)
 
-    async def _collect(self, req: Request, stop: tuple[str, ...]) -> tuple[str, Outcome]:
+    async def _collect(self, req: Request, stop: tuple[str, ...]
+                       ) -> tuple[str, Outcome, list[TokenLogprob], list[int]]:
+        """The whole reply: text, outcome, and each token's logprobs with its text offset."""
         parts: list[str] = []
         out = Outcome("length", 0)
+        lps: list[TokenLogprob] = []
+        offsets: list[int] = []
         async for x in self._run(req, stop):  # run to the end, so the generator's cleanup runs now
             if isinstance(x, Outcome):
                 out = x
             else:
-                parts.append(x)
-        return "".join(parts), out
+                parts.append(x.text)
+                lps.extend(x.logprobs)
+                offsets.extend([x.offset] * len(x.logprobs))
+        return "".join(parts), out, lps, offsets
 
     async def _events(self, p: GenParams, req: Request, rid: str) -> AsyncIterator[str]:
         """Server-sent events: text deltas, the finish reason, the usage if asked, [DONE]."""
@@ -201,7 +235,9 @@ class OpenAIServer:
                         yield _sse(api.chunk(p, rid, model, None,
                                              use=api.usage(len(req.prompt), x.completion_tokens)))
                 else:
-                    yield _sse(api.chunk(p, rid, model, x))
+                    lps = api.logprobs_body(p, x.logprobs, self.tok.token_bytes,
+                                            [x.offset] * len(x.logprobs))
+                    yield _sse(api.chunk(p, rid, model, x.text, logprobs=lps))
         except ApiError as e:  # the headers are gone: the error travels as an event
             yield _sse(e.body())
         yield "data: [DONE]\n\n"

@@ -7,8 +7,11 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from sandwich.runtime.logprobs import MAX_TOP, TokenLogprob
 
 MAX_STOP = 4  # OpenAI's limit on `stop` strings
 ROLES = ("system", "user", "assistant", "developer", "tool")
@@ -45,6 +48,7 @@ class GenParams:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    logprobs: int | None = None  # None: none; k: each token's log-probability and the k likeliest
 
 
 def parse_completion(body: Any) -> GenParams:
@@ -65,10 +69,13 @@ def parse_completion(body: Any) -> GenParams:
         raise ApiError("'prompt' is required: a string or a list of token ids", param="prompt")
     if body.get("echo"):
         raise ApiError("'echo' is not supported", param="echo")
+    top = _int(body, "logprobs", default=None, low=0, nullable=True)
+    if top is not None and top > MAX_TOP:
+        raise ApiError(f"'logprobs' must be 0 to {MAX_TOP}, got {top}", param="logprobs")
     if body.get("suffix"):
         raise ApiError("'suffix' is not supported", param="suffix")
     _single(body, "best_of")
-    return _params(body, chat=False, prompt=text, prompt_ids=ids, messages=None,
+    return _params(body, chat=False, prompt=text, prompt_ids=ids, messages=None, logprobs=top,
                    max_tokens=_int(body, "max_tokens", default=16, low=1, nullable=True) or 16)
 
 
@@ -85,10 +92,17 @@ def parse_chat(body: Any) -> GenParams:
     fmt = body.get("response_format")
     if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
         raise ApiError("only response_format {'type': 'text'} is supported", param="response_format")
-    if body.get("top_logprobs") is not None:
-        raise ApiError("'top_logprobs' is not supported", param="top_logprobs")
+    asked = body.get("logprobs")
+    if asked is not None and not isinstance(asked, bool):
+        raise ApiError(f"'logprobs' must be true or false, got {asked!r}", param="logprobs")
+    top = _int(body, "top_logprobs", default=None, low=0, nullable=True)
+    if top is not None and not asked:
+        raise ApiError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    if top is not None and top > MAX_TOP:
+        raise ApiError(f"'top_logprobs' must be 0 to {MAX_TOP}, got {top}", param="top_logprobs")
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     return _params(body, chat=True, prompt=None, prompt_ids=None, messages=checked,
+                   logprobs=(top or 0) if asked else None,
                    max_tokens=_int(body, key, default=None, low=1, nullable=True))
 
 
@@ -97,8 +111,6 @@ def _params(body: dict, **fixed) -> GenParams:
     if model is not None and not isinstance(model, str):
         raise ApiError("'model' must be a string", param="model")
     _single(body, "n")
-    if body.get("logprobs") not in (None, False):
-        raise ApiError("'logprobs' is not supported", param="logprobs")
     for key in ("presence_penalty", "frequency_penalty"):
         if _float(body, key, default=0.0, low=-2.0, high=2.0) != 0.0:
             raise ApiError(f"'{key}' is not supported (only 0)", param=key)
@@ -196,22 +208,53 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+def logprobs_body(p: GenParams, lps: Sequence[TokenLogprob], piece: Callable[[int], bytes],
+                  offsets: Sequence[int] = ()) -> dict[str, Any] | None:
+    """A choice's `logprobs` (None unless the request asked): chat's `content` list of
+    {token, logprob, bytes, top_logprobs}, or the completions API's parallel lists (with each
+    token's `text_offset` into the reply). `piece(id)` gives a token's bytes: a token that ends
+    inside a UTF-8 character shows its bytes as \\x escapes in `token`, and whole in `bytes`."""
+    if p.logprobs is None:
+        return None
+    if p.chat:
+        def entry(token: int, logprob: float) -> dict[str, Any]:
+            b = piece(token)
+            return {"token": _text(b), "logprob": _finite(logprob), "bytes": list(b)}
+        return {"content": [entry(lp.token, lp.logprob) | {"top_logprobs": [entry(t, v) for t, v in lp.top]}
+                            for lp in lps], "refusal": None}
+    return {"tokens": [_text(piece(lp.token)) for lp in lps],
+            "token_logprobs": [_finite(lp.logprob) for lp in lps],
+            "top_logprobs": [{_text(piece(t)): _finite(v) for t, v in lp.top} for lp in lps],
+            "text_offset": list(offsets)}
+
+
+def _text(b: bytes) -> str:
+    return b.decode("utf-8", errors="backslashreplace")
+
+
+def _finite(logprob: float) -> float:
+    """OpenAI's stand-in for an impossible token (-inf is not JSON)."""
+    return max(logprob, -9999.0)
+
+
 def response(p: GenParams, rid: str, model: str, text: str, finish: str,
-             use: dict[str, int]) -> dict[str, Any]:
+             use: dict[str, int], logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     """The whole reply of a request without `stream`."""
     if p.chat:
         choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "logprobs": None, "finish_reason": finish}
+                  "logprobs": logprobs, "finish_reason": finish}
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
     return {"id": rid, "object": "chat.completion" if p.chat else "text_completion",
             "created": int(time.time()), "model": model, "choices": [choice], "usage": use}
 
 
 def chunk(p: GenParams, rid: str, model: str, text: str | None, finish: str | None = None,
-          *, first: bool = False, use: dict[str, int] | None = None) -> dict[str, Any]:
-    """One server-sent event of a stream: a text delta, the finish reason, or (with
-    stream_options.include_usage) the closing usage chunk with no choices."""
+          *, first: bool = False, use: dict[str, int] | None = None,
+          logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One server-sent event of a stream: a text delta (with its tokens' logprobs when asked),
+    the finish reason, or (with stream_options.include_usage) the closing usage chunk with no
+    choices."""
     if use is not None:
         choices: list[dict] = []
     elif p.chat:
@@ -220,9 +263,9 @@ def chunk(p: GenParams, rid: str, model: str, text: str | None, finish: str | No
             delta["content"] = text
         elif first:
             delta["content"] = ""
-        choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+        choices = [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
     else:
-        choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]
+        choices = [{"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]
     out = {"id": rid, "object": "chat.completion.chunk" if p.chat else "text_completion",
            "created": int(time.time()), "model": model, "choices": choices}
     if p.include_usage:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sandwich.errors import ConfigError
+from sandwich.runtime.logprobs import log_softmax
 
 
 @dataclass(frozen=True)
@@ -23,9 +24,7 @@ class Perplexity:
 
 def next_token_logprobs(logits: np.ndarray, next_ids: Sequence[int]) -> np.ndarray:
     """Log-probability of next_ids[i] under the softmax of logits[i] (float64, stable)."""
-    x = np.asarray(logits, np.float64)
-    x = x - x.max(axis=1, keepdims=True)
-    logp = x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+    logp = log_softmax(logits)
     return logp[np.arange(len(next_ids)), np.asarray(next_ids)]
 
 

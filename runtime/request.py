@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from sandwich.errors import SandwichError
+from sandwich.runtime.logprobs import TokenLogprob
 from sandwich.runtime.sampling import SamplingParams
 
 
@@ -26,6 +27,7 @@ class Request:
     seed: int = 0
     stop: tuple[int, ...] = ()
     rid: int | str | None = None
+    logprobs: int | None = None  # None: none; k: each token's log-probability and the k likeliest
 
     @property
     def sampling(self) -> SamplingParams:
@@ -53,6 +55,7 @@ class Result:
     ticket: int = 0  # the engine's submission number
     error: str | None = None
     token_times: tuple[float, ...] = ()  # engine-clock seconds, one per id
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per id when the request asked for them
 
     @property
     def tbt_ms(self) -> tuple[float, ...]:

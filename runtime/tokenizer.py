@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,39 @@ class TextTokenizer:
 
     def _text(self, token: int | None) -> str:
         return "" if token is None else (self.backend.id_to_token(token) or "")
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for, alone: a byte-level BPE token's bytes (which may end
+        inside a UTF-8 character), a SentencePiece piece with its "▁" as a space (a <0xXX>
+        piece as its byte), a special token's text; b"" for an id outside the vocabulary."""
+        piece = self.backend.id_to_token(token)
+        if piece is None:
+            return b""
+        if self._byte_level:
+            table = _unicode_to_byte()
+            if all(ch in table for ch in piece):
+                return bytes(table[ch] for ch in piece)
+            return piece.encode()  # an added token, stored as text
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            try:
+                return bytes([int(piece[3:5], 16)])
+            except ValueError:
+                pass
+        return piece.replace("▁", " ").encode()
+
+    @cached_property
+    def _byte_level(self) -> bool:
+        """Whether the decoder maps characters back to bytes (GPT-2's byte-level BPE)."""
+        return '"ByteLevel"' in json.dumps(json.loads(self.backend.to_str()).get("decoder"))
+
+
+@lru_cache(maxsize=1)
+def _unicode_to_byte() -> dict[str, int]:
+    """GPT-2's byte-level alphabet backwards: the printable Latin-1 bytes stand for
+    themselves, every other byte for the character 256 + its rank among those others."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
+    others = [b for b in range(256) if b not in keep]
+    return {chr(b): b for b in keep} | {chr(256 + i): b for i, b in enumerate(others)}
 
 
 def render_template(template: str, **context) -> str:

@@ -289,6 +289,13 @@ def test_generate_json_schema_and_errors(tuned, capsys):
     assert set(out) == {"ids", "ttft_ms", "tpot_ms"} and len(out["ids"]) == 4
     assert all(isinstance(i, int) for i in out["ids"])
     assert isinstance(out["ttft_ms"], float) and isinstance(out["tpot_ms"], float)
+    assert main(base + ["--max-new-tokens", "4", "--json", "--logprobs", "2"]) == 0
+    lps = json.loads(capsys.readouterr().out)["logprobs"]
+    assert [e["id"] for e in lps] == out["ids"]  # greedy: each token is its step's likeliest
+    assert all(e["top"][0] == [e["id"], e["logprob"]] and len(e["top"]) == 2
+               and e["top"][1][1] <= e["logprob"] < 0 for e in lps)
+    assert main(base + ["--logprobs", "2"]) == 1
+    assert "add --json" in capsys.readouterr().err
     assert main(base + ["--max-new-tokens", "4", "--max-seq", "4"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("sandwichc: error: prompt of 3 tokens + 4 new tokens") and err.count("\n") == 1

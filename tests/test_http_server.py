@@ -11,6 +11,7 @@ import threading
 import time
 
 import httpx
+import numpy as np
 import pytest
 from engine_fakes import FakeExecutor
 from gguf_tiny import CONFIG, write_tiny_gguf
@@ -76,7 +77,8 @@ def _expected(tok, prompt_ids, n, vocab=CONFIG["vocab"]):
     ({"prompt": "x", "n": 2}, "n"),
     ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"prompt": "x", "stop": 3}, "stop"),
-    ({"prompt": "x", "logprobs": 2}, "logprobs"),
+    ({"prompt": "x", "logprobs": 21}, "logprobs"),
+    ({"prompt": "x", "logprobs": True}, "logprobs"),
     ({"prompt": "x", "stream": "yes"}, "stream"),
     ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
     ({"prompt": ["a", "b"]}, "prompt"),
@@ -95,6 +97,9 @@ def test_bad_completion_fields_are_named(body, param):
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0]"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0]"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": 1}, "logprobs"),
 ])
 def test_bad_chat_fields_are_named(body, param):
     with pytest.raises(ApiError) as e:
@@ -223,6 +228,58 @@ def test_a_stop_string_ends_the_reply_before_it(tok):
             model="tiny", prompt=prompt, max_tokens=12, temperature=0, stop=stop, stream=True))
         assert s == r.choices[0].text
         _wait(lambda: server.loop.engine.running == 0)  # the stopped requests left their slots
+
+
+def test_logprobs_of_every_token_streamed_or_not_in_both_apis(tok):
+    """Each token's log-probability and its likeliest alternatives, in chat's and in the
+    completions API's shape: one entry per token of the reply (the stop token has none), its
+    bytes joining to the text, the same figures streamed or not, and the model's own figures
+    at any temperature."""
+    from sandwich.runtime.logprobs import log_softmax
+
+    vocab = CONFIG["vocab"]
+    hot, cold = (float(v) for v in log_softmax(np.eye(vocab)[0])[:2])  # the fake's one-hot rows
+    msgs = [{"role": "user", "content": "hi"}]
+    chat_prompt = tok.encode(tok.render_chat(msgs))
+    want, n, finish = _expected(tok, chat_prompt, 9)
+    ids = [(chat_prompt[-1] + i) % vocab for i in range(1, n + 1)]
+    shown = [t for t in ids if t not in tok.stop_ids]
+    with serving(FakeExecutor(max_batch=2, max_seq=64, vocab=vocab), tok) as (url, _):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        c = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=9, temperature=0,
+                                           logprobs=True, top_logprobs=2)
+        content = c.choices[0].logprobs.content
+        assert c.choices[0].message.content == want and len(content) == len(shown)
+        assert b"".join(bytes(e.bytes) for e in content).decode("utf-8", "replace") == want
+        assert [e.logprob for e in content] == [pytest.approx(hot)] * len(shown)
+        assert [[a.logprob for a in e.top_logprobs] for e in content] == \
+            [[pytest.approx(hot), pytest.approx(cold)]] * len(shown)
+        assert all(e.top_logprobs[0].token == e.token for e in content)
+        parts = list(client.chat.completions.create(model="tiny", messages=msgs, max_tokens=9,
+                                                    temperature=0, logprobs=True, top_logprobs=2,
+                                                    stream=True))
+        streamed = [e for p in parts if p.choices and p.choices[0].logprobs
+                    for e in p.choices[0].logprobs.content]
+        assert [(e.token, e.bytes, e.logprob) for e in streamed] == [(e.token, e.bytes, e.logprob) for e in content]
+        hot_sampled = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=4,
+                                                     temperature=2.0, seed=3, logprobs=True)
+        assert all(e.logprob in (pytest.approx(hot), pytest.approx(cold)) and e.top_logprobs == []
+                   for e in hot_sampled.choices[0].logprobs.content)
+        assert client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2,
+                                              temperature=0).choices[0].logprobs is None
+
+        prompt = tok.encode("hello world")
+        text = _expected(tok, prompt, 6)[0]
+        r = client.completions.create(model="tiny", prompt=prompt, max_tokens=6, temperature=0, logprobs=3)
+        lp = r.choices[0].logprobs
+        assert r.choices[0].text == text and len(lp.tokens) == len(lp.token_logprobs) == 6
+        assert lp.token_logprobs == [pytest.approx(hot)] * 6 and all(len(d) == 3 for d in lp.top_logprobs)
+        assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+        assert all(text.startswith(t, o) for t, o in zip(lp.tokens, lp.text_offset, strict=True)
+                   if "\\x" not in t)
+        chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=6,
+                                                temperature=0, logprobs=3, stream=True))
+        assert [t for ch in chunks if ch.choices[0].logprobs for t in ch.choices[0].logprobs.tokens] == lp.tokens
 
 
 BAD = [

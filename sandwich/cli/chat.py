@@ -75,7 +75,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         step = tok.stream()
         parts: list[str] = []
 
-        def show(_, token, step=step, parts=parts):
+        def show(_, token, _lp, step=step, parts=parts):
             parts.append(step(token))
             print(parts[-1], end="", flush=True)
 

@@ -113,6 +113,10 @@ def register_serving(sub) -> None:
     g.add_argument("--stop-ids", type=_id_list, default=(), help="comma-separated stop token ids")
     g.add_argument("--json", action="store_true",
                    help='print {"ids": [...], "text": ..., "ttft_ms": ..., "tpot_ms": ...}')
+    g.add_argument("--logprobs", type=int, default=None, metavar="K",
+                   help='with --json, also each token\'s log-probability (the model\'s own, before '
+                   'temperature and cuts) and the K likeliest tokens: "logprobs": [{"id", "logprob", '
+                   '"top": [[id, logprob], ...]}, ...]')
     g.set_defaults(func=cmd_generate)
 
     x = sub.add_parser("perplexity", help="token-level perplexity of a text file over "
@@ -164,15 +168,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.logprobs is not None and not args.json:
+        raise ConfigError("--logprobs shows in the JSON output: add --json")
     ids, tok, stop = _prompt(args)
     need = len(ids) + args.max_new_tokens - 1
     engine = _engine(args, max_batch=1, max_seq=args.max_seq or max(need, 1))
     if tok is not None and not args.json:  # stream the text as it is sampled
         step = tok.stream()
-        engine.on_token = lambda _, token: print(step(token), end="", flush=True)
+        engine.on_token = lambda _, token, _lp: print(step(token), end="", flush=True)
     req = Request(prompt=ids, max_new_tokens=args.max_new_tokens,
                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                  seed=args.seed, stop=stop)
+                  seed=args.seed, stop=stop, logprobs=args.logprobs)
     (res,) = engine.run([req])
     if res.error:
         raise RequestError(res.error)
@@ -180,6 +186,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         out = {"ids": list(res.ids), "ttft_ms": res.ttft_ms, "tpot_ms": res.tpot_ms}
         if tok is not None:
             out["text"] = tok.decode(res.ids)
+        if args.logprobs is not None:
+            out["logprobs"] = [{"id": lp.token, "logprob": lp.logprob, "top": [list(t) for t in lp.top]}
+                               for lp in res.logprobs]
         print(json.dumps(out))
     else:
         print(" ".join(map(str, res.ids)) if tok is None else "")
