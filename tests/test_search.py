@@ -147,18 +147,19 @@ def test_fast_start_begins_at_start_k():
 
 def test_bf16_past_the_skinny_ms_steps_b_k_two_fp32_units_at_a_time():
     # one vdpbf16ps adds two values of K: the bf16 panel starts, probes and grows at twice
-    # fp32's b_k; decode Ms (<= skinny_m) keep fp32's steps
-    def search_for(dtype):
-        meas = FakeMeasure(lambda s, m: float(min(s.slice.b_k, 2048)))
+    # fp32's b_k; decode Ms (<= skinny_m) keep fp32's steps. b_k's first step doubles it;
+    # after a miss the step is one unit
+    def search_for(dtype, start):
+        meas = FakeMeasure(lambda s, m: 100.0 if s.slice.b_k <= start else 90.0)
         return SandwichSearch(n=1024, k=2048, pack_n=64, micro_kernels=[MicroKernel(4, 64)], threads=2,
                               measure=meas, dtype=dtype), meas
 
     mk, pl = MicroKernel(4, 64), Polymerization(1, 2, 1)
     for dtype, m, start, step in (("bf16", 512, 512, 32), ("float32", 512, 256, 16), ("bf16", 8, 256, 16)):
-        search, meas = search_for(dtype)
-        search.fast_start(mk, m, pl)
+        search, meas = search_for(dtype, start)
+        sl, _ = search.fast_start(mk, m, pl)
         ks = [s.slice.b_k for s, _ in meas.calls if s.slice.b_m == 4 and s.slice.b_n == 64]
-        assert ks[0] == start and ks[1] - ks[0] == step, (dtype, m, ks[:3])
+        assert ks == [start, 2 * start, start + step] and sl.b_k == start, (dtype, m, ks)
         assert search._probe_schedule(mk, m).slice.b_k == start
 
 
