@@ -49,6 +49,7 @@ class _Seq:
     ids: list[int] = field(default_factory=list)
     times: list[float] = field(default_factory=list)  # engine clock at each token
     logprobs: list[TokenLogprob] = field(default_factory=list)  # when the request asks
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     first: float = 0.0
 
 
@@ -64,6 +65,8 @@ class Engine:
         self.schedule = schedule or SandwichSchedule()
         # (ticket, token id, its log-probability if asked) as each token is sampled: streaming
         self.on_token = on_token
+        # (ticket, the prompt's logprobs) once a prompt that asks for them is prefilled
+        self.on_prompt: Callable[[int, tuple[TokenLogprob, ...]], None] | None = None
         self.max_batch, self.max_seq = executor.kv.max_batch, executor.kv.max_seq
         self.vocab_size = vocab_size or _vocab_of(executor)
         self.phases = phases or PhaseSwitcher.default()
@@ -157,8 +160,13 @@ class Engine:
                 return f"stop token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
         if new < 1:
             return f"max_new_tokens must be >= 1, got {new}"
-        if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP:
-            return f"logprobs must be 0 to {MAX_TOP} (the likeliest tokens shown), got {req.logprobs}"
+        for what, k in (("logprobs", req.logprobs), ("prompt logprobs", req.prompt_logprobs)):
+            if k is not None and not 0 <= k <= MAX_TOP:
+                return f"{what} must be 0 to {MAX_TOP} (the likeliest tokens shown), got {k}"
+        if req.prompt_logprobs is not None and not (self.schedule.prefills_whole
+                                                    and hasattr(self.ex, "start_scored")):
+            return (f"prompt logprobs (echo) need a schedule that prefills a prompt whole "
+                    f"(sandwich) on one process; this engine runs {self.schedule.name}")
         if n + new - 1 > self.max_seq:  # the last token is sampled, never written to the cache
             return (f"prompt of {n} tokens + {new} new tokens needs {n + new - 1} cache positions, "
                     f"beyond max_seq={self.max_seq}; lower max_new_tokens or raise max_seq")
@@ -179,7 +187,13 @@ class Engine:
         """Prefill a whole prompt in a free slot and sample its first token."""
         self.enter("prefill")
         try:
-            slot, row = self.ex.start(list(seq.req.prompt))
+            if seq.req.prompt_logprobs is None:
+                slot, row = self.ex.start(list(seq.req.prompt))
+            else:
+                slot, row, seq.prompt_logprobs = self.ex.start_scored(list(seq.req.prompt),
+                                                                      seq.req.prompt_logprobs)
+                if self.on_prompt is not None:
+                    self.on_prompt(seq.ticket, tuple(seq.prompt_logprobs))
         except SandwichError as e:
             self.fail(seq, str(e))
             return
@@ -271,7 +285,8 @@ class Engine:
             self._done.append(Result(rid=s.req.rid, ids=tuple(s.ids), finish="stop" if stop else "length",
                                      ttft_ms=(s.first - s.arrival) * 1e3, tpot_ms=tpot, arrival_s=s.arrival,
                                      finish_s=now, prompt_len=len(s.req.prompt), ticket=s.ticket,
-                                     token_times=tuple(s.times), logprobs=tuple(s.logprobs)))
+                                     token_times=tuple(s.times), logprobs=tuple(s.logprobs),
+                                     prompt_logprobs=tuple(s.prompt_logprobs)))
         self._running = keep
 
     def _release(self, seq: _Seq) -> None:

@@ -24,6 +24,7 @@ class Job:
     req: Request
     on_token: Callable[[int, TokenLogprob | None], None]
     on_done: Callable[[Result], None]
+    on_prompt: Callable[[tuple[TokenLogprob, ...]], None] | None = None  # the prompt's logprobs
     ticket: int = 0
     cancelled: bool = field(default=False, repr=False)
 
@@ -39,6 +40,7 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="sandwichc-engine", daemon=True)
         self._error: BaseException | None = None
         engine.on_token = self._token
+        engine.on_prompt = self._prompt
 
     def start(self) -> EngineLoop:
         self._thread.start()
@@ -103,6 +105,11 @@ class EngineLoop:
             self._jobs[job.ticket] = job
         elif kind == "cancel" and job.ticket and self._jobs.pop(job.ticket, None) is not None:
             self.engine.cancel(job.ticket)
+
+    def _prompt(self, ticket: int, lps: tuple[TokenLogprob, ...]) -> None:
+        job = self._jobs.get(ticket)
+        if job is not None and not job.cancelled and job.on_prompt is not None:
+            job.on_prompt(lps)
 
     def _token(self, ticket: int, token: int, lp: TokenLogprob | None) -> None:
         job = self._jobs.get(ticket)

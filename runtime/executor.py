@@ -23,6 +23,7 @@ from sandwich.compiler.buffers import aligned_copy, aligned_zeros
 from sandwich.errors import ConfigError, ShapeError
 from sandwich.runtime.kv_cache import CapacityError, KVCache
 from sandwich.runtime.loader import LlamaModel
+from sandwich.runtime.logprobs import TokenLogprob, token_logprob
 from sandwich.runtime.moe import MoeFfn
 from sandwich.runtime.ops_fallback import NumpyOps, Segment
 from sandwich.runtime.perplexity import next_token_logprobs
@@ -182,25 +183,47 @@ class Executor:
         """Log-probability of each of tokens[1:] given the tokens before it, in a fresh slot
         (perplexity). The head runs on every row of each chunk, into a fresh array: this is
         an evaluation path, not the serving one."""
-        if self.gather is not None:
-            raise ConfigError("scoring a text needs one process (--tp 1)")
         if len(tokens) < 2:
             raise ShapeError("scoring needs at least two tokens")
         self.kv.check_prompt(len(tokens))
-        slot, out = self.kv.alloc(), []
+        slot = self.kv.alloc()
         try:
-            for c0 in range(0, len(tokens), self.max_tokens):
-                chunk = tokens[c0: c0 + self.max_tokens]
-                self.forward([(slot, int(self.kv.lens[slot]), len(chunk))], chunk)
-                n = len(chunk)
-                x, h = self.buffers["x"][:n], self.buffers["h"][:n]
-                self.ops.bind("rmsnorm", x, self.model.norm, self.cfg.rms_norm_eps, out=h)()
-                logits = self.model.gemms.lm_head(h, self.model.lm_head)
-                nxt = tokens[c0 + 1: c0 + n + 1]
-                out.append(next_token_logprobs(logits[: len(nxt)], nxt))
+            out = self._scored_prefill(slot, tokens, next_token_logprobs)[1]
         finally:
             self.kv.free(slot)
         return np.concatenate(out)
+
+    def start_scored(self, prompt: Sequence[int], top: int) -> tuple[int, np.ndarray, list[TokenLogprob]]:
+        """`start`, and the log-probability of each of prompt[1:] given the tokens before it
+        with the `top` likeliest tokens at its step (OpenAI's echo with logprobs): the head
+        runs on every prompt row, as `score` does."""
+        self.kv.check_prompt(len(prompt))
+        slot = self.kv.alloc()
+        try:
+            row, parts = self._scored_prefill(
+                slot, prompt, lambda logits, nxt: [token_logprob(r, t, top) for r, t in zip(logits, nxt, strict=True)])
+        except BaseException:
+            self.kv.free(slot)
+            raise
+        return slot, row, [lp for part in parts for lp in part]
+
+    def _scored_prefill(self, slot: int, tokens: Sequence[int], rows: Callable) -> tuple[np.ndarray, list]:
+        """Prefill `tokens` into `slot` chunk by chunk, running the head on every row too;
+        returns the last token's logits and `rows(logits, next tokens)` of each chunk."""
+        if self.gather is not None:
+            raise ConfigError("scoring a text needs one process (--tp 1)")
+        self.kv.check_room(slot, len(tokens))
+        out = []
+        for c0 in range(0, len(tokens), self.max_tokens):
+            chunk = tokens[c0: c0 + self.max_tokens]
+            last = self.forward([(slot, int(self.kv.lens[slot]), len(chunk))], chunk)
+            n = len(chunk)
+            x, h = self.buffers["x"][:n], self.buffers["h"][:n]
+            self.ops.bind("rmsnorm", x, self.model.norm, self.cfg.rms_norm_eps, out=h)()
+            logits = self.model.gemms.lm_head(h, self.model.lm_head)
+            nxt = tokens[c0 + 1: c0 + n + 1]
+            out.append(rows(logits[: len(nxt)], nxt))
+        return last[0], out  # as `prefill` returns it, so a reply is the same scored or not
 
     # -- the forward pass ----------------------------------------------------------------
     def forward(self, segments: Sequence[Segment], tokens: Sequence[int], *,

@@ -122,7 +122,7 @@ class OpenAIServer:
         if p.stream:
             return StreamingResponse(self._events(p, req, rid), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        work = asyncio.ensure_future(self._collect(req, p.stop))
+        work = asyncio.ensure_future(self._collect(req, p))
         gone = asyncio.ensure_future(_disconnect(request))
         await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         if not work.done():  # the client left: cancelling the work frees its slot
@@ -133,6 +133,14 @@ class OpenAIServer:
         return JSONResponse(api.response(p, rid, model, text, out.finish,
                                          api.usage(len(req.prompt), out.completion_tokens),
                                          api.logprobs_body(p, lps, self.tok.token_bytes, offsets)))
+
+    def _echo(self, req: Request) -> tuple[str, list[int]]:
+        """The prompt as its tokens decode, and where each token's text starts in it."""
+        step, text, offsets = self.tok.stream(), "", []
+        for t in req.prompt:
+            offsets.append(len(text))
+            text += step(t)
+        return self.tok.decode(req.prompt), offsets
 
     def _request(self, p: GenParams) -> Request:
         """The engine request of a checked body: the prompt tokenized, max_tokens defaulted to
@@ -148,9 +156,11 @@ class OpenAIServer:
         except SandwichError as e:
             raise ApiError(str(e), param="messages" if p.chat else "prompt") from None
         new = p.max_tokens if p.max_tokens is not None else max(1, eng.max_seq - len(ids) + 1)
-        req = Request(prompt=tuple(ids), max_new_tokens=new, temperature=p.temperature,
+        # echo with max_tokens 0 (scoring a text): one token is sampled and dropped
+        req = Request(prompt=tuple(ids), max_new_tokens=max(1, new), temperature=p.temperature,
                       top_k=p.top_k, top_p=p.top_p, stop=tuple(sorted(self.tok.stop_ids)),
-                      seed=secrets.randbits(63) if p.seed is None else p.seed, logprobs=p.logprobs)
+                      seed=secrets.randbits(63) if p.seed is None else p.seed, logprobs=p.logprobs,
+                      prompt_logprobs=p.logprobs if p.echo else None)
         why = eng.problem(req) or req.sampling.problem()
         if why:
             ctx = "max_seq" in why
@@ -158,15 +168,18 @@ class OpenAIServer:
                            code="context_length_exceeded" if ctx else None)
         return req
 
-    async def _run(self, req: Request, stop: tuple[str, ...]) -> AsyncIterator[Piece | Outcome]:
+    async def _run(self, req: Request, stop: tuple[str, ...],
+                   prompt_lps: list[TokenLogprob] | None = None) -> AsyncIterator[Piece | Outcome]:
         """Text pieces as the engine samples tokens, then the Outcome. Leaving early (a stop
         string, a cancelled task, a closed stream) cancels the job and frees its slot. The
-        token that ends the turn (a stop id) has no text and no logprobs entry, as OpenAI's."""
+        token that ends the turn (a stop id) has no text and no logprobs entry, as OpenAI's.
+        The prompt's logprobs, when asked, land in `prompt_lps` as soon as it is prefilled."""
         aio = asyncio.get_running_loop()
         q: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         job = self.loop.submit(Job(
             req, on_token=lambda t, lp: aio.call_soon_threadsafe(q.put_nowait, ("token", (t, lp))),
-            on_done=lambda r: aio.call_soon_threadsafe(q.put_nowait, ("done", r))))
+            on_done=lambda r: aio.call_soon_threadsafe(q.put_nowait, ("done", r)),
+            on_prompt=lambda lps: aio.call_soon_threadsafe(q.put_nowait, ("prompt", lps))))
         text, n, finished = TextStream(self.tok.stream(), stop, self.tok.decode), 0, False
         sent, held = 0, []  # characters sent so far; logprobs of tokens whose text is not out yet
 
@@ -179,6 +192,10 @@ class OpenAIServer:
         try:
             while True:
                 kind, x = await q.get()
+                if kind == "prompt":
+                    if prompt_lps is not None:
+                        prompt_lps.extend(x)
+                    continue
                 if kind == "token":
                     token, lp = x
                     n += 1
@@ -206,29 +223,43 @@ class OpenAIServer:
             if not finished:
                 self.loop.cancel(job)
 
-    async def _collect(self, req: Request, stop: tuple[str, ...]
-                       ) -> tuple[str, Outcome, list[TokenLogprob], list[int]]:
-        """The whole reply: text, outcome, and each token's logprobs with its text offset."""
+    async def _collect(self, req: Request, p: GenParams
+                       ) -> tuple[str, Outcome, list[TokenLogprob | int], list[int]]:
+        """The whole reply: text, outcome, and each token's logprobs with its text offset.
+        With echo the prompt comes first (its first token a bare id: nothing scores it), and
+        with max_tokens 0 nothing else."""
         parts: list[str] = []
         out = Outcome("length", 0)
-        lps: list[TokenLogprob] = []
+        lps: list[TokenLogprob | int] = []
         offsets: list[int] = []
-        async for x in self._run(req, stop):  # run to the end, so the generator's cleanup runs now
+        prompt_lps: list[TokenLogprob] = []
+        async for x in self._run(req, p.stop, prompt_lps):  # to the end: the generator's cleanup runs now
             if isinstance(x, Outcome):
                 out = x
             else:
                 parts.append(x.text)
                 lps.extend(x.logprobs)
                 offsets.extend([x.offset] * len(x.logprobs))
-        return "".join(parts), out, lps, offsets
+        text = "".join(parts)
+        if p.max_tokens == 0:
+            text, out, lps, offsets = "", Outcome("length", 0), [], []
+        if p.echo:
+            echo, starts = self._echo(req)
+            if p.logprobs is not None:
+                lps = [req.prompt[0], *prompt_lps, *lps]
+                offsets = [*starts, *(len(echo) + o for o in offsets)]
+            text = echo + text
+        return text, out, lps, offsets
 
     async def _events(self, p: GenParams, req: Request, rid: str) -> AsyncIterator[str]:
         """Server-sent events: text deltas, the finish reason, the usage if asked, [DONE]."""
         model = self.settings.model_name
         if p.chat:
             yield _sse(api.chunk(p, rid, model, None, first=True))
+        if p.echo:  # without logprobs (parse_completion refuses streaming both)
+            yield _sse(api.chunk(p, rid, model, self.tok.decode(req.prompt)))
         try:
-            async for x in self._run(req, p.stop):
+            async for x in self._run(req, p.stop) if p.max_tokens != 0 else _nothing():
                 if isinstance(x, Outcome):
                     yield _sse(api.chunk(p, rid, model, None, x.finish))
                     if p.include_usage:
@@ -260,6 +291,11 @@ class OpenAIServer:
             return json.loads(b"".join(parts))
         except (ValueError, UnicodeDecodeError) as e:
             raise ApiError(f"the request body is not valid JSON: {e}") from None
+
+
+async def _nothing() -> AsyncIterator[Outcome]:
+    """What an echo with max_tokens 0 streams after the prompt: the end, no tokens."""
+    yield Outcome("length", 0)
 
 
 def _sse(obj: dict) -> str:

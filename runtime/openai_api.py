@@ -49,6 +49,7 @@ class GenParams:
     stream: bool
     include_usage: bool
     logprobs: int | None = None  # None: none; k: each token's log-probability and the k likeliest
+    echo: bool = False  # completions: the prompt comes back before the reply (and its logprobs)
 
 
 def parse_completion(body: Any) -> GenParams:
@@ -67,16 +68,21 @@ def parse_completion(body: Any) -> GenParams:
                        param="prompt")
     else:
         raise ApiError("'prompt' is required: a string or a list of token ids", param="prompt")
-    if body.get("echo"):
-        raise ApiError("'echo' is not supported", param="echo")
+    echo = body.get("echo") or False
+    if not isinstance(echo, bool):
+        raise ApiError("'echo' must be true or false", param="echo")
     top = _int(body, "logprobs", default=None, low=0, nullable=True)
     if top is not None and top > MAX_TOP:
         raise ApiError(f"'logprobs' must be 0 to {MAX_TOP}, got {top}", param="logprobs")
+    if echo and top is not None and body.get("stream"):
+        raise ApiError("'echo' with 'logprobs' is not streamed; send it without 'stream'",
+                       param="stream")
+    new = _int(body, "max_tokens", default=16, low=0 if echo else 1, nullable=True)
     if body.get("suffix"):
         raise ApiError("'suffix' is not supported", param="suffix")
     _single(body, "best_of")
     return _params(body, chat=False, prompt=text, prompt_ids=ids, messages=None, logprobs=top,
-                   max_tokens=_int(body, "max_tokens", default=16, low=1, nullable=True) or 16)
+                   echo=echo, max_tokens=16 if new is None else new)
 
 
 def parse_chat(body: Any) -> GenParams:
@@ -208,12 +214,13 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def logprobs_body(p: GenParams, lps: Sequence[TokenLogprob], piece: Callable[[int], bytes],
+def logprobs_body(p: GenParams, lps: Sequence[TokenLogprob | int], piece: Callable[[int], bytes],
                   offsets: Sequence[int] = ()) -> dict[str, Any] | None:
     """A choice's `logprobs` (None unless the request asked): chat's `content` list of
     {token, logprob, bytes, top_logprobs}, or the completions API's parallel lists (with each
-    token's `text_offset` into the reply). `piece(id)` gives a token's bytes: a token that ends
-    inside a UTF-8 character shows its bytes as \\x escapes in `token`, and whole in `bytes`."""
+    token's `text_offset` into the reply; a bare token id, an echoed prompt's first token, has
+    null figures). `piece(id)` gives a token's bytes: a token that ends inside a UTF-8
+    character shows its bytes as \\x escapes in `token`, and whole in `bytes`."""
     if p.logprobs is None:
         return None
     if p.chat:
@@ -222,9 +229,11 @@ def logprobs_body(p: GenParams, lps: Sequence[TokenLogprob], piece: Callable[[in
             return {"token": _text(b), "logprob": _finite(logprob), "bytes": list(b)}
         return {"content": [entry(lp.token, lp.logprob) | {"top_logprobs": [entry(t, v) for t, v in lp.top]}
                             for lp in lps], "refusal": None}
-    return {"tokens": [_text(piece(lp.token)) for lp in lps],
-            "token_logprobs": [_finite(lp.logprob) for lp in lps],
-            "top_logprobs": [{_text(piece(t)): _finite(v) for t, v in lp.top} for lp in lps],
+    scored = [lp if isinstance(lp, TokenLogprob) else None for lp in lps]
+    return {"tokens": [_text(piece(lp if s is None else s.token)) for lp, s in zip(lps, scored, strict=True)],
+            "token_logprobs": [None if s is None else _finite(s.logprob) for s in scored],
+            "top_logprobs": [None if s is None else {_text(piece(t)): _finite(v) for t, v in s.top}
+                             for s in scored],
             "text_offset": list(offsets)}
 
 

@@ -28,6 +28,7 @@ class Request:
     stop: tuple[int, ...] = ()
     rid: int | str | None = None
     logprobs: int | None = None  # None: none; k: each token's log-probability and the k likeliest
+    prompt_logprobs: int | None = None  # the same for each prompt token after the first
 
     @property
     def sampling(self) -> SamplingParams:
@@ -56,6 +57,7 @@ class Result:
     error: str | None = None
     token_times: tuple[float, ...] = ()  # engine-clock seconds, one per id
     logprobs: tuple[TokenLogprob, ...] = ()  # one per id when the request asked for them
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # one per prompt token after the first, if asked
 
     @property
     def tbt_ms(self) -> tuple[float, ...]:

@@ -30,6 +30,13 @@ class FakeExecutor:
         self.kv.lens[slot] = len(prompt)
         return slot, self._row(prompt[-1])
 
+    def start_scored(self, prompt, top):
+        """`start`, and each prompt token's logprob under the row of the token before it."""
+        from sandwich.runtime.logprobs import token_logprob
+
+        scored = [token_logprob(self._row(a), b, top) for a, b in zip(prompt[:-1], prompt[1:], strict=True)]
+        return (*self.start(prompt), scored)
+
     def decode(self, slots, tokens):
         time.sleep(self.step_s)
         for s in slots:

@@ -231,6 +231,17 @@ def test_scores_equal_transformers_and_cli_perplexity(tiny, cache, tmp_path):
     ref = logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].numpy()
     assert ours.shape == ref.shape and np.abs(ours - ref).max() < 1e-4
     assert ex.kv.in_use() == []  # the scoring slot is given back
+    # echo with logprobs: the prompt prefilled and scored at once, with the likeliest tokens;
+    # its last row is what a plain prefill gives
+    slot, row, lps = ex.start_scored(ids, 3)
+    assert [lp.token for lp in lps] == ids[1:] and np.abs(np.array([lp.logprob for lp in lps]) - ref).max() < 1e-4
+    assert all([t for t, _ in lp.top] == logp[i].topk(3).indices.tolist() for i, lp in enumerate(lps))
+    assert int(ex.kv.lens[slot]) == len(ids)
+    row = row.copy()  # a view of the executor's logits buffer, which the next call refills
+    ex.release(slot)
+    plain_slot, plain = ex.start(ids)
+    np.testing.assert_allclose(row, plain, rtol=1e-5, atol=1e-5)
+    ex.release(plain_slot)
     text = tmp_path / "t.txt"
     text.write_text(" ".join(CORPUS * 3))
     cmd = [sys.executable, "-m", "sandwich.cli", "perplexity", "--model", str(path), "--text",

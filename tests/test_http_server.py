@@ -282,6 +282,45 @@ def test_logprobs_of_every_token_streamed_or_not_in_both_apis(tok):
         assert [t for ch in chunks if ch.choices[0].logprobs for t in ch.choices[0].logprobs.tokens] == lp.tokens
 
 
+def test_echo_returns_the_prompt_and_scores_it_as_lm_eval_asks(tok):
+    """The completions API's echo: the prompt comes back before the reply; with logprobs each
+    prompt token after the first is scored (the first has null figures), which is how
+    evaluation harnesses score a text (max_tokens 0, or 1 and the last dropped)."""
+    from sandwich.runtime.logprobs import log_softmax
+
+    vocab = CONFIG["vocab"]
+    hot, cold = (float(v) for v in log_softmax(np.eye(vocab)[0])[:2])
+    prompt = tok.encode("hello world, the quick brown fox")
+    echo = tok.decode(prompt)
+    with serving(FakeExecutor(max_batch=2, max_seq=64, vocab=vocab), tok) as (url, server):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        r = client.completions.create(model="tiny", prompt=prompt, max_tokens=0, echo=True, logprobs=1,
+                                      temperature=0)
+        lp = r.choices[0].logprobs
+        assert r.choices[0].text == echo and r.usage.completion_tokens == 0
+        assert len(lp.tokens) == len(prompt) and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        # the fake's row after token t is one-hot at t + 1
+        want = [hot if b == (a + 1) % vocab else cold for a, b in zip(prompt, prompt[1:], strict=False)]
+        assert lp.token_logprobs[1:] == [pytest.approx(v) for v in want]
+        assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+        more = client.completions.create(model="tiny", prompt=prompt, max_tokens=3, echo=True, logprobs=0,
+                                         temperature=0)
+        reply = _expected(tok, prompt, 3)[0]
+        assert more.choices[0].text == echo + reply and more.usage.completion_tokens == 3
+        assert len(more.choices[0].logprobs.tokens) == len(prompt) + 3
+        assert more.choices[0].logprobs.text_offset[len(prompt)] == len(echo)
+        streamed = "".join(c.choices[0].text for c in client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=3, echo=True, temperature=0, stream=True))
+        assert streamed == echo + reply
+        assert "".join(c.choices[0].text for c in client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=0, echo=True, stream=True)) == echo
+        with pytest.raises(openai.BadRequestError, match="not streamed"):
+            client.completions.create(model="tiny", prompt=prompt, echo=True, logprobs=1, stream=True)
+        with pytest.raises(openai.BadRequestError, match="max_tokens"):
+            client.completions.create(model="tiny", prompt=prompt, max_tokens=0)
+        _wait(lambda: server.loop.engine.running == 0)
+
+
 BAD = [
     (b"{not json", "not valid JSON"),
     (json.dumps({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}).encode(),

@@ -90,3 +90,27 @@ def _whole(b: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+def test_the_engine_scores_a_prompt_when_asked_and_a_schedule_that_cannot_says_so():
+    """Echo with logprobs: each prompt token after the first under the row of the token before
+    it, reported once the prompt is prefilled and in the result; a schedule that prefills a
+    prompt in pieces refuses the request in one line."""
+    from sandwich.runtime.schedule import make_schedule
+
+    fake = FakeExecutor(max_batch=2, max_seq=32, vocab=50)
+    engine = Engine(fake)
+    told = []
+    engine.on_prompt = lambda ticket, lps: told.append((ticket, lps))
+    prompt = (3, 4, 9, 10)
+    scored, plain = engine.run([Request(prompt=prompt, max_new_tokens=2, prompt_logprobs=1, logprobs=1),
+                                Request(prompt=prompt, max_new_tokens=2)])
+    hot, cold = (float(v) for v in log_softmax(np.eye(50)[0])[:2])
+    assert [(lp.token, lp.logprob) for lp in scored.prompt_logprobs] == \
+        [(4, pytest.approx(hot)), (9, pytest.approx(cold)), (10, pytest.approx(hot))]
+    assert [lp.top[0][0] for lp in scored.prompt_logprobs] == [4, 5, 10]  # the likeliest after each
+    assert told == [(1, scored.prompt_logprobs)] and plain.prompt_logprobs == ()
+    assert scored.ids == plain.ids  # scoring does not change the reply
+    chunked = Engine(FakeExecutor(max_batch=2, max_seq=32, vocab=50), schedule=make_schedule("chunked:4"))
+    (bad,) = chunked.run([Request(prompt=prompt, max_new_tokens=2, prompt_logprobs=0)])
+    assert bad.finish == "error" and "prefills a prompt whole" in bad.error and "chunked:4" in bad.error

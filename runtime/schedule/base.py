@@ -15,6 +15,8 @@ class Schedule(ABC):
     half prefilled, a prefill on another pool) reports it through `busy` and `cancel`."""
 
     name = "schedule"
+    # prompts go through `engine.prefill` whole, which can also score them (echo with logprobs)
+    prefills_whole = False
 
     @abstractmethod
     def step(self, engine: Engine) -> None:

@@ -16,6 +16,7 @@ class SandwichSchedule(Schedule):
     step for all: the running decodes wait while a prompt is prefilled."""
 
     name = "sandwich"
+    prefills_whole = True
 
     def step(self, engine: Engine) -> None:
         while engine.waiting and engine.free_slots > 0:
