@@ -71,7 +71,7 @@ def parse_completion(body: Any) -> GenParams:
     echo = body.get("echo") or False
     if not isinstance(echo, bool):
         raise ApiError("'echo' must be true or false", param="echo")
-    top = _int(body, "logprobs", default=None, low=0, nullable=True)
+    top = None if body.get("logprobs") is False else _int(body, "logprobs", default=None, low=0, nullable=True)
     if top is not None and top > MAX_TOP:
         raise ApiError(f"'logprobs' must be 0 to {MAX_TOP}, got {top}", param="logprobs")
     if echo and top is not None and body.get("stream"):

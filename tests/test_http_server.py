@@ -108,6 +108,9 @@ def test_bad_chat_fields_are_named(body, param):
 
 
 def test_good_bodies_and_defaults():
+    assert api.parse_completion({"prompt": "x", "logprobs": False}).logprobs is None  # as null
+    assert api.parse_completion({"prompt": "x", "logprobs": 0, "echo": True, "max_tokens": 0}).max_tokens == 0
+    assert api.parse_chat({"messages": [{"role": "user", "content": "x"}], "logprobs": True}).logprobs == 0
     p = api.parse_completion({"prompt": [[1, 2, 3]], "stop": "\n", "seed": 4})
     assert (p.prompt_ids, p.stop, p.seed, p.max_tokens, p.temperature) == ((1, 2, 3), ("\n",), 4, 16, 1.0)
     c = api.parse_chat({"messages": [{"role": "developer", "content": [{"type": "text", "text": "a"},
