@@ -14,12 +14,11 @@ from collections.abc import Callable
 import numpy as np
 
 from sandwich.bench.baselines.measure import check_gemm
-from sandwich.bench.cache_ab import TIMING, AbRow, interleaved_rounds, row_line
+from sandwich.bench.cache_ab import AbRow, gemm_timer, interleaved_rounds, row_line
 from sandwich.bench.kernel_ab import build_side, check_source_args, problem
 from sandwich.compiler.gemm_runner import aligned_empty
 from sandwich.compiler.target import detect_cpu
 from sandwich.errors import ConfigError
-from sandwich.tuner.timing import gflops, time_callable
 
 AMX_KERNEL = "gemm_amx_bf16"
 
@@ -63,16 +62,10 @@ def run_amx(*, schedule: str, n: int, k: int, ms: list[int], threads: int, round
         want = rows_of(a)
         check_gemm(c, want, ref, what="the AMX kernel")
         check_gemm(family.run(a, packed), want, ref, what="the bf16 family")
-        flops = 2.0 * m * n * k
-
-        def amx_rate(run=run_amx_once, flops=flops) -> float:
-            return gflops(flops, time_callable(run, **TIMING).median_s)
-
-        def family_rate(a=a, flops=flops) -> float:
-            return gflops(flops, time_callable(lambda: family.run(a, packed), **TIMING).median_s)
-
         row = AbRow(f"AMX pack_n {s.pack_n} / family", n, k, m, rotated=False)
-        row.a_gflops, row.b_gflops = interleaved_rounds([family_rate, amx_rate], rounds)
+        row.a_gflops, row.b_gflops = interleaved_rounds(
+            [gemm_timer(family.run, a, [packed], n, k),
+             gemm_timer(lambda _a, _w, run=run_amx_once: run(), a, [packed], n, k)], rounds)
         rows.append(row)
         log(row_line(row))
     return rows

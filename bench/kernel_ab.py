@@ -63,6 +63,14 @@ def build_side(tag: str, src: str | None, schedule: KernelSchedule, n: int, k: i
     return SourceSide(f"{tag} ({src or 'shipped'})", schedule, func, n)
 
 
+def weight_copies(side: SourceSide, w, llc: int, *, rotate: bool = True) -> list[tuple]:
+    """`w` packed by the side: one copy, and with `rotate` as many more as make them span
+    beyond the LLC (decode rows cycle over them, as a model's layers stream from DRAM)."""
+    first = side.prepare(w)
+    copies = rotation_copies(sum(arr.nbytes for arr in first), llc) if rotate else 1
+    return [first] + [side.prepare(w) for _ in range(copies - 1)]
+
+
 def check_source_args(schedules: list[str], n: int, k: int, rounds: int, threads: int,
                       sources: tuple[str | None, ...]) -> list[KernelSchedule]:
     """The parsed schedule keys, or one ConfigError line for the first bad argument."""
@@ -119,11 +127,8 @@ def run_kernel_ab(*, a_src: str | None, b_src: str, schedules: list[str], n: int
                       for tag, src in (("A", a_src), ("B", b_src)))
         w, ref, rows = problem(s, n, k, rng)
         # packed once per schedule: decode rows rotate over every copy, the others use the first
-        first = [side.prepare(w) for side in sides]
-        copies = rotation_copies(sum(arr.nbytes for arr in first[0]), llc) \
-            if min(ms) <= ROTATE_MAX_M else 1
-        rotation = [[h] + [side.prepare(w) for _ in range(copies - 1)]
-                    for side, h in zip(sides, first, strict=True)]
+        rotation = [weight_copies(side, w, llc, rotate=min(ms) <= ROTATE_MAX_M) for side in sides]
+        first = [hs[0] for hs in rotation]
         for m in ms:
             x = aligned_empty((m, k))
             x[...] = rng.standard_normal((m, k), dtype=np.float32)

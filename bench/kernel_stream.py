@@ -22,12 +22,12 @@ import numpy as np
 
 from sandwich.bench.baselines.measure import check_gemm, time_rotated
 from sandwich.bench.cache_ab import ROTATE_MAX_M, TIMING, interleaved_rounds
-from sandwich.bench.kernel_ab import build_side, check_source_args, problem
+from sandwich.bench.kernel_ab import build_side, check_source_args, problem, weight_copies
 from sandwich.compiler.gemm_runner import aligned_empty
 from sandwich.compiler.target import describe_machine, detect_cpu
 from sandwich.errors import ConfigError
 from sandwich.tuner.machine_bench import default_read_bytes, read_bandwidth_gbs
-from sandwich.tuner.streaming import llc_bytes, rotation_copies
+from sandwich.tuner.streaming import llc_bytes
 from sandwich.tuner.timing import time_callable
 
 
@@ -101,9 +101,8 @@ def run_kernel_stream(*, src: str | None, schedules: list[str], n: int, k: int, 
     for s in parsed:
         side = build_side("kernel", src, s, n, k, threads, cpu)
         w, ref, rows = problem(s, n, k, rng)
-        first = side.prepare(w)
-        stored = sum(arr.nbytes for arr in first)
-        handles = [first] + [side.prepare(w) for _ in range(rotation_copies(stored, llc) - 1)]
+        handles = weight_copies(side, w, llc)
+        stored = sum(arr.nbytes for arr in handles[0])
         for m in ms:
             x = aligned_empty((m, k))
             x[...] = rng.standard_normal((m, k), dtype=np.float32)

@@ -21,11 +21,11 @@ import numpy as np
 
 from sandwich.bench.baselines.measure import check_gemm
 from sandwich.bench.cache_ab import ROTATE_MAX_M, gemm_timer, interleaved_rounds
-from sandwich.bench.kernel_ab import build_side, check_source_args, problem
+from sandwich.bench.kernel_ab import build_side, check_source_args, problem, weight_copies
 from sandwich.compiler.gemm_runner import aligned_empty
 from sandwich.compiler.target import describe_machine, detect_cpu
 from sandwich.errors import ConfigError
-from sandwich.tuner.streaming import llc_bytes, rotation_copies
+from sandwich.tuner.streaming import llc_bytes
 
 
 @dataclass
@@ -82,16 +82,14 @@ def run_schedule_ab(*, schedules: list[str], n: int, k: int, ms: list[int], thre
     sides = [build_side(f"schedule {i + 1}", None, s, n, k, threads, cpu) for i, s in enumerate(parsed)]
     # one set of fp32 weights; each format quantizes it (problem() with the same seed)
     weights = [problem(s, n, k, np.random.default_rng(1)) for s in parsed]
-    first = [side.prepare(w) for side, (w, _, _) in zip(sides, weights, strict=True)]
-    rotate = min(ms) <= ROTATE_MAX_M
-    handles = [[h] + [side.prepare(w) for _ in range(rotation_copies(sum(a.nbytes for a in h), llc) - 1)]
-               if rotate else [h] for side, (w, _, _), h in zip(sides, weights, first, strict=True)]
+    handles = [weight_copies(side, w, llc, rotate=min(ms) <= ROTATE_MAX_M)
+               for side, (w, _, _) in zip(sides, weights, strict=True)]
     for m in ms:
         x = aligned_empty((m, k))
         x[...] = rng.standard_normal((m, k), dtype=np.float32)
         rotated = m <= ROTATE_MAX_M
-        for side, (_, ref, rows), h in zip(sides, weights, first, strict=True):
-            check_gemm(side.run(x, h), rows(x) if rows else x, ref, what=f"{side.name}: {side.schedule.key()}")
+        for side, (_, ref, rows), hs in zip(sides, weights, handles, strict=True):
+            check_gemm(side.run(x, hs[0]), rows(x) if rows else x, ref, what=f"{side.name}: {side.schedule.key()}")
         row = ScheduleRow(n, k, m, rotated, [s.key() for s in parsed])
         row.gflops = interleaved_rounds([gemm_timer(side.run, x, hs if rotated else hs[:1], n, k)
                                          for side, hs in zip(sides, handles, strict=True)], rounds)

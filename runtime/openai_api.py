@@ -82,7 +82,7 @@ def parse_completion(body: Any) -> GenParams:
         raise ApiError("'suffix' is not supported", param="suffix")
     _single(body, "best_of")
     return _params(body, chat=False, prompt=text, prompt_ids=ids, messages=None, logprobs=top,
-                   echo=echo, max_tokens=16 if new is None else new)
+                   echo=echo, max_tokens=new)
 
 
 def parse_chat(body: Any) -> GenParams:

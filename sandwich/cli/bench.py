@@ -15,6 +15,7 @@ from sandwich.cli.common import (
     add_weights_arg,
     cache_dir_arg,
     int_list,
+    threads_of,
 )
 from sandwich.errors import ConfigError
 
@@ -226,7 +227,7 @@ def _run(args) -> int:
     from sandwich.tuner.kernel_cache import KernelCache
 
     ms = int_list(args.m, "--m")
-    threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
+    threads = threads_of(args)
     command = "sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     # delay: an input error (a shape never tuned, say) prints its one line and no bar
     with tqdm(total=0, unit="timing", dynamic_ncols=True, disable=args.no_progress,
@@ -260,7 +261,7 @@ def _run_caches(args) -> int:
     from sandwich.bench.cache_ab import run_ab, write_markdown
 
     ms = int_list(args.m, "--m")
-    threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
+    threads = threads_of(args)
     res = run_ab(a_dir=args.a, b_dir=args.b, models=args.model or ["llama-160m"], ms=ms,
                  threads=threads, rounds=args.rounds)
     print(f"geomean B / A: all {res.geomean():.3f}, M <= 8 {res.geomean(lambda r: r.m <= 8):.3f}, "
@@ -282,7 +283,7 @@ def _run_kernels(args) -> int:
     from sandwich.bench.cache_ab import write_markdown
     from sandwich.bench.kernel_ab import run_kernel_ab
 
-    threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
+    threads = threads_of(args)
     res = run_kernel_ab(a_src=args.a, b_src=args.b, schedules=args.schedule, n=args.n, k=args.k,
                         ms=int_list(args.m, "--m"), threads=threads, rounds=args.rounds)
     print(f"geomean B / A: {res.geomean():.3f} ({len(res.rows)} rows, {threads} threads)")
@@ -294,7 +295,7 @@ def _run_kernels(args) -> int:
 def _run_schedules(args) -> int:
     from sandwich.bench.schedule_ab import run_schedule_ab, write_markdown
 
-    threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
+    threads = threads_of(args)
     res = run_schedule_ab(schedules=args.schedule, n=args.n, k=args.k, ms=int_list(args.m, "--m"),
                           threads=threads, rounds=args.rounds)
     _write_rows(args, res, write_markdown)
@@ -304,7 +305,7 @@ def _run_schedules(args) -> int:
 def _run_streaming(args) -> int:
     from sandwich.bench.kernel_stream import run_kernel_stream, write_markdown
 
-    threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
+    threads = threads_of(args)
     res = run_kernel_stream(src=args.src, schedules=args.schedule, n=args.n, k=args.k,
                             ms=int_list(args.m, "--m"), threads=threads, rounds=args.rounds)
     _write_rows(args, res, write_markdown)
@@ -314,7 +315,7 @@ def _run_streaming(args) -> int:
 def _run_amx(args) -> int:
     from sandwich.bench.amx import run_amx
 
-    threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
+    threads = threads_of(args)
     run_amx(schedule=args.schedule, n=args.n, k=args.k, ms=int_list(args.m, "--m"),
             threads=threads, rounds=args.rounds)
     return 0
@@ -328,7 +329,7 @@ def _run_formats(args) -> int:
     ms = int_list(args.m, "--m")
     formats = [parse_format(f).name for f in args.weights.split(",") if f.strip()]
     cache = KernelCache(cache_dir_arg(args))
-    threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
+    threads = threads_of(args)
     base = f"results/cpus/{cache.cpu.mcpu}/weight_formats"
     res = run_formats(models=args.model or ["llama-160m"], formats=formats, ms=ms, threads=threads,
                       cache=cache, budget=args.budget, seq_max=args.seq_max,
@@ -349,7 +350,7 @@ def _run_serving(args) -> int:
     if args.new_tokens < 1 or args.repeats < 1:
         raise ConfigError("--new-tokens and --repeats must be >= 1")
     cache = KernelCache(cache_dir_arg(args))
-    threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
+    threads = threads_of(args)
     work = Path(args.work) if args.work else cache.dir / "models"
     res = run_serving_bench(models=args.model or ["llama-160m"], prompt_lens=lens,
                             new_tokens=args.new_tokens, repeats=args.repeats, threads=threads,
@@ -370,7 +371,7 @@ def _run_reference(args) -> int:
     name = Path(args.model).stem.split(".")[0].lower()
     md = Path(args.md or f"results/reference_{name}.md")
     js = Path(args.json_out or f"results/reference_{name}.json")
-    threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
+    threads = threads_of(args)
     res = run_reference_check(model=args.model, cache=KernelCache(cache_dir_arg(args)),
                               threads=threads, new_tokens=args.new_tokens,
                               texts=[Path(t) for t in args.text or ()], ctx=args.ctx,
@@ -404,7 +405,7 @@ def _run_http(args) -> int:
         text = Path(args.text).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{args.text}: cannot read it as UTF-8 text ({e})") from None
-    threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
+    threads = threads_of(args)
     engine_args = _argparse.Namespace(**vars(args) | dict(
         tp=1, ops="dsl", prefill_config=None, decode_config=None, no_warmup=False, no_tune=False,
         tune_budget="quick", threads=threads))

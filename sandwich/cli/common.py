@@ -16,6 +16,11 @@ def add_threads_arg(p: argparse.ArgumentParser) -> None:
                    help="threads the kernels run with (default: all cores of this process)")
 
 
+def threads_of(args) -> int:
+    """--threads, else TVM_NUM_THREADS as the CLI set it before TVM started, else 1."""
+    return args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
+
+
 def add_weights_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default="fp32", type=_weights_format, metavar="FORMAT",
                    help="how the GEMMs store their weights: fp32, bf16 (activations rounded to "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sandwich.cli.common import add_threads_arg, int_list
+from sandwich.cli.common import add_threads_arg, int_list, threads_of
 from sandwich.errors import ConfigError
 
 DEFAULT_FORMATS = ("fp32", "bf16", "int8-g32", "int4-g32", "int4-g32-asym")
@@ -35,7 +35,7 @@ def _run(args) -> int:
     cpu = detect_cpu()
     sigs = {f: rs.kernel_signature(f, cpu.lanes_f32, bf16_dot=cpu.bf16_dot)
             for f in names}  # input errors before timing
-    threads = args.threads or int(args.env.get("TVM_NUM_THREADS", "1"))
+    threads = threads_of(args)
     host = rs.calibrate(threads, lanes=cpu.lanes_f32)
     print(f"{cpu.model} ({cpu.mcpu}, {cpu.isa}, {host.lanes} f32 lanes), {threads} threads")
     print(f"MBW {host.mbw / 1e9:8.1f} GB/s           streaming read (measured)")
