@@ -98,7 +98,7 @@ class Engine:
             why = f"queue full ({self.max_queue} waiting requests); retry later or raise max_queue"
         if why is None:
             try:
-                seq.sampler = Sampler(req.sampling, self._scratch)
+                seq.sampler = Sampler(req.sampling, self._scratch, req.prompt)
             except SandwichError as e:
                 why = str(e)
         if why is not None:
@@ -158,6 +158,9 @@ class Engine:
             bad = [t for t in req.stop if not 0 <= t < self.vocab_size]
             if bad:  # it could never be sampled: the request would run to its length unstopped
                 return f"stop token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
+            bad = [t for t, _ in req.logit_bias if not 0 <= t < self.vocab_size]
+            if bad:
+                return f"logit_bias token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
         if new < 1:
             return f"max_new_tokens must be >= 1, got {new}"
         for what, k in (("logprobs", req.logprobs), ("prompt logprobs", req.prompt_logprobs)):

@@ -6,6 +6,7 @@ others."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import secrets
@@ -117,22 +118,23 @@ class OpenAIServer:
         if not self.loop.alive:
             raise ApiError("the engine has stopped; restart the server", status=503,
                            kind="server_error")
-        req = await run_in_threadpool(self._request, p)  # tokenizing a long prompt takes a while
+        reqs = await run_in_threadpool(self._requests, p)  # tokenizing long prompts takes a while
         rid, model = api.new_id(p.chat), self.settings.model_name
         if p.stream:
-            return StreamingResponse(self._events(p, req, rid), media_type="text/event-stream",
+            return StreamingResponse(self._events(p, reqs, rid), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        work = asyncio.ensure_future(self._collect(req, p))
+        work = asyncio.ensure_future(_every([self._collect(r, p) for r in reqs]))
         gone = asyncio.ensure_future(_disconnect(request))
         await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if not work.done():  # the client left: cancelling the work frees its slot
+        if not work.done():  # the client left: cancelling the work frees its slots
             work.cancel()
             return JSONResponse(ApiError("client closed the request", status=499).body(), 499)
         gone.cancel()
-        text, out, lps, offsets = work.result()
-        return JSONResponse(api.response(p, rid, model, text, out.finish,
-                                         api.usage(len(req.prompt), out.completion_tokens),
-                                         api.logprobs_body(p, lps, self.tok.token_bytes, offsets)))
+        done = work.result()
+        choices = [api.Choice(text, out.finish, api.logprobs_body(p, lps, self.tok.token_bytes, offsets))
+                   for text, out, lps, offsets in done]
+        return JSONResponse(api.response(p, rid, model, choices,
+                                         _usage(p, reqs, [out.completion_tokens for _, out, _, _ in done])))
 
     def _echo(self, req: Request) -> tuple[str, list[int]]:
         """The prompt as its tokens decode, and where each token's text starts in it."""
@@ -142,31 +144,35 @@ class OpenAIServer:
             text += step(t)
         return self.tok.decode(req.prompt), offsets
 
-    def _request(self, p: GenParams) -> Request:
-        """The engine request of a checked body: the prompt tokenized, max_tokens defaulted to
-        the rest of the context, and every reason the engine would refuse it raised as a 400."""
+    def _requests(self, p: GenParams) -> list[Request]:
+        """The engine requests of a checked body, one per choice: prompt by prompt, `n` of
+        each (choice j seeded seed + j, so the choices differ and a seeded request repeats).
+        Each prompt is tokenized, max_tokens defaults to the rest of the context, and every
+        reason the engine would refuse a prompt is raised as a 400."""
         eng = self.loop.engine
-        try:
-            if p.prompt_ids is not None:
-                ids = list(p.prompt_ids)
-            elif p.messages is not None:
-                ids = self.tok.encode(self.tok.render_chat(list(p.messages)))
-            else:
-                ids = self.tok.encode(p.prompt or "")
-        except SandwichError as e:
-            raise ApiError(str(e), param="messages" if p.chat else "prompt") from None
-        new = p.max_tokens if p.max_tokens is not None else max(1, eng.max_seq - len(ids) + 1)
-        # echo with max_tokens 0 (scoring a text): one token is sampled and dropped
-        req = Request(prompt=tuple(ids), max_new_tokens=max(1, new), temperature=p.temperature,
-                      top_k=p.top_k, top_p=p.top_p, stop=tuple(sorted(self.tok.stop_ids)),
-                      seed=secrets.randbits(63) if p.seed is None else p.seed, logprobs=p.logprobs,
-                      prompt_logprobs=p.logprobs if p.echo else None)
-        why = eng.problem(req) or req.sampling.problem()
-        if why:
-            ctx = "max_seq" in why
-            raise ApiError(why, param="max_tokens" if ctx else None,
-                           code="context_length_exceeded" if ctx else None)
-        return req
+        prompts = p.prompts if not p.chat else (self.tok.render_chat(list(p.messages or ())),)
+        out = []
+        for x in prompts:
+            try:
+                ids = list(x) if isinstance(x, tuple) else self.tok.encode(x)
+            except SandwichError as e:
+                raise ApiError(str(e), param="messages" if p.chat else "prompt") from None
+            new = p.max_tokens if p.max_tokens is not None else max(1, eng.max_seq - len(ids) + 1)
+            seed = secrets.randbits(63) if p.seed is None else p.seed
+            # echo with max_tokens 0 (scoring a text): one token is sampled and dropped
+            first = Request(prompt=tuple(ids), max_new_tokens=max(1, new), temperature=p.temperature,
+                            top_k=p.top_k, top_p=p.top_p, stop=tuple(sorted(self.tok.stop_ids)),
+                            seed=seed, logprobs=p.logprobs,
+                            prompt_logprobs=p.logprobs if p.echo else None,
+                            presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
+                            repetition_penalty=p.repetition_penalty, logit_bias=p.logit_bias)
+            why = eng.problem(first) or first.sampling.problem()
+            if why:
+                ctx = "max_seq" in why
+                param = "max_tokens" if ctx else "logit_bias" if why.startswith("logit_bias") else None
+                raise ApiError(why, param=param, code="context_length_exceeded" if ctx else None)
+            out += [dataclasses.replace(first, seed=seed + j) for j in range(p.n)]
+        return out
 
     async def _run(self, req: Request, stop: tuple[str, ...],
                    prompt_lps: list[TokenLogprob] | None = None) -> AsyncIterator[Piece | Outcome]:
@@ -251,24 +257,28 @@ class OpenAIServer:
             text = echo + text
         return text, out, lps, offsets
 
-    async def _events(self, p: GenParams, req: Request, rid: str) -> AsyncIterator[str]:
-        """Server-sent events: text deltas, the finish reason, the usage if asked, [DONE]."""
+    async def _events(self, p: GenParams, reqs: list[Request], rid: str) -> AsyncIterator[str]:
+        """Server-sent events: each choice's text deltas and finish reason as they come (the
+        choices interleave, each chunk naming its index), then the usage if asked, [DONE]."""
         model = self.settings.model_name
-        if p.chat:
-            yield _sse(api.chunk(p, rid, model, None, first=True))
-        if p.echo:  # without logprobs (parse_completion refuses streaming both)
-            yield _sse(api.chunk(p, rid, model, self.tok.decode(req.prompt)))
+        for i, req in enumerate(reqs):
+            if p.chat:
+                yield _sse(api.chunk(p, rid, model, None, first=True, index=i))
+            if p.echo:  # without logprobs (parse_completion refuses streaming both)
+                yield _sse(api.chunk(p, rid, model, self.tok.decode(req.prompt), index=i))
+        used = [0] * len(reqs)
         try:
-            async for x in self._run(req, p.stop) if p.max_tokens != 0 else _nothing():
+            async for i, x in _merged([self._run(r, p.stop) if p.max_tokens != 0 else _nothing()
+                                       for r in reqs]):
                 if isinstance(x, Outcome):
-                    yield _sse(api.chunk(p, rid, model, None, x.finish))
-                    if p.include_usage:
-                        yield _sse(api.chunk(p, rid, model, None,
-                                             use=api.usage(len(req.prompt), x.completion_tokens)))
+                    used[i] = x.completion_tokens
+                    yield _sse(api.chunk(p, rid, model, None, x.finish, index=i))
                 else:
                     lps = api.logprobs_body(p, x.logprobs, self.tok.token_bytes,
                                             [x.offset] * len(x.logprobs))
-                    yield _sse(api.chunk(p, rid, model, x.text, logprobs=lps))
+                    yield _sse(api.chunk(p, rid, model, x.text, logprobs=lps, index=i))
+            if p.include_usage:
+                yield _sse(api.chunk(p, rid, model, None, use=_usage(p, reqs, used)))
         except ApiError as e:  # the headers are gone: the error travels as an event
             yield _sse(e.body())
         yield "data: [DONE]\n\n"
@@ -291,6 +301,52 @@ class OpenAIServer:
             return json.loads(b"".join(parts))
         except (ValueError, UnicodeDecodeError) as e:
             raise ApiError(f"the request body is not valid JSON: {e}") from None
+
+
+def _usage(p: GenParams, reqs: list[Request], completion: list[int]) -> dict[str, int]:
+    """Each prompt's tokens once (its n choices share it), and every choice's reply tokens."""
+    return api.usage(sum(len(r.prompt) for r in reqs[::p.n]), sum(completion))
+
+
+async def _every(coros: list) -> list:
+    """Every coroutine's result, in order; when one fails or the caller is cancelled, the
+    others are cancelled too (their jobs leave the engine)."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def _merged(gens: list[AsyncIterator]) -> AsyncIterator[tuple[int, Any]]:
+    """The items of several async generators as they come, each as (its generator's index,
+    item). An error in one is raised here; leaving early closes them all."""
+    q: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+    end = object()
+
+    async def pump(i: int, g: AsyncIterator) -> None:
+        try:
+            async for x in g:
+                q.put_nowait((i, x))
+            q.put_nowait((i, end))
+        except Exception as e:  # noqa: BLE001  (handed to the consumer, which raises it)
+            q.put_nowait((i, e))
+
+    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        left = len(tasks)
+        while left:
+            i, x = await q.get()
+            if x is end:
+                left -= 1
+            elif isinstance(x, Exception):
+                raise x
+            else:
+                yield i, x
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 async def _nothing() -> AsyncIterator[Outcome]:

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandwich.runtime.logprobs import MAX_TOP, TokenLogprob
+from sandwich.runtime.sampling import BIAS_RANGE, PENALTY_RANGE
 
 MAX_STOP = 4  # OpenAI's limit on `stop` strings
+MAX_CHOICES = 128  # prompts x n in one request: each choice is a sequence in the engine
 ROLES = ("system", "user", "assistant", "developer", "tool")
 
 
@@ -32,13 +34,13 @@ class ApiError(Exception):
 
 @dataclass(frozen=True)
 class GenParams:
-    """A checked request. Exactly one of `prompt` (text), `prompt_ids`, `messages` is set;
-    max_tokens None means "up to the context" (chat's default)."""
+    """A checked request: the completions API's `prompts` (each text or token ids; a batch
+    of several is allowed) or chat's `messages`; `n` choices of each. max_tokens None means
+    "up to the context" (chat's default)."""
 
     chat: bool
     model: str | None
-    prompt: str | None
-    prompt_ids: tuple[int, ...] | None
+    prompts: tuple[str | tuple[int, ...], ...]
     messages: tuple[dict, ...] | None
     max_tokens: int | None
     temperature: float
@@ -50,24 +52,22 @@ class GenParams:
     include_usage: bool
     logprobs: int | None = None  # None: none; k: each token's log-probability and the k likeliest
     echo: bool = False  # completions: the prompt comes back before the reply (and its logprobs)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # vLLM's extension (extra_body in the openai client)
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    n: int = 1
+
+    @property
+    def choices(self) -> int:
+        return max(1, len(self.prompts)) * self.n
 
 
 def parse_completion(body: Any) -> GenParams:
-    """`POST /v1/completions`: `prompt` is a string or token ids (or a list of one of them)."""
+    """`POST /v1/completions`: `prompt` is a string or token ids, or a batch (a list) of
+    either; the choices come prompt by prompt, `n` for each."""
     body = _object(body)
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
-    text, ids = None, None
-    if isinstance(prompt, str):
-        text = prompt
-    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
-        ids = tuple(int(t) for t in prompt)
-    elif isinstance(prompt, list) and prompt:
-        raise ApiError("a batch of several prompts is not supported; send one prompt per request",
-                       param="prompt")
-    else:
-        raise ApiError("'prompt' is required: a string or a list of token ids", param="prompt")
+    prompts = _prompts(body.get("prompt"))
     echo = body.get("echo") or False
     if not isinstance(echo, bool):
         raise ApiError("'echo' must be true or false", param="echo")
@@ -81,8 +81,26 @@ def parse_completion(body: Any) -> GenParams:
     if body.get("suffix"):
         raise ApiError("'suffix' is not supported", param="suffix")
     _single(body, "best_of")
-    return _params(body, chat=False, prompt=text, prompt_ids=ids, messages=None, logprobs=top,
+    return _params(body, chat=False, prompts=prompts, messages=None, logprobs=top,
                    echo=echo, max_tokens=new)
+
+
+def _prompts(prompt: Any) -> tuple[str | tuple[int, ...], ...]:
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt)):
+        prompt = [prompt]  # one prompt: a batch of one
+    if not isinstance(prompt, list) or not prompt:
+        raise ApiError("'prompt' is required: a string or a list of token ids, or a list of "
+                       "either", param="prompt")
+    out: list[str | tuple[int, ...]] = []
+    for i, x in enumerate(prompt):
+        if isinstance(x, str):
+            out.append(x)
+        elif isinstance(x, list) and x and all(_is_int(t) for t in x):
+            out.append(tuple(int(t) for t in x))
+        else:
+            raise ApiError(f"prompt[{i}] must be a string or a non-empty list of token ids",
+                           param="prompt")
+    return tuple(out)
 
 
 def parse_chat(body: Any) -> GenParams:
@@ -107,7 +125,7 @@ def parse_chat(body: Any) -> GenParams:
     if top is not None and top > MAX_TOP:
         raise ApiError(f"'top_logprobs' must be 0 to {MAX_TOP}, got {top}", param="top_logprobs")
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    return _params(body, chat=True, prompt=None, prompt_ids=None, messages=checked,
+    return _params(body, chat=True, prompts=(), messages=checked,
                    logprobs=(top or 0) if asked else None,
                    max_tokens=_int(body, key, default=None, low=1, nullable=True))
 
@@ -116,24 +134,50 @@ def _params(body: dict, **fixed) -> GenParams:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError("'model' must be a string", param="model")
-    _single(body, "n")
-    for key in ("presence_penalty", "frequency_penalty"):
-        if _float(body, key, default=0.0, low=-2.0, high=2.0) != 0.0:
-            raise ApiError(f"'{key}' is not supported (only 0)", param=key)
-    if body.get("logit_bias"):
-        raise ApiError("'logit_bias' is not supported", param="logit_bias")
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise ApiError("'stream' must be true or false", param="stream")
     opts = body.get("stream_options") or {}
     if not isinstance(opts, dict):
         raise ApiError("'stream_options' must be an object", param="stream_options")
-    return GenParams(model=model, stream=stream, include_usage=bool(opts.get("include_usage")),
+    n = _int(body, "n", default=1, low=1, nullable=True)
+    many = max(1, len(fixed["prompts"])) * n
+    if many > MAX_CHOICES:
+        raise ApiError(f"{many} choices (prompts x n) in one request is more than this server's "
+                       f"{MAX_CHOICES}; split the request", param="n")
+    return GenParams(model=model, stream=stream, include_usage=bool(opts.get("include_usage")), n=n,
                      temperature=_float(body, "temperature", default=1.0, low=0.0, high=2.0),
                      top_p=_float(body, "top_p", default=1.0, low=0.0, high=1.0, open_low=True),
                      top_k=_int(body, "top_k", default=0, low=0, nullable=True) or 0,
                      seed=_int(body, "seed", default=None, nullable=True),
-                     stop=_stop(body.get("stop")), **fixed)
+                     stop=_stop(body.get("stop")),
+                     presence_penalty=_float(body, "presence_penalty", default=0.0,
+                                             low=-PENALTY_RANGE, high=PENALTY_RANGE),
+                     frequency_penalty=_float(body, "frequency_penalty", default=0.0,
+                                              low=-PENALTY_RANGE, high=PENALTY_RANGE),
+                     repetition_penalty=_float(body, "repetition_penalty", default=1.0, low=0.0,
+                                               high=math.inf, open_low=True),
+                     logit_bias=_logit_bias(body.get("logit_bias")), **fixed)
+
+
+def _logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `logit_bias`: an object from token ids (as strings, JSON keys) to a value in
+    [-100, 100] added to that token's logit."""
+    if bias is None:
+        return ()
+    if not isinstance(bias, dict):
+        raise ApiError("'logit_bias' must be an object mapping token ids to numbers",
+                       param="logit_bias")
+    out = []
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.strip().isdigit()):
+            raise ApiError(f"'logit_bias' keys must be token ids, got {key!r}", param="logit_bias")
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or \
+                not -BIAS_RANGE <= value <= BIAS_RANGE:
+            raise ApiError(f"'logit_bias' values must be numbers in [-{BIAS_RANGE:g}, "
+                           f"{BIAS_RANGE:g}], got {value!r} for token {key}", param="logit_bias")
+        out.append((int(key), float(value)))
+    return tuple(out)
 
 
 def _object(body: Any) -> dict:
@@ -246,24 +290,32 @@ def _finite(logprob: float) -> float:
     return max(logprob, -9999.0)
 
 
-def response(p: GenParams, rid: str, model: str, text: str, finish: str,
-             use: dict[str, int], logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The whole reply of a request without `stream`."""
-    if p.chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "logprobs": logprobs, "finish_reason": finish}
-    else:
-        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+@dataclass(frozen=True)
+class Choice:
+    """One finished choice of a reply without `stream`."""
+
+    text: str
+    finish: str
+    logprobs: dict[str, Any] | None = None
+
+
+def response(p: GenParams, rid: str, model: str, choices: Sequence[Choice],
+             use: dict[str, int]) -> dict[str, Any]:
+    """The whole reply of a request without `stream`: its choices in index order."""
+    out = []
+    for i, c in enumerate(choices):
+        body = {"message": {"role": "assistant", "content": c.text}} if p.chat else {"text": c.text}
+        out.append({"index": i, **body, "logprobs": c.logprobs, "finish_reason": c.finish})
     return {"id": rid, "object": "chat.completion" if p.chat else "text_completion",
-            "created": int(time.time()), "model": model, "choices": [choice], "usage": use}
+            "created": int(time.time()), "model": model, "choices": out, "usage": use}
 
 
 def chunk(p: GenParams, rid: str, model: str, text: str | None, finish: str | None = None,
           *, first: bool = False, use: dict[str, int] | None = None,
-          logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One server-sent event of a stream: a text delta (with its tokens' logprobs when asked),
-    the finish reason, or (with stream_options.include_usage) the closing usage chunk with no
-    choices."""
+          logprobs: dict[str, Any] | None = None, index: int = 0) -> dict[str, Any]:
+    """One server-sent event of a stream: a text delta of choice `index` (with its tokens'
+    logprobs when asked), its finish reason, or (with stream_options.include_usage) the
+    closing usage chunk with no choices."""
     if use is not None:
         choices: list[dict] = []
     elif p.chat:
@@ -272,9 +324,9 @@ def chunk(p: GenParams, rid: str, model: str, text: str | None, finish: str | No
             delta["content"] = text
         elif first:
             delta["content"] = ""
-        choices = [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
+        choices = [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
     else:
-        choices = [{"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]
+        choices = [{"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]
     out = {"id": rid, "object": "chat.completion.chunk" if p.chat else "text_completion",
            "created": int(time.time()), "model": model, "choices": choices}
     if p.include_usage:

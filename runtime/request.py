@@ -29,10 +29,19 @@ class Request:
     rid: int | str | None = None
     logprobs: int | None = None  # None: none; k: each token's log-probability and the k likeliest
     prompt_logprobs: int | None = None  # the same for each prompt token after the first
+    # logit adjustments before each pick (runtime/sampling.py): none by default
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed,
+                              presence_penalty=self.presence_penalty,
+                              frequency_penalty=self.frequency_penalty,
+                              repetition_penalty=self.repetition_penalty,
+                              logit_bias=self.logit_bias)
 
 
 @dataclass(frozen=True)

@@ -74,14 +74,24 @@ def _expected(tok, prompt_ids, n, vocab=CONFIG["vocab"]):
     ({"prompt": "x", "top_p": 0}, "top_p"),
     ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
     ({"prompt": "x", "max_tokens": 2.5}, "max_tokens"),
-    ({"prompt": "x", "n": 2}, "n"),
+    ({"prompt": "x", "n": 0}, "n"),
+    ({"prompt": ["x"] * 8, "n": 17}, "n"),
+    ({"prompt": "x", "best_of": 2}, "best_of"),
     ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"prompt": "x", "stop": 3}, "stop"),
     ({"prompt": "x", "logprobs": 21}, "logprobs"),
     ({"prompt": "x", "logprobs": True}, "logprobs"),
     ({"prompt": "x", "stream": "yes"}, "stream"),
-    ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
-    ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"prompt": "x", "frequency_penalty": "high"}, "frequency_penalty"),
+    ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
+    ({"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"5": True}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": [5, 1]}, "logit_bias"),
+    ({"prompt": ["a", 5]}, "prompt"),
+    ({"prompt": [[1, 2], []]}, "prompt"),
+    ({"prompt": []}, "prompt"),
     ({}, "prompt"),
     ({"prompt": "x", "model": 7}, "model"),
 ])
@@ -112,7 +122,9 @@ def test_good_bodies_and_defaults():
     assert api.parse_completion({"prompt": "x", "logprobs": 0, "echo": True, "max_tokens": 0}).max_tokens == 0
     assert api.parse_chat({"messages": [{"role": "user", "content": "x"}], "logprobs": True}).logprobs == 0
     p = api.parse_completion({"prompt": [[1, 2, 3]], "stop": "\n", "seed": 4})
-    assert (p.prompt_ids, p.stop, p.seed, p.max_tokens, p.temperature) == ((1, 2, 3), ("\n",), 4, 16, 1.0)
+    assert (p.prompts, p.stop, p.seed, p.max_tokens, p.temperature) == (((1, 2, 3),), ("\n",), 4, 16, 1.0)
+    b = api.parse_completion({"prompt": ["a", [5, 6]], "n": 3})
+    assert (b.prompts, b.n, b.choices) == (("a", (5, 6)), 3, 6)
     c = api.parse_chat({"messages": [{"role": "developer", "content": [{"type": "text", "text": "a"},
                                                                         {"type": "text", "text": "b"}]}],
                         "max_completion_tokens": 5, "stream": True,
@@ -120,6 +132,15 @@ def test_good_bodies_and_defaults():
     assert c.messages == ({"role": "system", "content": "ab"},)
     assert (c.max_tokens, c.stream, c.include_usage) == (5, True, True)
     assert api.parse_chat({"messages": [{"role": "user", "content": "x"}]}).max_tokens is None
+
+
+def test_logit_adjustments_are_read_as_openai_and_vllm_send_them():
+    p = api.parse_chat({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"7": -100, "12": 3.5},
+                        "presence_penalty": 0.5, "frequency_penalty": -1, "repetition_penalty": 1.1})
+    assert p.logit_bias == ((7, -100.0), (12, 3.5))
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, -1.0, 1.1)
+    q = api.parse_completion({"prompt": "x", "logit_bias": None, "presence_penalty": None})
+    assert (q.logit_bias, q.presence_penalty, q.repetition_penalty) == ((), 0.0, 1.0)
 
 
 def test_stop_strings_are_held_back_and_cut():
@@ -216,6 +237,71 @@ def test_completions_and_chat_equal_the_engine_streamed_or_not(tok):
         with pytest.raises(openai.NotFoundError, match="not served here"):
             client.models.retrieve("gpt-4o")
         assert httpx.get(url + "/health").json()["status"] == "ok"
+
+
+def test_logit_bias_and_penalties_reach_the_engine_through_the_openai_client(tok):
+    """The fake model's logits are 1 on last + 1 and 0 elsewhere: a bias of 100 on one token
+    makes the reply that token; with a bias of 2.5 a frequency penalty of 2 moves greedy
+    decoding off it after one pick; vLLM's repetition_penalty travels in extra_body; a bias on a token beyond the
+    vocabulary is a 400 naming logit_bias, and the server goes on."""
+    with serving(FakeExecutor(max_batch=2, max_seq=64, vocab=CONFIG["vocab"]), tok) as (url, _):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        forced = tok.encode("hello")[0]
+
+        def text(**kw):
+            return client.completions.create(model="tiny", prompt=[1, 2], max_tokens=4, temperature=0,
+                                             **kw).choices[0].text
+
+        assert text(logit_bias={str(forced): 100}) == tok.decode([forced] * 4)
+        assert text() == tok.decode([3, 4, 5, 6])
+        # its logit 0 + 2.5 beats the model's 1.0 once; then 2.5 - 2 does not
+        assert text(logit_bias={str(forced): 2.5}, frequency_penalty=2.0) == tok.decode([forced + i for i in range(4)])
+        assert text(extra_body={"repetition_penalty": 1.5}) == text()
+        with pytest.raises(openai.BadRequestError, match="outside the vocabulary") as e:
+            client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                           logit_bias={str(CONFIG["vocab"]): 1})
+        assert e.value.body["param"] == "logit_bias"
+        assert text() == tok.decode([3, 4, 5, 6])
+
+
+def test_n_choices_of_a_batch_of_prompts_streamed_or_not(tok):
+    """Completions with two prompts and n=2: four choices, prompt by prompt, each the
+    engine's reply to its prompt, streamed (the chunks interleave, each naming its index)
+    or not; usage counts each prompt once. Chat's n sampled choices differ, and choice j is
+    what one request seeded seed + j gets; every slot is free afterwards."""
+    fake = FakeExecutor(max_batch=3, max_seq=64, vocab=CONFIG["vocab"])
+    prompts = [[10, 11], [40]]
+    want = [_expected(tok, q, 5) for q in prompts for _ in range(2)]
+    with serving(fake, tok) as (url, server):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        r = client.completions.create(model="tiny", prompt=prompts, n=2, max_tokens=5, temperature=0,
+                                      logprobs=1)
+        assert [c.index for c in r.choices] == [0, 1, 2, 3]
+        assert [(c.text, c.finish_reason) for c in r.choices] == [(t, f) for t, _, f in want]
+        assert [len(c.logprobs.tokens) for c in r.choices] == [n for _, n, _ in want]
+        assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (3, sum(n for _, n, _ in want))
+        chunks = list(client.completions.create(model="tiny", prompt=prompts, n=2, max_tokens=5,
+                                                temperature=0, stream=True,
+                                                stream_options={"include_usage": True}))
+        texts, finishes = [""] * 4, [None] * 4
+        for c in chunks[:-1]:
+            (x,) = c.choices
+            texts[x.index] += x.text
+            finishes[x.index] = x.finish_reason or finishes[x.index]
+        assert list(zip(texts, finishes, strict=True)) == [(t, f) for t, _, f in want]
+        assert chunks[-1].usage.prompt_tokens == 3
+
+        msgs = [{"role": "user", "content": "hi"}]
+
+        def chat(n, seed):
+            c = client.chat.completions.create(model="tiny", messages=msgs, n=n, max_tokens=6,
+                                               temperature=1.5, seed=seed)
+            return [x.message.content for x in c.choices]
+
+        three = chat(3, 21)
+        assert len(set(three)) == 3 and chat(3, 21) == three
+        assert [chat(1, 21 + j)[0] for j in range(3)] == three
+        _wait(lambda: server.loop.engine.running == 0 and not fake.kv.in_use())
 
 
 def test_a_stop_string_ends_the_reply_before_it(tok):
@@ -363,10 +449,10 @@ def test_a_request_the_engine_cannot_take_fails_alone(tok, monkeypatch):
 
     real = engine_mod.Sampler
 
-    def sampler(params, scratch=None):
+    def sampler(params, *args):
         if params.seed == 13:
             raise RuntimeError("a fault in the sampler")
-        return real(params, scratch)
+        return real(params, *args)
 
     monkeypatch.setattr(engine_mod, "Sampler", sampler)
     body = {"prompt": "x", "max_tokens": 3, "temperature": 0.7}
@@ -382,16 +468,17 @@ def test_a_request_the_engine_cannot_take_fails_alone(tok, monkeypatch):
 
 
 def test_clients_that_leave_mid_stream_free_their_slots(tok):
-    """max_batch 16, sixteen streams killed after their first token: a 17th request still
-    runs at once (held slots would make it wait ~60 s for the killed streams' max_tokens)."""
+    """max_batch 16, twelve streams of sixteen sequences (four with n=2) killed after their
+    first token: a 17th request still runs at once (held slots would make it wait ~60 s for
+    the killed streams' max_tokens)."""
     fake = FakeExecutor(max_batch=16, max_seq=4096, vocab=CONFIG["vocab"], step_s=0.015)
     with serving(fake, tok) as (url, server):
         body = {"prompt": [5], "max_tokens": 4000, "stream": True, "temperature": 0}
         lines = []  # the line iterators stay referenced: closing one closes its response
         with contextlib.ExitStack() as streams:
-            for _ in range(16):
-                r = streams.enter_context(httpx.stream("POST", url + "/v1/completions", json=body,
-                                                       timeout=30))
+            for n in [1] * 8 + [2] * 4:
+                r = streams.enter_context(httpx.stream("POST", url + "/v1/completions",
+                                                       json=body | {"n": n}, timeout=30))
                 lines.append(r.iter_lines())
                 for line in lines[-1]:
                     if line.startswith("data: ") and '"text"' in line:
@@ -405,7 +492,7 @@ def test_clients_that_leave_mid_stream_free_their_slots(tok):
         assert r.status_code == 200 and time.monotonic() - t0 < 5
         # a non-streaming client that leaves is noticed too
         with contextlib.suppress(httpx.ReadTimeout):
-            httpx.post(url + "/v1/completions", json=body | {"stream": False}, timeout=0.5)
+            httpx.post(url + "/v1/completions", json=body | {"stream": False, "n": 3}, timeout=0.5)
         _wait(lambda: server.loop.engine.running == 0 and not fake.kv.in_use())
 
 

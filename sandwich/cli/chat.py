@@ -11,7 +11,7 @@ HELP = "/reset clears the conversation, /help shows this, Ctrl-D (or /exit) leav
 
 
 def register(sub) -> None:
-    from sandwich.cli.serve import _serving_args
+    from sandwich.cli.serve import _serving_args, sampling_args
 
     c = sub.add_parser("chat", help="chat with the model in the terminal (its chat template, "
                        "streamed replies; " + HELP + ")")
@@ -19,8 +19,7 @@ def register(sub) -> None:
     c.add_argument("--system", help="a system message that opens the conversation")
     c.add_argument("--max-new-tokens", type=int, default=None,
                    help="longest reply (default: 512, or half the context when that is shorter)")
-    c.add_argument("--top-k", type=int, default=0)
-    c.add_argument("--top-p", type=float, default=1.0)
+    sampling_args(c)
     c.set_defaults(func=cmd_chat)
 
 
@@ -29,6 +28,7 @@ DEFAULT_REPLY = 512  # tokens a reply may take, unless the context is shorter th
 
 def cmd_chat(args: argparse.Namespace) -> int:
     from sandwich.cli.engines import make_engine as _engine
+    from sandwich.cli.serve import sampling_of
     from sandwich.models import load_model_config
     from sandwich.runtime.chat_session import ChatSession
     from sandwich.runtime.engine import Request, RequestError
@@ -81,8 +81,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
         engine.on_token = show
         (res,) = engine.run([Request(prompt=tuple(ids), max_new_tokens=args.max_new_tokens,
-                                     temperature=args.temperature, top_k=args.top_k,
-                                     top_p=args.top_p, seed=seed, stop=tuple(sorted(tok.stop_ids)))])
+                                     stop=tuple(sorted(tok.stop_ids)),
+                                     **(sampling_of(args) | {"seed": seed}))])
         seed += 1  # a new draw per reply when sampling
         if res.error:
             raise RequestError(res.error)

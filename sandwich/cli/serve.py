@@ -79,6 +79,27 @@ def _serving_args(p: argparse.ArgumentParser, *, sampling: bool = True) -> None:
     _tune_args(p)
 
 
+def sampling_args(p: argparse.ArgumentParser) -> None:
+    """The cuts and logit adjustments of one command-line request (runtime/sampling.py)."""
+    p.add_argument("--top-k", type=int, default=0, help="keep the K likeliest tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="keep the likeliest tokens holding "
+                   "this share of the probability (1: all)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="divide the positive "
+                   "logits (multiply the negative) of every token already in the prompt or the "
+                   "reply by this (1: none; 1.1-1.3 curbs the loops of small models)")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtract this from the logit of every token the reply holds (OpenAI's)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="subtract this times "
+                   "its count from the logit of every token the reply holds (OpenAI's)")
+
+
+def sampling_of(args: argparse.Namespace) -> dict:
+    """Request keyword arguments from `sampling_args` and the --temperature / --seed flags."""
+    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                seed=args.seed, repetition_penalty=args.repetition_penalty,
+                presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty)
+
+
 def _model_run_args(p: argparse.ArgumentParser) -> None:
     """Where the kernels come from and how they run: every command that runs a model."""
     from sandwich.cli.common import add_cache_arg, add_threads_arg, add_weights_arg
@@ -108,8 +129,7 @@ def register_serving(sub) -> None:
     g.add_argument("--chat", action="store_true",
                    help="send --prompt as a user message through the model's chat template")
     g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
+    sampling_args(g)
     g.add_argument("--stop-ids", type=_id_list, default=(), help="comma-separated stop token ids")
     g.add_argument("--json", action="store_true",
                    help='print {"ids": [...], "text": ..., "ttft_ms": ..., "tpot_ms": ...}')
@@ -176,9 +196,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if tok is not None and not args.json:  # stream the text as it is sampled
         step = tok.stream()
         engine.on_token = lambda _, token, _lp: print(step(token), end="", flush=True)
-    req = Request(prompt=ids, max_new_tokens=args.max_new_tokens,
-                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                  seed=args.seed, stop=stop, logprobs=args.logprobs)
+    req = Request(prompt=ids, max_new_tokens=args.max_new_tokens, stop=stop,
+                  logprobs=args.logprobs, **sampling_of(args))
     (res,) = engine.run([req])
     if res.error:
         raise RequestError(res.error)
