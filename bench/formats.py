@@ -3,8 +3,8 @@ with the same threads. Decode rows (M <= 8) stream their weights from beyond the
 reported in stored bytes per second against the streaming read of the same moment; larger M
 in GFLOPS, with weights of 1/8 of the LLC or more also read from DRAM (as the tuner times
 them and as a model reads them: each layer's weights evict the last's); every row also as a
-speedup over the fp32 kernel of the same op and M, and against its Roof-Surface bound
-(tuner/roofsurface.py) on this machine's measured rates."""
+speedup over the fp32 kernel of the same op and M timed in the same pass, and against its
+Roof-Surface bound (tuner/roofsurface.py) on this machine's measured rates."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -78,8 +79,9 @@ def run_formats(*, models: list[str], formats: list[str], ms: list[int], threads
                 budget: str, seq_max: int, command: str, log: Callable[[str], None],
                 progress: bool = True, passes: int = 1) -> FormatsResult:
     """Tune what the cache lacks (resumable, with a progress bar unless not `progress`), then
-    time every (model, op, format, M) `passes` times in a row, each against its own moment's
-    read where it streams from DRAM, and keep the pass of median % of bound."""
+    time every (model, op, M) in every format, `passes` interleaved times, each row against
+    its own moment's read where it streams from DRAM, and keep the pass of median % of
+    bound."""
     if passes < 1:
         raise ConfigError(f"--passes must be >= 1, got {passes}")
     from sandwich.models import load_model_config
@@ -100,6 +102,7 @@ def run_formats(*, models: list[str], formats: list[str], ms: list[int], threads
     formats = ["fp32", *(f for f in formats if parse_format(f).name != "fp32")]
     for model in models:
         cfg = load_model_config(model)
+        ops: dict[str, dict[str, object]] = {}  # op name -> format -> its GEMM shape
         for fmt in formats:
             shapes = unique_shapes(make_payload(cfg, seq_max=seq_max, weights=fmt))
             missing = [(names, op) for names, op in shapes
@@ -109,19 +112,39 @@ def run_formats(*, models: list[str], formats: list[str], ms: list[int], threads
                 tune_shapes(missing, seq_max=seq_max, threads=threads, budget=get_budget(budget),
                             cache=cache, progress=progress)
             for names, op in shapes:
-                for m in ms:
-                    runs = []
-                    for _ in range(passes):
-                        runs.append(_time_row(cache, limits, cfg.name, "+".join(names), op, fmt,
-                                              m, threads))
-                        _roof(runs[-1], host, cache.cpu)
-                    row = _median_pass(runs)
-                    res.rows.append(row)
+                ops.setdefault("+".join(names), {})[fmt] = op
+        rows = []
+        for name, by_fmt in ops.items():
+            for m in ms:
+                rows += _paired_rows(by_fmt, passes, partial(_timed_row, cache, limits, host,
+                                                             cfg.name, name, m, threads))
+                for row in rows[-len(by_fmt):]:
                     log(_line(row))
-    _speedups(res.rows)
+        order = [parse_format(f).name for f in formats]
+        res.rows += sorted(rows, key=lambda r: order.index(r.weights))  # a table per format
     within, mem = res.model_check()
     log(f"model check: {within} of {mem} MEM-bound rows within {MODEL_CHECK:.0%} of their bound")
     return res
+
+
+def _paired_rows(by_fmt: dict, passes: int, time_row: Callable[[str, object], FormatRow]
+                 ) -> list[FormatRow]:
+    """One op at one M in every format, timed in interleaved passes (the formats in order,
+    then backwards: A B C, C B A, ...), so each `x fp32` pairs timings seconds apart: the
+    ratio of fp32's time to the format's within each pass, the median over the passes."""
+    fmts = list(by_fmt)
+    runs: dict[str, list[FormatRow]] = {f: [] for f in fmts}
+    for p in range(passes):
+        for fmt in fmts if p % 2 == 0 else fmts[::-1]:
+            runs[fmt].append(time_row(fmt, by_fmt[fmt]))
+    out = []
+    for fmt in fmts:
+        row = _median_pass(runs[fmt])
+        if "fp32" in runs:
+            row.speedup_vs_fp32 = float(np.median([b.us / r.us for b, r in
+                                                   zip(runs["fp32"], runs[fmt], strict=True)]))
+        out.append(row)
+    return out
 
 
 def _median_pass(runs: list[FormatRow]) -> FormatRow:
@@ -130,6 +153,14 @@ def _median_pass(runs: list[FormatRow]) -> FormatRow:
     row = ranked[(len(ranked) - 1) // 2]
     if len(runs) > 1:
         row.pct_bound_range = (ranked[0].pct_bound, ranked[-1].pct_bound)
+    return row
+
+
+def _timed_row(cache, limits, host: rs.HostRates, model: str, name: str, m: int, threads: int,
+               fmt: str, op) -> FormatRow:
+    """A row timed, and its Roof-Surface bound."""
+    row = _time_row(cache, limits, model, name, op, fmt, m, threads)
+    _roof(row, host, cache.cpu)
     return row
 
 
@@ -175,13 +206,6 @@ def _roof(row: FormatRow, host: rs.HostRates, cpu) -> None:
     row.pct_bound = 100 * row.gflops / row.bound_gflops
 
 
-def _speedups(rows: list[FormatRow]) -> None:
-    fp32 = {(r.model, r.op, r.m): r.us for r in rows if r.weights == "fp32"}
-    for r in rows:
-        base = fp32.get((r.model, r.op, r.m))
-        r.speedup_vs_fp32 = base / r.us if base else None
-
-
 def _line(r: FormatRow) -> str:
     read = (f", {r.stored_gbs:.1f} GB/s stored = {r.pct_read:.0f}% of the read"
             if r.stored_gbs is not None else ", weights from DRAM" if r.rotated else "")
@@ -206,12 +230,14 @@ def write_report(res: FormatsResult, md: Path, js: Path) -> None:
              "(`from`), cycle over copies of the weights 8x the LLC, so they stream from DRAM as "
              "in a model and as the tuner timed them; `stored` counts the bytes a call reads of "
              "the weights (values, scales, minimums); each kernel is checked against numpy on the weights it stores before it "
-             "is timed; `x fp32` is the fp32 kernel's time over this one's, same op and M",
+             "is timed; `x fp32` is the fp32 kernel's time over this one's, same op and M, "
+             "both timed in the same pass seconds apart (the median over the passes)",
              "- bound: the Roof-Surface bound (`sandwichc roofsurface`) on the FMA, dot-product "
              "and dequantization rates measured at the start, with a decode row's own moment "
              "read as MBW (the start's for larger M), and the resource that sets it",
-             f"- passes: each row timed {res.passes} time(s) in a row; the table shows the pass "
-             "of median % of bound, and the range over the passes",
+             f"- passes: each op and M timed {res.passes} time(s) in every format, the formats "
+             "in interleaved order (A B C, C B A); the table shows the pass of median % of "
+             "bound, and the range over the passes",
              f"- model check: {within} of {mem} rows the model calls MEM-bound are within "
              f"{MODEL_CHECK:.0%} of their bound\n",
              "| model | op | N x K | weights | M | from | us | GFLOPS | stored MB | stored GB/s "

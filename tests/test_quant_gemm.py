@@ -248,6 +248,30 @@ def test_bench_formats_reads_large_weights_from_dram_at_every_m(monkeypatch):
     assert decode.rotated and seen[-1] > 1 and decode.pct_read == pytest.approx(
         100 * 16384 / 1e-3 / 1e9 / 30.0)
 
+
+def test_bench_formats_pairs_each_format_with_fp32_in_the_same_pass():
+    """The machine drifts (here every timing is 10% slower than the one before): `x fp32`
+    is the ratio within each pass, in interleaved order (fp32 int8 int4, int4 int8 fp32),
+    so a format twice as fast as fp32 reads about 2 on every pass, where taking fp32's
+    passes first and the format's after would read it at 1.4."""
+    from sandwich.bench import formats
+
+    calls, speed = [], {"fp32": 1.0, "int8-g32": 2.0, "int4-g32": 4.0}
+
+    def time_row(fmt, op):
+        calls.append(fmt)
+        us = 100.0 / speed[fmt] * 1.1 ** len(calls)
+        return formats.FormatRow("m", "qkv", 64, 64, fmt, 8, us, 1.0, 1.0, "s",
+                                 pct_bound=100.0 - len(calls))
+
+    rows = formats._paired_rows({f: None for f in speed}, 4, time_row)
+    assert calls == ["fp32", "int8-g32", "int4-g32", "int4-g32", "int8-g32", "fp32"] * 2
+    x = {r.weights: r.speedup_vs_fp32 for r in rows}
+    assert x["fp32"] == 1.0
+    assert x["int8-g32"] == pytest.approx(2.0, rel=0.1) and x["int4-g32"] == pytest.approx(4.0, rel=0.25)
+    assert all(r.pct_bound_range is not None for r in rows)
+
+
 @pytest.mark.tvm
 def test_int8_tile_is_vpdpbusd_where_avx512_vnni_exists():
     """Cross-compiled for znver4 (any host): dot8 is one vpdpbusd per weight vector and row
