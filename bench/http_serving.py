@@ -211,11 +211,13 @@ def run_http_bench(*, model: str, text: str, prompt_len: int, max_tokens: int, r
                           prompt_len=prompt_len, max_tokens=max_tokens, repeats=repeats,
                           clients=clients, max_batch=max_batch)
     max_seq = prompt_len + max_tokens
+    # the rounds repeat one prompt: both sides prefill it whole (no prefix reuse)
     args = ["--model", model, "--cache-dir", str(cache_dir), "--max-batch", str(max_batch),
-            "--max-seq", str(max_seq), "--no-tune", "--threads", str(threads)]
+            "--max-seq", str(max_seq), "--no-tune", "--threads", str(threads), "--no-prefix-cache"]
     env = os.environ | {"TVM_NUM_THREADS": str(threads)}
     name = served_name(model)
     engine = make_engine(max_batch, max_seq)  # tunes on first use, before the server starts
+    engine.ex.set_prefix_cache(False)
     with ServerProcess(args, env=env) as srv:
         log(f"{repeats} rounds of one request ({prompt_len}-token prompt, {max_tokens} new "
             f"tokens) through HTTP and through the in-process engine, alternating")

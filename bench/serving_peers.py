@@ -42,7 +42,8 @@ def _timing(ids: list[int], stamps: list[float], t0: float) -> GenTiming:
 
 
 class SandwichPeer:
-    """sandwichc's engine (the `generate` path) on the tuned kernels of the kernel cache."""
+    """sandwichc's engine (the `generate` path) on the tuned kernels of the kernel cache,
+    prefix reuse off: the rounds repeat each prompt, and every peer prefills it whole."""
 
     name = "sandwichc"
 
@@ -53,7 +54,7 @@ class SandwichPeer:
         from sandwich.runtime.loader import load_model
 
         ex = Executor(load_model(model_dir, cache, threads=threads, weights=weights), max_batch=1,
-                      max_seq=max_seq, threads=threads)
+                      max_seq=max_seq, threads=threads, prefix_cache=False)
         self.engine = Engine(ex)
 
     def generate(self, prompt: list[int], max_new_tokens: int) -> GenTiming:

@@ -15,7 +15,8 @@ and `gather` assembles the vocabulary-sharded logits.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -52,6 +53,22 @@ def make_ops(kind: str | object, model: LlamaModel, *, max_tokens: int, max_batc
     return kind
 
 
+@contextmanager
+def whole_prefills(*executors) -> Iterator[None]:
+    """Prefix reuse off for a measurement that runs the same prompt again and again, then as
+    it was; what the slots kept, before and during, is forgotten: a timed prefill must
+    prefill the whole prompt, and a later one must not find the measurement's prompts."""
+    kinds = [ex for ex in executors if hasattr(ex, "set_prefix_cache")]
+    was = [bool(ex.kv.reuse) for ex in kinds]
+    for ex in kinds:
+        ex.set_prefix_cache(False)
+    try:
+        yield
+    finally:
+        for ex, on in zip(kinds, was, strict=True):
+            ex.set_prefix_cache(on)
+
+
 class Executor:
     """One model, one KV cache, one set of activation buffers."""
 
@@ -61,19 +78,23 @@ class Executor:
                  allreduce: Callable[[np.ndarray], None] | None = None,
                  gather: Callable[[np.ndarray], np.ndarray] | None = None,
                  kv_hook: Callable[[int, KVCache, Sequence[Segment]], None] | None = None,
-                 kv_source: Callable[[KVCache, int, int], None] | None = None) -> None:
+                 kv_source: Callable[[KVCache, int, int], None] | None = None,
+                 prefix_cache: bool = True) -> None:
         """`allreduce(x)` sums x in place across TP ranks; `gather(logits)` returns the full
         logits rows from this rank's vocabulary shard (both None: one process). For a KV
         hand-off between process layouts (runtime/kv_handoff.py), `kv_hook(layer, kv,
         segments)` runs as each layer's K/V is written, and `kv_source(kv, slot, n)` fills a
-        slot that `adopt` takes."""
+        slot that `adopt` takes. `prefix_cache`: a prompt prefills only what a freed slot
+        does not already hold of it (runtime/kv_cache.py); off where K/V is handed off, as
+        the hand-off sends what a forward pass writes."""
         cfg = model.config
         self.allreduce, self.gather = allreduce, gather
         self.kv_hook, self.kv_source = kv_hook, kv_source
         self.model, self.cfg = model, cfg
         self.max_tokens = max(max_tokens or max_seq, max_batch)
         self.kv = KVCache(layers=cfg.num_hidden_layers, max_batch=max_batch, max_seq=max_seq,
-                          kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
+                          kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+                          reuse=prefix_cache and kv_hook is None and kv_source is None)
         h, d = cfg.hidden_size, cfg.head_dim
         self.n_q, self.n_kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
         t = self.max_tokens
@@ -114,17 +135,24 @@ class Executor:
         return out
 
     def start(self, prompt: Sequence[int]) -> tuple[int, np.ndarray]:
-        """Take a batch slot and prefill the prompt; returns (slot, last-token logits view)."""
+        """Take a batch slot and prefill the prompt (what the slot does not already hold of
+        it); returns (slot, last-token logits view)."""
         self.kv.check_prompt(len(prompt))
-        slot = self.kv.alloc()
+        slot = self.kv.alloc(prompt)
         try:
-            return slot, self.prefill(slot, prompt)
+            return slot, self.prefill(slot, prompt[int(self.kv.lens[slot]):])
         except BaseException:
             self.kv.free(slot)
             raise
 
     def release(self, slot: int) -> None:
         self.kv.free(slot)
+
+    def set_prefix_cache(self, on: bool) -> None:
+        """Turn prefix reuse on or off (never on where K/V is handed off), forgetting what
+        the free slots keep either way."""
+        self.kv.reuse = on and self.kv_hook is None and self.kv_source is None
+        self.kv.forget()
 
     def adopt(self, n: int) -> int:
         """Take a slot holding the first n positions of a sequence prefilled by another
@@ -152,10 +180,10 @@ class Executor:
         """One new token per slot; returns logits (B, vocab), a view of the permanent buffer."""
         return self.forward(self._decode_segments("decode", slots, tokens), tokens)
 
-    def reserve(self) -> int:
-        """Take an empty slot for a prompt that a hybrid schedule prefills over several
-        `iterate` calls."""
-        return self.kv.alloc()
+    def reserve(self, prompt: Sequence[int] = ()) -> int:
+        """Take a slot for a prompt that a hybrid schedule prefills over several `iterate`
+        calls, from the slot's length on (what it already holds of the prompt)."""
+        return self.kv.alloc(prompt)
 
     def iterate(self, slots: Sequence[int], tokens: Sequence[int],
                 work: PrefillWork | None = None) -> np.ndarray:
@@ -267,8 +295,11 @@ class Executor:
         if hi < n_layers:
             self._carry()[: n_tok - n_whole] = x[n_whole:]
         finished = list(segments) if hi == n_layers else whole
-        for slot, start, n in finished:
+        t0 = 0
+        for slot, start, n in finished:  # `whole` leads `segments`: its tokens come first
             self.kv.lens[slot] = start + n
+            self.kv.record(slot, start, tokens[t0: t0 + n])
+            t0 += n
         return self._head(finished)
 
     def _layer_on(self, layer: int, segments: Sequence[Segment], n_tok: int, pos: np.ndarray) -> None:

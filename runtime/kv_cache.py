@@ -4,9 +4,18 @@ Layer l holds K and V as `kv[l][0]` and `kv[l][1]`, each [max_seq, max_batch, KV
 layout of the DSL decode-attention kernel: a sequence lives in one batch slot for its whole
 life, its positions never move, and decode never allocates. Pages that are never written are
 never touched (np.zeros maps them lazily), so an oversized max_seq costs address space only.
+
+Prefix reuse (llama.cpp's server keeps a slot's cache the same way): a freed slot keeps its
+K/V and the token ids they came from until the slot is taken again. A prompt that starts
+with a free slot's tokens takes that slot with those positions already filled, and only the
+rest of it is prefilled: a chat's next turn resends the whole conversation, a system prompt
+opens every request. Reuse needs the ids of every position: a slot filled some other way (a
+K/V hand-off) is never reused.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -22,7 +31,7 @@ class KVCache:
     """Per-layer K/V tensors, per-slot lengths, and slot allocation."""
 
     def __init__(self, *, layers: int, max_batch: int, max_seq: int, kv_heads: int,
-                 head_dim: int) -> None:
+                 head_dim: int, reuse: bool = True) -> None:
         if min(layers, max_batch, max_seq, kv_heads, head_dim) < 1:
             raise CapacityError(f"KV cache sizes must be >= 1 (layers={layers}, max_batch="
                                 f"{max_batch}, max_seq={max_seq}, kv_heads={kv_heads}, head_dim={head_dim})")
@@ -30,7 +39,11 @@ class KVCache:
         shape = (2, max_seq, max_batch, kv_heads, head_dim)
         self.kv = tuple(aligned_zeros(shape) for _ in range(layers))
         self.lens = np.zeros(max_batch, np.int32)  # valid positions per slot
-        self._free = list(range(max_batch - 1, -1, -1))  # pop() hands out slot 0 first
+        self.reuse = reuse  # whether alloc(prefix) may hand out a slot's kept positions
+        # the token id of each position written to a slot (None: not known), kept once freed
+        self.ids: list[list[int] | None] = [[] for _ in range(max_batch)]
+        self.reused_tokens = 0  # prompt positions taken from kept slots, in all
+        self._free = list(range(max_batch))  # oldest freed first: never-used slots, in order
         self._used: set[int] = set()
 
     @property
@@ -43,21 +56,60 @@ class KVCache:
     def v(self, layer: int) -> np.ndarray:
         return self.kv[layer][1]
 
-    def alloc(self) -> int:
-        """A free slot with length 0; CapacityError when all max_batch slots are in use."""
+    def alloc(self, prefix: Sequence[int] = ()) -> int:
+        """A free slot; CapacityError when all max_batch slots are in use. Given the prompt it
+        is for (`prefix`) and with reuse on, the free slot whose kept tokens the prompt
+        starts with the most, counting only slots it matches for at least half of what they
+        keep (as llama.cpp's slot similarity: a short common opening such as a chat
+        template's does not evict a kept conversation); else the slot freed longest ago. Its
+        length is the positions it already holds of the prompt (at most all but the last
+        token, whose logits the prefill must give), 0 without reuse."""
+        self.check_free()
+        limit = len(prefix) - 1 if self.reuse else 0
+        slot, keep = self._free[0], 0
+        for s in self._free if limit > 0 else ():
+            n = _common(self.ids[s], prefix, limit)
+            if n > keep and 2 * n >= len(self.ids[s] or ()):
+                slot, keep = s, n
+        if keep == 0 and limit > 0:
+            keep = _common(self.ids[slot], prefix, limit)
+        self._free.remove(slot)
+        self._used.add(slot)
+        self.lens[slot] = keep
+        ids = self.ids[slot]
+        self.ids[slot] = ids[:keep] if ids is not None else []
+        self.reused_tokens += keep
+        return slot
+
+    def check_free(self) -> None:
+        """Raise unless a slot is free (changes nothing)."""
         if not self._free:
             raise CapacityError(f"all {self.max_batch} batch slots are in use (max_batch="
                                 f"{self.max_batch}); wait for a request to finish or raise max_batch")
-        slot = self._free.pop()
-        self._used.add(slot)
-        self.lens[slot] = 0
-        return slot
+
+    def forget(self) -> None:
+        """Drop what the free slots keep: no later prompt reuses it."""
+        for s in self._free:
+            self.ids[s] = []
 
     def free(self, slot: int) -> None:
+        """Give the slot back; its positions and ids stay for a prompt that starts with them."""
         self._check_slot(slot)
         self._used.remove(slot)
         self._free.append(slot)
+        ids = self.ids[slot]
+        if ids is not None:
+            del ids[int(self.lens[slot]):]  # what was written past the length is not valid
         self.lens[slot] = 0
+
+    def record(self, slot: int, start: int, tokens: Sequence[int]) -> None:
+        """Positions [start, start + len(tokens)) of `slot` now hold these tokens' K/V."""
+        ids = self.ids[slot]
+        if ids is None or start > len(ids):
+            self.ids[slot] = None  # a gap: this slot's positions are no longer all known
+            return
+        del ids[start:]
+        ids.extend(int(t) for t in tokens)
 
     def in_use(self) -> list[int]:
         return sorted(self._used)
@@ -81,3 +133,14 @@ class KVCache:
         if n > self.max_seq:
             raise CapacityError(f"prompt of {n} tokens is longer than max_seq={self.max_seq}; "
                                 f"shorten it or raise max_seq")
+
+
+def _common(ids: list[int] | None, prompt: Sequence[int], limit: int) -> int:
+    """How many leading tokens `ids` and `prompt` share, at most `limit`."""
+    if not ids:
+        return 0
+    n = min(len(ids), limit)
+    a = np.asarray(ids[:n])
+    b = np.asarray(prompt[:n])
+    diff = np.flatnonzero(a != b)
+    return int(diff[0]) if len(diff) else n

@@ -33,7 +33,7 @@ class PhaseSplitExecutor:
     def start(self, prompt: Sequence[int]) -> tuple[int, np.ndarray]:
         """Prefill on the prefill layout, hand the K/V over, adopt it in a decode slot."""
         self.decode_ex.kv.check_prompt(len(prompt))
-        self.decode_ex.kv.free(self.decode_ex.kv.alloc())  # a decode slot is free before any work
+        self.decode_ex.kv.check_free()  # a decode slot is free before any work
         slot_p, logits = self.prefill.start(prompt)
         try:
             slot = self.decode_ex.adopt(len(prompt))
@@ -46,6 +46,10 @@ class PhaseSplitExecutor:
 
     def release(self, slot: int) -> None:
         self.decode_ex.release(slot)
+
+    def set_prefix_cache(self, on: bool) -> None:
+        for ex in (self.prefill, self.decode_ex):
+            ex.set_prefix_cache(on)
 
     def close(self) -> None:
         for ex in (self.prefill, self.decode_ex):

@@ -21,7 +21,7 @@ import numpy as np
 
 from sandwich.errors import ConfigError, SandwichError
 from sandwich.runtime.engine import Engine, Request, Result
-from sandwich.runtime.executor import Executor
+from sandwich.runtime.executor import Executor, whole_prefills
 from sandwich.runtime.kv_handoff import KVHandoff
 from sandwich.runtime.loader import LlamaModel, check_same_layouts, load_model, model_gemms
 from sandwich.runtime.phases import PhasePlan, PhaseSwitcher, process_cpus, unpin_process
@@ -189,39 +189,41 @@ def measure(runners: dict[str, Runner], *, prompt: tuple[int, ...], new_tokens: 
     after another (TTFT), then interleaves their decode steps one step at a time, so every
     engine's TPOT in a round comes from the same stretch of time. Before each timed step the
     engine's decode placement is applied untimed (a real engine stays in it between steps).
+    Prefix reuse is off meanwhile: every round prefills the same prompt whole.
     """
     keys = list(runners)
     out = {k: Samples() for k in keys}
     try:
-        for r in range(rounds):
-            order = random.Random(r).sample(keys, len(keys))
-            for key in order:
-                out[key].ttft_ms.append(_result(runners[key], key, prompt, 1).ttft_ms)
-            steps: dict[str, list[float]] = {k: [] for k in order}
-            done: dict[str, Result] = {}
-            for key in order:  # admit: the prefill and the first decode step, untimed
-                run = runners[key]
-                run.phases.invalidate()
-                run.engine.submit(Request(prompt=prompt, max_new_tokens=new_tokens))
-                done.update((key, res) for res in run.engine.step())
-            live = [k for k in order if k not in done]
-            while live:
-                for key in list(live):
+        with whole_prefills(*(run.engine.ex for run in runners.values())):
+            for r in range(rounds):
+                order = random.Random(r).sample(keys, len(keys))
+                for key in order:
+                    out[key].ttft_ms.append(_result(runners[key], key, prompt, 1).ttft_ms)
+                steps: dict[str, list[float]] = {k: [] for k in order}
+                done: dict[str, Result] = {}
+                for key in order:  # admit: the prefill and the first decode step, untimed
                     run = runners[key]
                     run.phases.invalidate()
-                    run.phases.enter("decode")
-                    t0 = time.perf_counter()
-                    finished = run.engine.step()
-                    steps[key].append(time.perf_counter() - t0)
-                    if finished:
-                        done[key] = finished[0]
-                        live.remove(key)
-            for key in order:
-                if done[key].error:
-                    raise SandwichError(f"measuring {key}: {done[key].error}")
-                out[key].tpot_ms.append(1e3 * statistics.mean(steps[key]) if steps[key] else 0.0)
-                out[key].ids.append(done[key].ids)
-            on_run()
+                    run.engine.submit(Request(prompt=prompt, max_new_tokens=new_tokens))
+                    done.update((key, res) for res in run.engine.step())
+                live = [k for k in order if k not in done]
+                while live:
+                    for key in list(live):
+                        run = runners[key]
+                        run.phases.invalidate()
+                        run.phases.enter("decode")
+                        t0 = time.perf_counter()
+                        finished = run.engine.step()
+                        steps[key].append(time.perf_counter() - t0)
+                        if finished:
+                            done[key] = finished[0]
+                            live.remove(key)
+                for key in order:
+                    if done[key].error:
+                        raise SandwichError(f"measuring {key}: {done[key].error}")
+                    out[key].tpot_ms.append(1e3 * statistics.mean(steps[key]) if steps[key] else 0.0)
+                    out[key].ids.append(done[key].ids)
+                on_run()
     finally:
         if runners:
             next(iter(runners.values())).phases.restore()

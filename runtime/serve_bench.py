@@ -179,13 +179,17 @@ def slowdowns(results: Sequence[Result], baselines: Sequence[Baseline | None],
 def alone_baselines(engine: Engine, requests: Sequence[Request]) -> list[Baseline | None]:
     """Run each distinct (prompt length, max_new_tokens) alone on the idle engine: timing
     depends on the shapes only, not the ids (Splitwise §III makes the same point); None
-    where the request fails."""
+    where the request fails. Prefix reuse is off meanwhile, and what these runs leave in the
+    slots is forgotten: the trace replays these very requests."""
+    from sandwich.runtime.executor import whole_prefills
+
     seen: dict[tuple[int, int], Baseline | None] = {}
-    for r in requests:
-        key = (len(r.prompt), r.max_new_tokens)
-        if key not in seen:
-            (res,) = engine.run([r])
-            seen[key] = None if res.finish == "error" else Baseline.of(res)
+    with whole_prefills(engine.ex):
+        for r in requests:
+            key = (len(r.prompt), r.max_new_tokens)
+            if key not in seen:
+                (res,) = engine.run([r])
+                seen[key] = None if res.finish == "error" else Baseline.of(res)
     return [seen[(len(r.prompt), r.max_new_tokens)] for r in requests]
 
 

@@ -56,6 +56,7 @@ class RankSpec:
     handoff: HandoffSpec | None = None  # a KV hand-off segment between process layouts
     handoff_role: str = ""  # "write" (prefill layout) or "read" (decode layout)
     weights: str = "fp32"  # the GEMMs' weight format
+    prefix_cache: bool = True  # every rank reuses kept slots alike: they see the same calls
 
 
 def default_cpu_sets(tp: int, cpus: Sequence[int] | None = None) -> list[tuple[int, ...]]:
@@ -101,7 +102,8 @@ def _build_rank(spec: RankSpec, comm: ShmAllReduce, logits: np.ndarray | None) -
             source = functools.partial(seg.read_into, rank=spec.rank, tp=spec.tp)
     return Executor(model, max_batch=spec.max_batch, max_seq=spec.max_seq,
                     max_tokens=spec.max_tokens, ops=spec.ops, threads=threads,
-                    allreduce=comm, gather=gather, kv_hook=hook, kv_source=source)
+                    allreduce=comm, gather=gather, kv_hook=hook, kv_source=source,
+                    prefix_cache=spec.prefix_cache)
 
 
 def _worker_main(conn, spec: RankSpec) -> None:
@@ -152,7 +154,7 @@ class TPExecutor:
                  ops: str = "dsl", cpu_sets: ServiceConfig | Sequence[Sequence[int]] | None = None,
                  timeout: float = 60.0, pin_caller: bool = True,
                  handoff: HandoffSpec | None = None, handoff_role: str = "",
-                 weights: str = "fp32") -> None:
+                 weights: str = "fp32", prefix_cache: bool = True) -> None:
         cfg, _ = read_config(model_dir)
         check_tp(cfg, tp)
         make_payload(cfg, tp=tp, seq_max=1, weights=weights)  # each rank's K fits the format
@@ -170,7 +172,7 @@ class TPExecutor:
         try:
             specs = [RankSpec(str(model_dir), str(cache.dir if isinstance(cache, KernelCache) else cache),
                               r, tp, sets[r], max_batch, max_seq, self.max_tokens, ops,
-                              self.comm.spec, timeout, handoff, handoff_role, weights)
+                              self.comm.spec, timeout, handoff, handoff_role, weights, prefix_cache)
                      for r in range(tp)]
             self._spawn(specs[1:])
             if pin_caller:
@@ -224,7 +226,7 @@ class TPExecutor:
         self._usable()
         self.kv.check_prompt(len(prompt))
         self._check_ids(prompt)
-        self.kv.free(self.kv.alloc())  # raises when every slot is taken; order unchanged
+        self.kv.check_free()
         self._send(("start", prompt))
         return self._run(self.ex.start, prompt)
 
@@ -246,12 +248,13 @@ class TPExecutor:
         self._check_ids(tokens)
         return slots, tokens
 
-    def reserve(self) -> int:
-        """Every rank takes the same empty slot for a prompt prefilled over several iterations."""
+    def reserve(self, prompt: Sequence[int] = ()) -> int:
+        """Every rank takes the same slot for a prompt prefilled over several iterations."""
+        prompt = [int(t) for t in prompt]
         self._usable()
-        self.kv.free(self.kv.alloc())  # raises when every slot is taken; order unchanged
-        self._send(("reserve",))
-        return self._run(self.ex.reserve)
+        self.kv.check_free()
+        self._send(("reserve", prompt))
+        return self._run(self.ex.reserve, prompt)
 
     def iterate(self, slots: Sequence[int], tokens: Sequence[int],
                 work: PrefillWork | None = None) -> np.ndarray:
@@ -268,13 +271,19 @@ class TPExecutor:
         self.ex.release(int(slot))
         self._send(("release", int(slot)))
 
+    def set_prefix_cache(self, on: bool) -> None:
+        """On every rank: their slot choices must stay the same."""
+        self._usable()
+        self.ex.set_prefix_cache(bool(on))
+        self._send(("set_prefix_cache", bool(on)))
+
     def adopt(self, n: int) -> int:
         """Every rank takes the same slot and copies its heads of a sequence prefilled by
         another layout from the hand-off segment; returns once all of them have."""
         n = int(n)
         self._usable()
         self.kv.check_prompt(n)
-        self.kv.free(self.kv.alloc())  # raises when every slot is taken; order unchanged
+        self.kv.check_free()
         self._send(("adopt", n))
         slot = self._run(self.ex.adopt, n)
         for i, conn in enumerate(self._conns):

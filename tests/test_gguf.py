@@ -195,8 +195,31 @@ def test_cli_generate_streams_text_and_stops_at_end_of_turn(tiny, cache):
     streamed = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert streamed.returncode == 0, streamed.stderr
     assert streamed.stdout.rstrip("\n") == out["text"].rstrip("\n")
-    chat = subprocess.run(cmd + ["--chat", "--json"], capture_output=True, text=True, timeout=300)
+    chat = subprocess.run(cmd + ["--chat", "--json", "--no-prefix-cache"], capture_output=True, text=True,
+                          timeout=300)
     assert chat.returncode == 0, chat.stderr
+
+
+@pytest.mark.tvm
+def test_bench_prefix_prefills_only_a_turns_new_tokens_and_keeps_the_replies(tiny, cache, tmp_path):
+    import json
+
+    from sandwich.cli import main
+
+    path, _ = tiny
+    tune_model(path, cache)
+    out = tmp_path / "p.json"
+    argv = ["bench", "prefix", "--model", str(path), "--turns", "3", "--rounds", "2",
+            "--max-new-tokens", "4", "--cache-dir", str(cache.dir), "--threads", "2",
+            "--json", str(out), "--md", str(tmp_path / "p.md")]
+    assert main(argv) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["turn"] for r in rows] == [1, 2, 3] and all(r["same_reply"] for r in rows)
+    assert rows[0]["prefilled_reuse"] == rows[0]["prompt_tokens"]  # nothing kept yet
+    # a later turn finds the last prompt and reply (but its last token) in the slot
+    assert all(0 < r["prefilled_reuse"] < r["prompt_tokens"] - 4 for r in rows[1:])
+    assert all(r["ttft_whole_ms"] > 0 and r["ttft_reuse_ms"] > 0 for r in rows)
+    assert main(argv[:4] + ["--turns", "7"]) == 1  # one line: the built-in chat has 6 turns
 
 
 def test_perplexity_windows_and_value():

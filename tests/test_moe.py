@@ -227,7 +227,8 @@ def test_missing_expert_tensor_is_one_line(tmp_path, cache):
 
 def test_layered_prefill_reads_each_expert_once_per_prompt_chunked_once_per_chunk(moe):
     """Issue 28 (002 §3): a 48-token prompt touching all 4 experts, alone on the engine: chunked:8
-    reads the experts again for each of its 6 chunks, layered:2 once; both give the same tokens."""
+    reads the experts again for each of its 6 chunks, layered:2 once; both give the same tokens.
+    (Prefix reuse off: each schedule prefills the same prompt whole.)"""
     from sandwich.runtime.engine import Engine, Request
     from sandwich.runtime.schedule import make_schedule
 
@@ -235,7 +236,8 @@ def test_layered_prefill_reads_each_expert_once_per_prompt_chunked_once_per_chun
     experts = model.layers[0].moe.experts
     one = experts[0].gate_up.nbytes + experts[0].down.nbytes
     layers = model.config.num_hidden_layers
-    ex = Executor(model, max_batch=2, max_seq=64, max_tokens=64, ops="numpy", threads=2)
+    ex = Executor(model, max_batch=2, max_seq=64, max_tokens=64, ops="numpy", threads=2,
+                  prefix_cache=False)
     req = Request(prompt=tuple(range(3, 51)), max_new_tokens=1)  # the first token only
     prefill_bytes, ids = {}, set()
     for text in ("sandwich", "chunked:8", "layered:2"):

@@ -64,3 +64,66 @@ def test_prompt_longer_than_max_seq_and_room_checks():
 def test_bad_sizes():
     with pytest.raises(CapacityError, match="must be >= 1"):
         _cache(max_batch=0)
+
+
+# -- prefix reuse ------------------------------------------------------------------------------
+def _filled(kv, tokens):
+    """A slot holding `tokens` (as a forward pass records them), then freed."""
+    s = kv.alloc()
+    kv.record(s, 0, tokens)
+    kv.lens[s] = len(tokens)
+    kv.free(s)
+    return s
+
+
+def test_a_prompt_takes_the_freed_slot_that_holds_the_most_of_it():
+    kv = _cache(max_batch=3, max_seq=16)
+    a = _filled(kv, [1, 2, 3, 4, 5])
+    b = _filled(kv, [1, 2, 9])
+    assert (a, b) == (0, 1)
+    s = kv.alloc([1, 2, 3, 4, 5, 6, 7])  # a's five positions, then 6 and 7 to prefill
+    assert s == a and kv.lens[s] == 5 and kv.ids[s] == [1, 2, 3, 4, 5] and kv.reused_tokens == 5
+    t = kv.alloc([1, 2, 9])  # b whole: all but the last token, whose logits are needed
+    assert t == b and kv.lens[t] == 2 and kv.ids[t] == [1, 2]
+    assert kv.alloc([1, 2, 9]) == 2 and kv.lens[2] == 0  # the never-used slot: nothing kept
+    assert kv.reused_tokens == 7
+
+
+def test_a_short_common_opening_does_not_evict_a_kept_conversation():
+    """[1, 2] matches a's opening but not half of a's ten kept tokens: the prompt takes the
+    slot freed longest ago (here the never-used slot 1), and a stays for its own next turn."""
+    kv = _cache(max_batch=2, max_seq=16)
+    a = _filled(kv, list(range(1, 11)))
+    s = kv.alloc([1, 2, 50, 51])
+    assert s == 1 and kv.lens[s] == 0
+    kv.free(s)
+    t = kv.alloc(list(range(1, 11)) + [77])
+    assert t == a and kv.lens[t] == 10
+
+
+def test_what_a_slot_keeps_follows_what_was_written():
+    kv = _cache(max_batch=1, max_seq=16)
+    s = kv.alloc()
+    kv.record(s, 0, [4, 5, 6])
+    kv.record(s, 3, [7])  # a decode step
+    kv.lens[s] = 4
+    kv.record(s, 2, [9])  # positions rewritten from 2 on
+    assert kv.ids[s] == [4, 5, 9]
+    kv.lens[s] = 3
+    kv.free(s)
+    assert kv.alloc([4, 5, 9, 1]) == s and kv.lens[s] == 3
+    kv.record(s, 5, [1])  # a gap (positions filled some other way): nothing is known
+    kv.free(s)
+    assert kv.ids[s] is None and kv.alloc([4, 5, 9, 1]) == s and kv.lens[s] == 0
+
+
+def test_reuse_off_and_check_free_change_nothing():
+    kv = _cache(max_batch=2, max_seq=16, reuse=False)
+    a = _filled(kv, [1, 2, 3])
+    kv.check_free()
+    s = kv.alloc([1, 2, 3, 4])
+    assert kv.lens[s] == 0 and kv.reused_tokens == 0 and s == 1  # the one freed longest ago
+    kv.alloc()
+    with pytest.raises(CapacityError, match="all 2 batch slots are in use"):
+        kv.check_free()
+    assert a == 0

@@ -68,7 +68,7 @@ class CostedExecutor(FakeExecutor):
         self.t += len(slots) * self.LAYERS
         return super().decode(slots, tokens)
 
-    def reserve(self):
+    def reserve(self, prompt=()):
         return self.kv.alloc()
 
     def iterate(self, slots, tokens, work=None):
@@ -171,6 +171,42 @@ def test_every_policy_gives_sandwichs_greedy_tokens(ex, sandwich_ids, text):
     engine = Engine(ex, schedule=make_schedule(text))
     assert _staggered(engine) == sandwich_ids
     assert ex.kv.in_use() == []
+
+
+def _conversation(engine, turns=3):
+    """A chat's turns: each prompt is the last prompt, its reply and a new message."""
+    prompt, replies = (9, 8, 7, 6, 5, 4, 3, 2), []
+    for i in range(turns):
+        (r,) = engine.run([Request(prompt=prompt, max_new_tokens=6)])
+        assert r.error is None
+        replies.append(r.ids)
+        prompt = prompt + r.ids + tuple(range(30 + 10 * i, 37 + 10 * i))
+    return replies
+
+
+@pytest.mark.tvm
+@pytest.mark.parametrize("text", ["sandwich", "chunked:5", "layered:2"])
+def test_a_chats_next_turn_prefills_only_what_is_new_and_keeps_the_tokens(model, cache, text):
+    """Each turn resends the conversation: with prefix reuse (the default) a turn's prompt
+    takes the slot its last turn left, holding the last prompt and the reply (all but the
+    last sampled token, never written), and prefills only the rest; the replies equal an
+    executor's without reuse, under every schedule."""
+    from sandwich.runtime.executor import Executor, whole_prefills
+    from sandwich.runtime.loader import load_model
+
+    loaded = load_model(model, cache, threads=2)
+    fresh = Executor(loaded, max_batch=3, max_seq=96, max_tokens=40, prefix_cache=False)
+    want = _conversation(Engine(fresh, schedule=make_schedule(text)))
+    assert fresh.kv.reused_tokens == 0
+    reuse = Executor(loaded, max_batch=3, max_seq=96, max_tokens=40)
+    assert _conversation(Engine(reuse, schedule=make_schedule(text))) == want
+    # turns 2 and 3 found 8 + 5 and (8 + 6 + 7) + 5 positions of their prompts kept
+    assert reuse.kv.reused_tokens == 13 + 26
+    if text == "sandwich":  # a measurement turns reuse off, and forgets what was kept
+        with whole_prefills(reuse):
+            assert _conversation(Engine(reuse)) == want
+        assert reuse.kv.reused_tokens == 39 and reuse.kv.reuse
+        assert _conversation(Engine(reuse)) == want and reuse.kv.reused_tokens == 2 * 39
 
 
 @pytest.mark.tvm

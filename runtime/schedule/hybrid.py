@@ -59,11 +59,12 @@ class HybridSchedule(Schedule):
             return
         seq = engine.waiting.popleft()
         try:
-            self._slot = engine.ex.reserve()
+            self._slot = engine.ex.reserve(seq.req.prompt)
         except SandwichError as e:
             engine.fail(seq, str(e))
             return
-        self._seq, self._ex, self.pos = seq, engine.ex, 0
+        # the prefill starts where the slot's kept positions of this prompt end
+        self._seq, self._ex, self.pos = seq, engine.ex, int(engine.ex.kv.lens[self._slot])
         self.started(len(seq.req.prompt))
 
     def _drop(self) -> None:

@@ -83,6 +83,20 @@ def register(sub) -> None:
     add_cache_arg(h)
     h.set_defaults(func=_run_http)
 
+    pr = bsub.add_parser("prefix", help="a chat's turns with and without prefix reuse: TTFT per "
+                         "turn of two engines on the same model, the turns alternating")
+    pr.add_argument("--model", default="smollm2", help="a .gguf file, an installed model or an "
+                    "HF directory with tokenizer.json and a chat template")
+    pr.add_argument("--turns", type=int, default=6, help="turns of the built-in conversation (1-6)")
+    pr.add_argument("--max-new-tokens", type=int, default=64, help="longest reply of a turn")
+    pr.add_argument("--rounds", type=int, default=3, help="conversations, each from the start")
+    pr.add_argument("--json", dest="json_out", default=None,
+                    help="default results/cpus/<mcpu>/prefix_reuse_<model>.json")
+    pr.add_argument("--md", default=None, help="default results/cpus/<mcpu>/prefix_reuse_<model>.md")
+    add_threads_arg(pr)
+    add_cache_arg(pr)
+    pr.set_defaults(func=_run_prefix)
+
     p = bsub.add_parser("plan", help="make each model's plan on this machine (topology search, "
                         "kernels per payload, every candidate measured, the pair against every "
                         "single configuration) and write results/sandwich_plan.{md,json}")
@@ -423,6 +437,39 @@ def _run_http(args) -> int:
     print(f"TTFT {e.ttft_ms:.1f} -> {h.ttft_ms:.1f} ms, TPOT {e.tpot_ms:.2f} -> {h.tpot_ms:.2f} ms "
           f"(engine -> HTTP; paired ratios {res.paired[0]:.3f}, {res.paired[1]:.3f}); "
           f"{res.clients} clients {res.speedup:.2f}x one client's tokens/s")
+    print(f"wrote {md}, {js}")
+    return 0
+
+
+def _run_prefix(args) -> int:
+    import argparse as _argparse
+
+    from sandwich.bench.prefix_reuse import run_prefix_bench, write_report
+    from sandwich.cli.engines import make_engine
+    from sandwich.compiler.target import describe_machine
+    from sandwich.models import load_model_config
+    from sandwich.runtime.http_server import served_name
+    from sandwich.runtime.tokenizer import load_tokenizer
+    from sandwich.tuner.kernel_cache import KernelCache
+
+    if min(args.turns, args.max_new_tokens, args.rounds) < 1:
+        raise ConfigError("--turns, --max-new-tokens and --rounds must be >= 1")
+    threads = threads_of(args)
+    tok = load_tokenizer(args.model)
+    engine_args = _argparse.Namespace(**vars(args) | dict(
+        tp=1, ops="dsl", prefill_config=None, decode_config=None, no_warmup=False, no_tune=False,
+        tune_budget="quick", threads=threads, schedule="sandwich", plan="off", weights="fp32"))
+    max_seq = min(2048, load_model_config(args.model).max_position_embeddings)
+    reuse, whole = (make_engine(engine_args, max_batch=1, max_seq=max_seq) for _ in range(2))
+    whole.ex.set_prefix_cache(False)
+    name = served_name(args.model)
+    base = f"results/cpus/{KernelCache(cache_dir_arg(args)).cpu.mcpu}/prefix_reuse_{name}"
+    res = run_prefix_bench(reuse=reuse, whole=whole, tok=tok, turns=args.turns,
+                           max_new_tokens=args.max_new_tokens, rounds=args.rounds,
+                           command="sandwichc " + " ".join(map(shlex.quote, sys.argv[1:])),
+                           machine=describe_machine(), model=args.model, threads=threads)
+    md, js = Path(args.md or f"{base}.md"), Path(args.json_out or f"{base}.json")
+    write_report(res, md, js)
     print(f"wrote {md}, {js}")
     return 0
 

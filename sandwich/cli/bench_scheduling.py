@@ -109,7 +109,9 @@ def cmd_bench_scheduling(args: argparse.Namespace) -> int:
 def _build(args, schedule: str, *, max_batch: int, max_seq: int):
     from sandwich.cli.engines import make_engine
 
-    return make_engine(argparse.Namespace(**vars(args) | {"schedule": schedule, "plan": "off"}),
+    # one engine replays the same trace under every policy: no prefix reuse from one to the next
+    return make_engine(argparse.Namespace(**vars(args) | {"schedule": schedule, "plan": "off",
+                                                          "no_prefix_cache": True}),
                        max_batch=max_batch, max_seq=max_seq)
 
 

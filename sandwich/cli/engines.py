@@ -77,7 +77,7 @@ def make_engine(args, *, max_batch: int, max_seq: int, clock=None):
     weights = weights_arg(args)
     planned = _planned_engine(args, cache, max_batch=max_batch, max_seq=max_seq, clock=clock)
     if planned is not None:
-        return _scheduled(planned, spec)
+        return _prefix_cache(args, _scheduled(planned, spec))  # warmed up by plan_engine
     if args.tp > 1:
         from sandwich.runtime.tp import TPExecutor
 
@@ -104,8 +104,16 @@ def make_engine(args, *, max_batch: int, max_seq: int, clock=None):
                            decode_threads=dec if per_phase else None, weights=weights)
         ex = Executor(model, max_batch=max_batch, max_seq=max_seq, ops=args.ops, threads=threads)
     engine = _scheduled(Engine(ex, phases=phases, clock=clock or time.perf_counter), spec)
+    _prefix_cache(args, engine)
     if not args.no_warmup:
         engine.warm_up()
+    return engine
+
+
+def _prefix_cache(args, engine):
+    """--no-prefix-cache: every prompt prefilled whole (runtime/kv_cache.py)."""
+    if getattr(args, "no_prefix_cache", False):
+        engine.ex.set_prefix_cache(False)
     return engine
 
 

@@ -66,6 +66,10 @@ def _serving_args(p: argparse.ArgumentParser, *, sampling: bool = True) -> None:
                    "ranks are pinned to the --decode-config's CPU sets, else an even split")
     p.add_argument("--no-warmup", action="store_true",
                    help="skip the untimed warm-up request (first kernel calls load lazily)")
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="prefill every prompt whole: by default a prompt that starts with what a "
+                   "finished sequence's slot holds (a chat's earlier turns, a shared system "
+                   "prompt) takes that slot and prefills only the rest")
     p.add_argument("--plan", choices=("auto", "off"), default="auto",
                    help="auto: run the plan `sandwichc tune` stored for this model (prefill and "
                    "decode each on its configuration and kernels; a stale plan is re-planned); "

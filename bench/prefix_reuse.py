@@ -1,0 +1,115 @@
+"""A chat's turns with and without prefix reuse (runtime/kv_cache.py): two engines on the same
+model and threads, one reusing what a finished turn left in its slot and one prefilling every
+prompt whole, the turns alternating between them (which goes first alternates too). Each
+turn's prompt is the whole conversation in the model's chat template, as a chat client sends
+it, so with reuse only the new message and the template around it are prefilled. Reported
+per turn: the prompt, the tokens each engine prefilled, both TTFTs (median over the rounds,
+each round a new conversation) and the paired ratio, and whether the greedy replies agree."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from sandwich.errors import SandwichError
+from sandwich.runtime.engine import Request
+
+QUESTIONS = (
+    "What is a CPU cache, in two sentences?",
+    "Why does a matrix multiply run faster when its tiles fit in that cache?",
+    "How is that different on a GPU?",
+    "Which of these matters most when a language model generates one token at a time?",
+    "Summarize what we discussed as three bullet points.",
+    "Thank you. What should I read next on this topic?",
+)
+
+
+@dataclass
+class TurnRow:
+    turn: int
+    prompt_tokens: int
+    prefilled_reuse: int  # prompt tokens the reusing engine prefilled (the rest it found kept)
+    ttft_whole_ms: float  # medians over the rounds
+    ttft_reuse_ms: float
+    speedup: float  # median over the rounds of whole / reuse, each pair from the same turn
+    same_reply: bool  # the greedy replies agree in every round
+
+
+@dataclass
+class PrefixResult:
+    command: str
+    machine: str
+    model: str
+    threads: int
+    max_new_tokens: int
+    rounds: int
+    rows: list[TurnRow] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {**{k: v for k, v in asdict(self).items() if k != "rows"},
+                "rows": [asdict(r) for r in self.rows]}
+
+
+def run_prefix_bench(*, reuse, whole, tok, turns: int, max_new_tokens: int, rounds: int,
+                     command: str, machine: str, model: str, threads: int,
+                     log: Callable[[str], None] = print) -> PrefixResult:
+    """`reuse` and `whole`: engines on the same model, prefix reuse on and off."""
+    if not 1 <= turns <= len(QUESTIONS):
+        raise SandwichError(f"--turns must be 1 to {len(QUESTIONS)}, got {turns}")
+    stop = tuple(sorted(tok.stop_ids))
+    per_turn: list[list[tuple[int, int, float, float, bool]]] = [[] for _ in range(turns)]
+    for r in range(rounds):
+        reuse.ex.set_prefix_cache(True)  # a new conversation: nothing kept from the last round
+        messages: list[dict] = []
+        for t in range(turns):
+            messages.append({"role": "user", "content": QUESTIONS[t]})
+            prompt = tuple(tok.encode(tok.render_chat(messages)))
+            req = Request(prompt=prompt, max_new_tokens=max_new_tokens, stop=stop)
+            got = {}
+            for name in (("reuse", "whole") if (r + t) % 2 == 0 else ("whole", "reuse")):
+                eng = reuse if name == "reuse" else whole
+                before = eng.ex.kv.reused_tokens
+                (res,) = eng.run([req])
+                if res.error:
+                    raise SandwichError(f"turn {t + 1}: {res.error}")
+                got[name] = (res, len(prompt) - (eng.ex.kv.reused_tokens - before))
+            a, b = got["reuse"][0], got["whole"][0]
+            per_turn[t].append((len(prompt), got["reuse"][1], b.ttft_ms, a.ttft_ms, a.ids == b.ids))
+            reply = [i for i in a.ids if i not in tok.stop_ids]
+            messages.append({"role": "assistant", "content": tok.decode(reply)})
+    res = PrefixResult(command, machine, model, threads, max_new_tokens, rounds)
+    for t, runs in enumerate(per_turn):
+        row = TurnRow(t + 1, runs[-1][0], runs[-1][1], statistics.median(x[2] for x in runs),
+                      statistics.median(x[3] for x in runs), statistics.median(x[2] / x[3] for x in runs),
+                      all(x[4] for x in runs))
+        res.rows.append(row)
+        log(f"turn {row.turn}: prompt {row.prompt_tokens} tokens, {row.prefilled_reuse} prefilled with "
+            f"reuse; TTFT {row.ttft_whole_ms:.1f} ms whole, {row.ttft_reuse_ms:.1f} ms with reuse "
+            f"({row.speedup:.2f}x){'' if row.same_reply else '; the replies differ'}")
+    return res
+
+
+def write_report(res: PrefixResult, md: Path, js: Path) -> None:
+    for p in (md, js):
+        p.parent.mkdir(parents=True, exist_ok=True)
+    js.write_text(json.dumps(res.to_json(), indent=1))
+    lines = ["# A chat's turns with and without prefix reuse\n",
+             f"- command: `{res.command}`",
+             f"- machine: {res.machine}, {res.threads} threads; model {res.model}",
+             f"- each turn's prompt is the whole conversation in the model's chat template; two "
+             f"engines on the same model and threads, one reusing what the last turn left in its "
+             f"slot, one prefilling every prompt whole, the turns alternating between them; "
+             f"greedy replies of up to {res.max_new_tokens} tokens",
+             f"- {res.rounds} rounds, each a new conversation; TTFT is the median over the rounds, "
+             f"`x` the median of the per-turn ratios (whole / reuse)",
+             "- `prefilled`: the prompt tokens the reusing engine ran through the model (the rest "
+             "it found in the slot)\n",
+             "| turn | prompt tokens | prefilled | TTFT whole ms | TTFT reuse ms | x | same reply |",
+             "|---:|---:|---:|---:|---:|---:|---|"]
+    lines += [f"| {r.turn} | {r.prompt_tokens} | {r.prefilled_reuse} | {r.ttft_whole_ms:.1f} | "
+              f"{r.ttft_reuse_ms:.1f} | {r.speedup:.2f} | {'yes' if r.same_reply else 'no'} |"
+              for r in res.rows]
+    md.write_text("\n".join(lines) + "\n")
