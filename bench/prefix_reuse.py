@@ -4,10 +4,13 @@ prompt whole, the turns alternating between them (which goes first alternates to
 turn's prompt is the whole conversation in the model's chat template, as a chat client sends
 it, so with reuse only the new message and the template around it are prefilled. Reported
 per turn: the prompt, the tokens each engine prefilled, both TTFTs (median over the rounds,
-each round a new conversation) and the paired ratio, and whether the greedy replies agree."""
+each round a new conversation) and the paired ratio, and whether the greedy replies agree.
+With `choices` > 1, each round then asks for that many sampled choices of the last turn's
+prompt at once (OpenAI's `n`): with reuse the later choices copy the first one's positions."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from collections.abc import Callable
@@ -39,6 +42,23 @@ class TurnRow:
 
 
 @dataclass
+class ChoicesRow:
+    """`choices` sampled replies of one prompt, submitted together."""
+
+    choices: int
+    prompt_tokens: int
+    copied: int  # positions the reusing engine copied into the later choices' slots, per round
+    last_ttft_whole_ms: float  # the last choice's TTFT (it waits for every prefill before it)
+    last_ttft_reuse_ms: float
+    speedup: float
+    # seeded alike: choices whose sampled tokens agree with and without reuse, of all (a draw
+    # near a boundary can flip on the logits' rounding: the copied prompt's last token is
+    # prefilled alone, about 1e-6 apart)
+    agree: int
+    total: int
+
+
+@dataclass
 class PrefixResult:
     command: str
     machine: str
@@ -47,20 +67,22 @@ class PrefixResult:
     max_new_tokens: int
     rounds: int
     rows: list[TurnRow] = field(default_factory=list)
+    choices: ChoicesRow | None = None
 
     def to_json(self) -> dict:
-        return {**{k: v for k, v in asdict(self).items() if k != "rows"},
-                "rows": [asdict(r) for r in self.rows]}
+        return asdict(self)
 
 
 def run_prefix_bench(*, reuse, whole, tok, turns: int, max_new_tokens: int, rounds: int,
-                     command: str, machine: str, model: str, threads: int,
+                     command: str, machine: str, model: str, threads: int, choices: int = 1,
                      log: Callable[[str], None] = print) -> PrefixResult:
-    """`reuse` and `whole`: engines on the same model, prefix reuse on and off."""
+    """`reuse` and `whole`: engines on the same model, prefix reuse on and off (each with
+    room for `choices` sequences)."""
     if not 1 <= turns <= len(QUESTIONS):
         raise SandwichError(f"--turns must be 1 to {len(QUESTIONS)}, got {turns}")
     stop = tuple(sorted(tok.stop_ids))
     per_turn: list[list[tuple[int, int, float, float, bool]]] = [[] for _ in range(turns)]
+    many: list[tuple[int, float, float, int]] = []
     for r in range(rounds):
         reuse.ex.set_prefix_cache(True)  # a new conversation: nothing kept from the last round
         messages: list[dict] = []
@@ -80,6 +102,8 @@ def run_prefix_bench(*, reuse, whole, tok, turns: int, max_new_tokens: int, roun
             per_turn[t].append((len(prompt), got["reuse"][1], b.ttft_ms, a.ttft_ms, a.ids == b.ids))
             reply = [i for i in a.ids if i not in tok.stop_ids]
             messages.append({"role": "assistant", "content": tok.decode(reply)})
+        if choices > 1:
+            many.append(_choices(reuse, whole, req, choices, r))
     res = PrefixResult(command, machine, model, threads, max_new_tokens, rounds)
     for t, runs in enumerate(per_turn):
         row = TurnRow(t + 1, runs[-1][0], runs[-1][1], statistics.median(x[2] for x in runs),
@@ -89,7 +113,33 @@ def run_prefix_bench(*, reuse, whole, tok, turns: int, max_new_tokens: int, roun
         log(f"turn {row.turn}: prompt {row.prompt_tokens} tokens, {row.prefilled_reuse} prefilled with "
             f"reuse; TTFT {row.ttft_whole_ms:.1f} ms whole, {row.ttft_reuse_ms:.1f} ms with reuse "
             f"({row.speedup:.2f}x){'' if row.same_reply else '; the replies differ'}")
+    if many:
+        c = res.choices = ChoicesRow(choices, len(req.prompt), many[-1][0],
+                                     statistics.median(x[1] for x in many),
+                                     statistics.median(x[2] for x in many),
+                                     statistics.median(x[1] / x[2] for x in many),
+                                     sum(x[3] for x in many), choices * len(many))
+        log(f"{c.choices} choices of the {c.prompt_tokens}-token prompt: the last one's TTFT "
+            f"{c.last_ttft_whole_ms:.1f} ms whole, {c.last_ttft_reuse_ms:.1f} ms with reuse "
+            f"({c.speedup:.2f}x; {c.copied} positions copied)")
     return res
+
+
+def _choices(reuse, whole, req: Request, n: int, r: int) -> tuple[int, float, float, int]:
+    """n seeded choices of one prompt on both engines (which first alternates by round):
+    positions copied, the last choice's TTFT on each, and how many choices' tokens agree."""
+    reqs = [dataclasses.replace(req, temperature=0.8, seed=1000 * r + j) for j in range(n)]
+    got = {}
+    for name in (("reuse", "whole") if r % 2 == 0 else ("whole", "reuse")):
+        eng = reuse if name == "reuse" else whole
+        eng.ex.set_prefix_cache(name == "reuse")  # the conversation's slots are not the point
+        before = eng.ex.kv.copied_tokens
+        out = eng.run(reqs)
+        if any(o.error for o in out):
+            raise SandwichError(f"{n} choices: {next(o.error for o in out if o.error)}")
+        got[name] = (eng.ex.kv.copied_tokens - before, max(o.ttft_ms for o in out), [o.ids for o in out])
+    return (got["reuse"][0], got["whole"][1], got["reuse"][1],
+            sum(a == b for a, b in zip(got["reuse"][2], got["whole"][2], strict=True)))
 
 
 def write_report(res: PrefixResult, md: Path, js: Path) -> None:
@@ -112,4 +162,14 @@ def write_report(res: PrefixResult, md: Path, js: Path) -> None:
     lines += [f"| {r.turn} | {r.prompt_tokens} | {r.prefilled_reuse} | {r.ttft_whole_ms:.1f} | "
               f"{r.ttft_reuse_ms:.1f} | {r.speedup:.2f} | {'yes' if r.same_reply else 'no'} |"
               for r in res.rows]
+    c = res.choices
+    if c is not None:
+        lines += ["", f"{c.choices} sampled choices of the last turn's prompt ({c.prompt_tokens} "
+                  f"tokens), submitted together (OpenAI's `n`), seeded alike on both engines: the "
+                  f"last choice waits for every prefill before it. TTFT of the last choice "
+                  f"{c.last_ttft_whole_ms:.1f} ms whole, {c.last_ttft_reuse_ms:.1f} ms with reuse "
+                  f"(x {c.speedup:.2f}; {c.copied} positions copied from the first choice's slot). "
+                  f"The sampled tokens agree in {c.agree} of {c.total} choices (a draw near a "
+                  f"boundary can flip: the copied prompt's last token is prefilled alone, and "
+                  f"its logits differ from a whole prefill's by rounding, about 1e-6)"]
     md.write_text("\n".join(lines) + "\n")

@@ -8,9 +8,11 @@ never touched (np.zeros maps them lazily), so an oversized max_seq costs address
 Prefix reuse (llama.cpp's server keeps a slot's cache the same way): a freed slot keeps its
 K/V and the token ids they came from until the slot is taken again. A prompt that starts
 with a free slot's tokens takes that slot with those positions already filled, and only the
-rest of it is prefilled: a chat's next turn resends the whole conversation, a system prompt
-opens every request. Reuse needs the ids of every position: a slot filled some other way (a
-K/V hand-off) is never reused.
+rest of it is prefilled: a chat's next turn resends the whole conversation. A prompt that
+starts with a running sequence's tokens gets them copied into its slot (a copy costs a
+fraction of a prefill): the choices of one request, a system prompt that concurrent requests
+share. Reuse needs the ids of every position: a slot filled some other way (a K/V hand-off)
+is never reused.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import numpy as np
 
 from sandwich.compiler.buffers import aligned_zeros
 from sandwich.errors import SandwichError
+
+COPY_MIN = 16  # positions a running slot must hold beyond a free slot's match to be copied
 
 
 class CapacityError(SandwichError):
@@ -42,7 +46,8 @@ class KVCache:
         self.reuse = reuse  # whether alloc(prefix) may hand out a slot's kept positions
         # the token id of each position written to a slot (None: not known), kept once freed
         self.ids: list[list[int] | None] = [[] for _ in range(max_batch)]
-        self.reused_tokens = 0  # prompt positions taken from kept slots, in all
+        self.reused_tokens = 0  # prompt positions found kept or copied, in all
+        self.copied_tokens = 0  # of which copied from a running sequence's slot
         self._free = list(range(max_batch))  # oldest freed first: never-used slots, in order
         self._used: set[int] = set()
 
@@ -58,12 +63,17 @@ class KVCache:
 
     def alloc(self, prefix: Sequence[int] = ()) -> int:
         """A free slot; CapacityError when all max_batch slots are in use. Given the prompt it
-        is for (`prefix`) and with reuse on, the free slot whose kept tokens the prompt
-        starts with the most, counting only slots it matches for at least half of what they
-        keep (as llama.cpp's slot similarity: a short common opening such as a chat
-        template's does not evict a kept conversation); else the slot freed longest ago. Its
-        length is the positions it already holds of the prompt (at most all but the last
-        token, whose logits the prefill must give), 0 without reuse."""
+        is for (`prefix`) and with reuse on, the slot's length is the positions it already
+        holds of the prompt (at most all but the last token, whose logits the prefill must
+        give), from, in this order of preference:
+        - a running sequence's slot that holds COPY_MIN more of the prompt than any free
+          slot, its positions copied (the `n` choices of one request, concurrent requests
+          that share a long system prompt);
+        - the free slot whose kept tokens the prompt starts with the most, counting only
+          slots it matches for at least half of what they keep (as llama.cpp's slot
+          similarity: a short common opening such as a chat template's does not evict a kept
+          conversation);
+        - else the slot freed longest ago (0, or what it happens to hold of the prompt)."""
         self.check_free()
         limit = len(prefix) - 1 if self.reuse else 0
         slot, keep = self._free[0], 0
@@ -71,13 +81,26 @@ class KVCache:
             n = _common(self.ids[s], prefix, limit)
             if n > keep and 2 * n >= len(self.ids[s] or ()):
                 slot, keep = s, n
-        if keep == 0 and limit > 0:
+        src, copy = None, 0
+        for s in sorted(self._used) if limit > 0 else ():
+            n = _common(self.ids[s], prefix, limit)
+            if n >= keep + COPY_MIN and n > copy:
+                src, copy = s, n
+        if src is not None:
+            slot, keep = self._free[0], copy
+        elif keep == 0 and limit > 0:
             keep = _common(self.ids[slot], prefix, limit)
         self._free.remove(slot)
         self._used.add(slot)
         self.lens[slot] = keep
-        ids = self.ids[slot]
-        self.ids[slot] = ids[:keep] if ids is not None else []
+        if src is not None:
+            for t in self.kv:
+                t[:, :keep, slot] = t[:, :keep, src]
+            self.ids[slot] = list(self.ids[src][:keep])  # type: ignore[index]
+            self.copied_tokens += keep
+        else:
+            ids = self.ids[slot]
+            self.ids[slot] = ids[:keep] if ids is not None else []
         self.reused_tokens += keep
         return slot
 

@@ -210,10 +210,14 @@ def test_bench_prefix_prefills_only_a_turns_new_tokens_and_keeps_the_replies(tin
     tune_model(path, cache)
     out = tmp_path / "p.json"
     argv = ["bench", "prefix", "--model", str(path), "--turns", "3", "--rounds", "2",
-            "--max-new-tokens", "4", "--cache-dir", str(cache.dir), "--threads", "2",
-            "--json", str(out), "--md", str(tmp_path / "p.md")]
+            "--max-new-tokens", "4", "--choices", "3", "--cache-dir", str(cache.dir),
+            "--threads", "2", "--json", str(out), "--md", str(tmp_path / "p.md")]
     assert main(argv) == 0
-    rows = json.loads(out.read_text())["rows"]
+    res = json.loads(out.read_text())
+    rows, many = res["rows"], res["choices"]
+    # the later two of three choices copy all but the last token of the first one's prompt
+    assert many["copied"] == 2 * (many["prompt_tokens"] - 1) and many["total"] == 6
+    assert many["agree"] >= 5  # a sampled draw may flip on rounding, rarely
     assert [r["turn"] for r in rows] == [1, 2, 3] and all(r["same_reply"] for r in rows)
     assert rows[0]["prefilled_reuse"] == rows[0]["prompt_tokens"]  # nothing kept yet
     # a later turn finds the last prompt and reply (but its last token) in the slot

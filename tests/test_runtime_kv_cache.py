@@ -127,3 +127,24 @@ def test_reuse_off_and_check_free_change_nothing():
     with pytest.raises(CapacityError, match="all 2 batch slots are in use"):
         kv.check_free()
     assert a == 0
+
+
+def test_a_running_sequences_positions_are_copied_for_a_prompt_that_starts_with_them():
+    """Slot 0 runs 40 positions; a prompt of those 40 and two more gets them copied into its
+    own slot (every layer's K and V); a match of fewer than COPY_MIN positions is not copied."""
+    from sandwich.runtime.kv_cache import COPY_MIN
+
+    kv = _cache(max_batch=3, max_seq=64)
+    a = kv.alloc()
+    run = list(range(100, 140))
+    kv.record(a, 0, run)
+    kv.lens[a] = 40
+    rng = np.random.default_rng(0)
+    for t in kv.kv:
+        t[:, :40, a] = rng.standard_normal(t[:, :40, a].shape)
+    b = kv.alloc(run + [7, 8])
+    assert b != a and kv.lens[b] == 40 and kv.ids[b] == run and kv.copied_tokens == 40
+    for t in kv.kv:
+        np.testing.assert_array_equal(t[:, :40, b], t[:, :40, a])
+    c = kv.alloc(run[:COPY_MIN - 1] + [9, 9])
+    assert kv.lens[c] == 0 and kv.copied_tokens == 40

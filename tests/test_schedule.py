@@ -210,6 +210,26 @@ def test_a_chats_next_turn_prefills_only_what_is_new_and_keeps_the_tokens(model,
 
 
 @pytest.mark.tvm
+@pytest.mark.parametrize("text", ["sandwich", "chunked:5"])
+def test_requests_admitted_together_copy_a_shared_prompt_and_keep_the_tokens(model, cache, text):
+    """Two choices of one prompt and a third request sharing its first 20 tokens, submitted
+    together: the second and third copy what the first's slot holds (29 and 20 positions)
+    and prefill the rest; the tokens equal an executor's without reuse."""
+    from sandwich.runtime.executor import Executor
+    from sandwich.runtime.loader import load_model
+
+    loaded = load_model(model, cache, threads=2)
+    prompt = tuple(range(40, 70))
+    reqs = [Request(prompt=prompt, max_new_tokens=5, temperature=0.8, seed=s) for s in (1, 2)]
+    reqs.append(Request(prompt=prompt[:20] + (3, 3, 3), max_new_tokens=5))
+    fresh = Executor(loaded, max_batch=3, max_seq=96, max_tokens=40, prefix_cache=False)
+    want = [r.ids for r in Engine(fresh, schedule=make_schedule(text)).run(reqs)]
+    reuse = Executor(loaded, max_batch=3, max_seq=96, max_tokens=40)
+    assert [r.ids for r in Engine(reuse, schedule=make_schedule(text)).run(reqs)] == want
+    assert reuse.kv.copied_tokens == reuse.kv.reused_tokens == 29 + 20
+
+
+@pytest.mark.tvm
 @pytest.mark.skipif(not TWO_CPUS, reason="TP=2 needs two cores")
 def test_hybrid_schedules_under_tensor_parallelism_keep_the_tokens(model, cache, sandwich_ids):
     """Every rank runs the same iterate calls (a chunk, a layer group) as rank 0."""

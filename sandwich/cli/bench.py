@@ -90,6 +90,8 @@ def register(sub) -> None:
     pr.add_argument("--turns", type=int, default=6, help="turns of the built-in conversation (1-6)")
     pr.add_argument("--max-new-tokens", type=int, default=64, help="longest reply of a turn")
     pr.add_argument("--rounds", type=int, default=3, help="conversations, each from the start")
+    pr.add_argument("--choices", type=int, default=4, help="then this many sampled choices of "
+                    "the last prompt at once (OpenAI's n; 1: none)")
     pr.add_argument("--json", dest="json_out", default=None,
                     help="default results/cpus/<mcpu>/prefix_reuse_<model>.json")
     pr.add_argument("--md", default=None, help="default results/cpus/<mcpu>/prefix_reuse_<model>.md")
@@ -452,20 +454,22 @@ def _run_prefix(args) -> int:
     from sandwich.runtime.tokenizer import load_tokenizer
     from sandwich.tuner.kernel_cache import KernelCache
 
-    if min(args.turns, args.max_new_tokens, args.rounds) < 1:
-        raise ConfigError("--turns, --max-new-tokens and --rounds must be >= 1")
+    if min(args.turns, args.max_new_tokens, args.rounds, args.choices) < 1:
+        raise ConfigError("--turns, --max-new-tokens, --rounds and --choices must be >= 1")
     threads = threads_of(args)
     tok = load_tokenizer(args.model)
     engine_args = _argparse.Namespace(**vars(args) | dict(
         tp=1, ops="dsl", prefill_config=None, decode_config=None, no_warmup=False, no_tune=False,
         tune_budget="quick", threads=threads, schedule="sandwich", plan="off", weights="fp32"))
     max_seq = min(2048, load_model_config(args.model).max_position_embeddings)
-    reuse, whole = (make_engine(engine_args, max_batch=1, max_seq=max_seq) for _ in range(2))
+    reuse, whole = (make_engine(engine_args, max_batch=args.choices, max_seq=max_seq)
+                    for _ in range(2))
     whole.ex.set_prefix_cache(False)
     name = served_name(args.model)
     base = f"results/cpus/{KernelCache(cache_dir_arg(args)).cpu.mcpu}/prefix_reuse_{name}"
     res = run_prefix_bench(reuse=reuse, whole=whole, tok=tok, turns=args.turns,
                            max_new_tokens=args.max_new_tokens, rounds=args.rounds,
+                           choices=args.choices,
                            command="sandwichc " + " ".join(map(shlex.quote, sys.argv[1:])),
                            machine=describe_machine(), model=args.model, threads=threads)
     md, js = Path(args.md or f"{base}.md"), Path(args.json_out or f"{base}.json")
