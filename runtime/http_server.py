@@ -23,6 +23,7 @@ from sandwich.runtime.engine import Request, Result
 from sandwich.runtime.engine_loop import EngineLoop, Job
 from sandwich.runtime.logprobs import TokenLogprob
 from sandwich.runtime.openai_api import ApiError, GenParams
+from sandwich.runtime.server_metrics import ServerMetrics
 from sandwich.runtime.text_stream import TextStream
 from sandwich.runtime.tokenizer import TextTokenizer
 
@@ -60,6 +61,7 @@ class OpenAIServer:
     def __init__(self, loop: EngineLoop, tokenizer: TextTokenizer, settings: ServerSettings) -> None:
         self.loop, self.tok, self.settings = loop, tokenizer, settings
         self.created = int(time.time())
+        self.metrics = ServerMetrics(loop.engine)
 
     def app(self):
         from starlette.applications import Starlette
@@ -67,12 +69,13 @@ class OpenAIServer:
         from starlette.routing import Route
 
         routes = [Route("/health", self.health, methods=["GET"]),
+                  Route("/metrics", self.prometheus, methods=["GET"]),
                   Route("/v1/models", self.models, methods=["GET"]),
                   Route("/v1/models/{model:path}", self.model, methods=["GET"]),
                   Route("/v1/completions", self.completions, methods=["POST"]),
                   Route("/v1/chat/completions", self.chat_completions, methods=["POST"])]
         return Starlette(routes=routes, exception_handlers={
-            ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error})
+            ApiError: self._api_error, HTTPException: _http_error, Exception: _internal_error})
 
     # -- routes ----------------------------------------------------------------------------
     async def health(self, request):
@@ -81,6 +84,20 @@ class OpenAIServer:
         if not self.loop.alive:
             return JSONResponse({"status": "error", "message": "the engine has stopped"}, 503)
         return JSONResponse({"status": "ok", "in_flight": self.loop.in_flight})
+
+    async def prometheus(self, request):
+        """Prometheus' text format (runtime/server_metrics.py)."""
+        from prometheus_client import CONTENT_TYPE_LATEST
+        from starlette.responses import Response
+
+        return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    async def _api_error(self, request, exc: ApiError):
+        from starlette.responses import JSONResponse
+
+        if exc.status != 499:  # a client that left: its choices count as cancelled
+            self.metrics.errors.labels(str(exc.status)).inc()
+        return JSONResponse(exc.body(), status_code=exc.status)
 
     async def models(self, request):
         from starlette.responses import JSONResponse
@@ -113,6 +130,8 @@ class OpenAIServer:
         from starlette.concurrency import run_in_threadpool
         from starlette.responses import JSONResponse, StreamingResponse
 
+        arrival = time.perf_counter()
+
         if p.model is not None and p.model != self.settings.model_name:
             raise self._unknown_model(p.model, status=400)
         if not self.loop.alive:
@@ -121,9 +140,9 @@ class OpenAIServer:
         reqs = await run_in_threadpool(self._requests, p)  # tokenizing long prompts takes a while
         rid, model = api.new_id(p.chat), self.settings.model_name
         if p.stream:
-            return StreamingResponse(self._events(p, reqs, rid), media_type="text/event-stream",
+            return StreamingResponse(self._events(p, reqs, rid, arrival), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        work = asyncio.ensure_future(_every([self._collect(r, p) for r in reqs]))
+        work = asyncio.ensure_future(_every([self._collect(r, p, arrival) for r in reqs]))
         gone = asyncio.ensure_future(_disconnect(request))
         await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         if not work.done():  # the client left: cancelling the work frees its slots
@@ -174,20 +193,23 @@ class OpenAIServer:
             out += [dataclasses.replace(first, seed=seed + j) for j in range(p.n)]
         return out
 
-    async def _run(self, req: Request, stop: tuple[str, ...],
+    async def _run(self, req: Request, p: GenParams, arrival: float,
                    prompt_lps: list[TokenLogprob] | None = None) -> AsyncIterator[Piece | Outcome]:
         """Text pieces as the engine samples tokens, then the Outcome. Leaving early (a stop
         string, a cancelled task, a closed stream) cancels the job and frees its slot. The
         token that ends the turn (a stop id) has no text and no logprobs entry, as OpenAI's.
-        The prompt's logprobs, when asked, land in `prompt_lps` as soon as it is prefilled."""
+        The prompt's logprobs, when asked, land in `prompt_lps` as soon as it is prefilled.
+        However it ends, the choice is counted in the server's metrics (`arrival`: when the
+        request reached the server)."""
         aio = asyncio.get_running_loop()
         q: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         job = self.loop.submit(Job(
             req, on_token=lambda t, lp: aio.call_soon_threadsafe(q.put_nowait, ("token", (t, lp))),
             on_done=lambda r: aio.call_soon_threadsafe(q.put_nowait, ("done", r)),
             on_prompt=lambda lps: aio.call_soon_threadsafe(q.put_nowait, ("prompt", lps))))
-        text, n, finished = TextStream(self.tok.stream(), stop, self.tok.decode), 0, False
+        text, n, finished = TextStream(self.tok.stream(), p.stop, self.tok.decode), 0, False
         sent, held = 0, []  # characters sent so far; logprobs of tokens whose text is not out yet
+        outcome, first = "cancelled", None  # until it ends otherwise; when the first token came
 
         def piece(delta: str) -> Piece:
             nonlocal sent
@@ -205,12 +227,14 @@ class OpenAIServer:
                 if kind == "token":
                     token, lp = x
                     n += 1
+                    first = first or time.perf_counter()
                     if lp is not None and token not in req.stop:
                         held.append(lp)
                     delta = text.push(token)
                     if delta:
                         yield piece(delta)
                     if text.stopped:
+                        outcome = "stop"
                         if held:
                             yield piece("")
                         yield Outcome("stop", n)
@@ -219,17 +243,21 @@ class OpenAIServer:
                 res: Result = x
                 finished = True
                 if res.error:
+                    outcome = "error"
                     raise ApiError(f"generation failed: {res.error}", status=500, kind="server_error")
+                outcome = "stop" if res.finish == "stop" else "length"
                 rest = text.flush()
                 if rest or held:
                     yield piece(rest)
-                yield Outcome("stop" if res.finish == "stop" else "length", n)
+                yield Outcome(outcome, n)
                 return
         finally:
             if not finished:
                 self.loop.cancel(job)
+            self.metrics.served("chat" if p.chat else "completions", outcome, prompt=len(req.prompt),
+                                tokens=n, arrival=arrival, first=first, last=time.perf_counter())
 
-    async def _collect(self, req: Request, p: GenParams
+    async def _collect(self, req: Request, p: GenParams, arrival: float
                        ) -> tuple[str, Outcome, list[TokenLogprob | int], list[int]]:
         """The whole reply: text, outcome, and each token's logprobs with its text offset.
         With echo the prompt comes first (its first token a bare id: nothing scores it), and
@@ -239,7 +267,7 @@ class OpenAIServer:
         lps: list[TokenLogprob | int] = []
         offsets: list[int] = []
         prompt_lps: list[TokenLogprob] = []
-        async for x in self._run(req, p.stop, prompt_lps):  # to the end: the generator's cleanup runs now
+        async for x in self._run(req, p, arrival, prompt_lps):  # to the end: its cleanup runs now
             if isinstance(x, Outcome):
                 out = x
             else:
@@ -257,7 +285,8 @@ class OpenAIServer:
             text = echo + text
         return text, out, lps, offsets
 
-    async def _events(self, p: GenParams, reqs: list[Request], rid: str) -> AsyncIterator[str]:
+    async def _events(self, p: GenParams, reqs: list[Request], rid: str,
+                      arrival: float) -> AsyncIterator[str]:
         """Server-sent events: each choice's text deltas and finish reason as they come (the
         choices interleave, each chunk naming its index), then the usage if asked, [DONE]."""
         model = self.settings.model_name
@@ -268,7 +297,7 @@ class OpenAIServer:
                 yield _sse(api.chunk(p, rid, model, self.tok.decode(req.prompt), index=i))
         used = [0] * len(reqs)
         try:
-            async for i, x in _merged([self._run(r, p.stop) if p.max_tokens != 0 else _nothing()
+            async for i, x in _merged([self._run(r, p, arrival) if p.max_tokens != 0 else _nothing()
                                        for r in reqs]):
                 if isinstance(x, Outcome):
                     used[i] = x.completion_tokens
@@ -362,12 +391,6 @@ async def _disconnect(request) -> None:
     """Returns when the client closes the connection (the body has been read already)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-async def _api_error(request, exc: ApiError):
-    from starlette.responses import JSONResponse
-
-    return JSONResponse(exc.body(), status_code=exc.status)
 
 
 async def _http_error(request, exc):

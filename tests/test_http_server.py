@@ -304,6 +304,38 @@ def test_n_choices_of_a_batch_of_prompts_streamed_or_not(tok):
         _wait(lambda: server.loop.engine.running == 0 and not fake.kv.in_use())
 
 
+def test_metrics_count_choices_tokens_errors_and_latencies(tok):
+    """GET /metrics in Prometheus' text format: two completions choices and a streamed chat
+    reply counted by API and outcome, their prompt and generated tokens, one latency sample
+    each, a refused request by its status, and the engine idle."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    msgs = [{"role": "user", "content": "hi"}]
+    chat_prompt = tok.encode(tok.render_chat(msgs))
+    _, n_chat, chat_finish = _expected(tok, chat_prompt, 3)
+    with serving(FakeExecutor(max_batch=2, max_seq=64, vocab=CONFIG["vocab"]), tok) as (url, _):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        client.completions.create(model="tiny", prompt=[1, 2], n=2, max_tokens=4, temperature=0)
+        list(client.chat.completions.create(model="tiny", messages=msgs, max_tokens=3,
+                                            temperature=0, stream=True))
+        assert httpx.post(url + "/v1/completions", json={"prompt": "x", "top_p": 0}).status_code == 400
+        r = httpx.get(url + "/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    m = {(s.name, tuple(sorted(s.labels.items()))): s.value
+         for f in text_string_to_metric_families(r.text) for s in f.samples}
+    assert m[("sandwichc_requests_total", (("api", "completions"), ("outcome", "length")))] == 2
+    assert m[("sandwichc_requests_total", (("api", "chat"), ("outcome", chat_finish)))] == 1
+    assert m[("sandwichc_prompt_tokens_total", ())] == 2 * 2 + len(chat_prompt)
+    assert m[("sandwichc_generation_tokens_total", ())] == 2 * 4 + n_chat
+    assert m[("sandwichc_time_to_first_token_seconds_count", ())] == 3
+    assert m[("sandwichc_e2e_request_latency_seconds_count", ())] == 3
+    assert 0 < m[("sandwichc_time_to_first_token_seconds_sum", ())] <= m[
+        ("sandwichc_e2e_request_latency_seconds_sum", ())]
+    assert m[("sandwichc_error_responses_total", (("status", "400"),))] == 1
+    assert m[("sandwichc_requests_running", ())] == m[("sandwichc_requests_waiting", ())] == 0
+    assert ("sandwichc_prefix_reused_tokens_total", ()) in m
+
+
 def test_a_stop_string_ends_the_reply_before_it(tok):
     prompt = tok.encode("hello world")
     full, _, _ = _expected(tok, prompt, 12)
@@ -494,6 +526,9 @@ def test_clients_that_leave_mid_stream_free_their_slots(tok):
         with contextlib.suppress(httpx.ReadTimeout):
             httpx.post(url + "/v1/completions", json=body | {"stream": False, "n": 3}, timeout=0.5)
         _wait(lambda: server.loop.engine.running == 0 and not fake.kv.in_use())
+        # every choice of the clients that left is counted so: 16 streamed, 3 not
+        _wait(lambda: server.metrics.registry.get_sample_value(
+            "sandwichc_requests_total", {"api": "completions", "outcome": "cancelled"}) == 19)
 
 
 def test_concurrent_streams_share_one_batch(tok):
