@@ -166,10 +166,11 @@ class Engine:
         for what, k in (("logprobs", req.logprobs), ("prompt logprobs", req.prompt_logprobs)):
             if k is not None and not 0 <= k <= MAX_TOP:
                 return f"{what} must be 0 to {MAX_TOP} (the likeliest tokens shown), got {k}"
-        if req.prompt_logprobs is not None and not (self.schedule.prefills_whole
-                                                    and hasattr(self.ex, "start_scored")):
-            return (f"prompt logprobs (echo) need a schedule that prefills a prompt whole "
-                    f"(sandwich) on one process; this engine runs {self.schedule.name}")
+        need = self.schedule.scores_with
+        if req.prompt_logprobs is not None and not (need and hasattr(self.ex, need)):
+            where = f"{self.schedule.name} across processes" if need else self.schedule.name
+            return (f"prompt logprobs (echo) need one process that both prefills and decodes "
+                    f"(sandwich, chunked or layered, no --tp); this engine runs {where}")
         if n + new - 1 > self.max_seq:  # the last token is sampled, never written to the cache
             return (f"prompt of {n} tokens + {new} new tokens needs {n + new - 1} cache positions, "
                     f"beyond max_seq={self.max_seq}; lower max_new_tokens or raise max_seq")

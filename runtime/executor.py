@@ -238,20 +238,39 @@ class Executor:
     def _scored_prefill(self, slot: int, tokens: Sequence[int], rows: Callable) -> tuple[np.ndarray, list]:
         """Prefill `tokens` into `slot` chunk by chunk, running the head on every row too;
         returns the last token's logits and `rows(logits, next tokens)` of each chunk."""
-        if self.gather is not None:
-            raise ConfigError("scoring a text needs one process (--tp 1)")
+        self._check_scoring()
         self.kv.check_room(slot, len(tokens))
         out = []
         for c0 in range(0, len(tokens), self.max_tokens):
             chunk = tokens[c0: c0 + self.max_tokens]
             last = self.forward([(slot, int(self.kv.lens[slot]), len(chunk))], chunk)
-            n = len(chunk)
-            x, h = self.buffers["x"][:n], self.buffers["h"][:n]
-            self.ops.bind("rmsnorm", x, self.model.norm, self.cfg.rms_norm_eps, out=h)()
-            logits = self.model.gemms.lm_head(h, self.model.lm_head)
-            nxt = tokens[c0 + 1: c0 + n + 1]
-            out.append(rows(logits[: len(nxt)], nxt))
+            nxt = tokens[c0 + 1: c0 + len(chunk) + 1]
+            if len(nxt):  # a last chunk of the last token alone scores nothing
+                out.append(rows(self._head_rows(0, len(nxt)), nxt))
         return last[0], out  # as `prefill` returns it, so a reply is the same scored or not
+
+    def score_rows(self, first: int, next_tokens: Sequence[int], top: int) -> list[TokenLogprob]:
+        """After an `iterate` whose prefill part went through the last layer: each of
+        `next_tokens` under the head on the row before it, rows [first, first + len) of that
+        forward pass (the decode rows come first); with the `top` likeliest tokens."""
+        self._check_scoring()
+        if not len(next_tokens):
+            return []
+        logits = self._head_rows(first, len(next_tokens))
+        return [token_logprob(r, t, top) for r, t in zip(logits, next_tokens, strict=True)]
+
+    def _check_scoring(self) -> None:
+        if self.gather is not None:
+            raise ConfigError("scoring a text needs one process (--tp 1)")
+
+    def _head_rows(self, first: int, n: int) -> np.ndarray:
+        """Final norm and lm_head on rows [first, first + n) of the last forward pass's final
+        hidden states, into a fresh array (an evaluation path, not the serving one)."""
+        b = self.buffers
+        rows, h = b["proj"][:n], b["h"][:n]  # the rows moved to the buffers' aligned start
+        rows[...] = b["x"][first: first + n]
+        self.ops.bind("rmsnorm", rows, self.model.norm, self.cfg.rms_norm_eps, out=h)()
+        return self.model.gemms.lm_head(h, self.model.lm_head)
 
     # -- the forward pass ----------------------------------------------------------------
     def forward(self, segments: Sequence[Segment], tokens: Sequence[int], *,

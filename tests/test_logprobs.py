@@ -95,7 +95,8 @@ def _whole(b: bytes) -> bool:
 def test_the_engine_scores_a_prompt_when_asked_and_a_schedule_that_cannot_says_so():
     """Echo with logprobs: each prompt token after the first under the row of the token before
     it, reported once the prompt is prefilled and in the result; a schedule that prefills a
-    prompt in pieces refuses the request in one line."""
+    prompt on another process, or an executor that cannot score rows, refuses the request in
+    one line."""
     from sandwich.runtime.schedule import make_schedule
 
     fake = FakeExecutor(max_batch=2, max_seq=32, vocab=50)
@@ -113,4 +114,4 @@ def test_the_engine_scores_a_prompt_when_asked_and_a_schedule_that_cannot_says_s
     assert scored.ids == plain.ids  # scoring does not change the reply
     chunked = Engine(FakeExecutor(max_batch=2, max_seq=32, vocab=50), schedule=make_schedule("chunked:4"))
     (bad,) = chunked.run([Request(prompt=prompt, max_new_tokens=2, prompt_logprobs=0)])
-    assert bad.finish == "error" and "prefills a prompt whole" in bad.error and "chunked:4" in bad.error
+    assert bad.finish == "error" and "need one process" in bad.error and "chunked:4" in bad.error

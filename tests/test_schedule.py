@@ -230,6 +230,29 @@ def test_requests_admitted_together_copy_a_shared_prompt_and_keep_the_tokens(mod
 
 
 @pytest.mark.tvm
+@pytest.mark.parametrize("text", ["chunked:5", "layered:2"])
+def test_hybrid_schedules_score_a_prompt_as_sandwich_does(ex, text):
+    """Echo with logprobs under a hybrid schedule, beside a running decode: each prompt
+    token after the first scored from its part's rows once they passed the last layer, as
+    sandwich's whole prefill scores it (1e-4, the same likeliest tokens), and the reply the
+    same; the prompt is prefilled whole even where a slot keeps part of it."""
+    prompt = tuple(range(60, 83))
+    scored = Request(prompt=prompt, max_new_tokens=4, prompt_logprobs=3)
+    other = Request(prompt=(5, 6, 7), max_new_tokens=12)
+    (want,) = Engine(ex).run([scored])
+    engine = Engine(ex, schedule=make_schedule(text))
+    told = []
+    engine.on_prompt = lambda ticket, lps: told.append(lps)
+    first, got = engine.run([other, scored])
+    assert got.error is None and got.ids == want.ids and told == [got.prompt_logprobs]
+    assert len(got.prompt_logprobs) == len(prompt) - 1
+    for a, b in zip(got.prompt_logprobs, want.prompt_logprobs, strict=True):
+        assert a.token == b.token and a.logprob == pytest.approx(b.logprob, abs=1e-4)
+        assert [t for t, _ in a.top] == [t for t, _ in b.top]
+    assert ex.kv.in_use() == []
+
+
+@pytest.mark.tvm
 @pytest.mark.skipif(not TWO_CPUS, reason="TP=2 needs two cores")
 def test_hybrid_schedules_under_tensor_parallelism_keep_the_tokens(model, cache, sandwich_ids):
     """Every rank runs the same iterate calls (a chunk, a layer group) as rank 0."""

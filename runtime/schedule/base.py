@@ -15,8 +15,9 @@ class Schedule(ABC):
     half prefilled, a prefill on another pool) reports it through `busy` and `cancel`."""
 
     name = "schedule"
-    # prompts go through `engine.prefill` whole, which can also score them (echo with logprobs)
-    prefills_whole = False
+    # the executor method this schedule scores a prompt with (echo with logprobs), or None:
+    # it cannot (its prompts are prefilled on another process)
+    scores_with: str | None = None
 
     @abstractmethod
     def step(self, engine: Engine) -> None:

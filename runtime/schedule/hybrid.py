@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 class HybridSchedule(Schedule):
     """Holds the prompt in progress: its request, its reserved slot and how far it got."""
 
+    scores_with = "score_rows"  # each part's rows, once through the last layer
+
     def __init__(self) -> None:
         self._seq: _Seq | None = None
         self._slot = -1
@@ -40,8 +42,11 @@ class HybridSchedule(Schedule):
         work = None if self._seq is None else self.work(engine, self._seq.req.prompt)
         if work is None and not engine.running:
             return
+        decodes = engine.running  # their rows come first in the forward pass
         try:
             row = engine.hybrid(work)
+            if work is not None:
+                self._score(engine, work, decodes)
         except SandwichError as e:
             if self._seq is not None:
                 seq = self._seq
@@ -51,15 +56,29 @@ class HybridSchedule(Schedule):
         if work is not None and self.advance(work) and self._seq is not None:
             seq, slot = self._seq, self._slot
             self._seq, self._slot = None, -1
+            if seq.req.prompt_logprobs is not None and engine.on_prompt is not None:
+                engine.on_prompt(seq.ticket, tuple(seq.prompt_logprobs))
             engine.begin(seq, slot, row)  # type: ignore[arg-type]
+
+    def _score(self, engine: Engine, work: PrefillWork, decodes: int) -> None:
+        """Echo with logprobs: once a part has gone through the last layer, each of its rows
+        scores the prompt token after it."""
+        seq = self._seq
+        done = work.layers is None or work.layers[1] == engine.ex.cfg.num_hidden_layers
+        if seq is None or seq.req.prompt_logprobs is None or not done:
+            return
+        prompt = seq.req.prompt
+        nxt = prompt[work.start + 1: work.start + len(work.tokens) + 1]
+        seq.prompt_logprobs.extend(engine.ex.score_rows(decodes, nxt, seq.req.prompt_logprobs))
 
     def _admit(self, engine: Engine) -> None:
         """Reserve a slot for the oldest waiting prompt (the engine checked it at submit)."""
         if not engine.waiting or engine.free_slots < 1:
             return
         seq = engine.waiting.popleft()
+        scored = seq.req.prompt_logprobs is not None  # every position must go through the model
         try:
-            self._slot = engine.ex.reserve(seq.req.prompt)
+            self._slot = engine.ex.reserve(() if scored else seq.req.prompt)
         except SandwichError as e:
             engine.fail(seq, str(e))
             return

@@ -16,7 +16,7 @@ class SandwichSchedule(Schedule):
     step for all: the running decodes wait while a prompt is prefilled."""
 
     name = "sandwich"
-    prefills_whole = True
+    scores_with = "start_scored"  # engine.prefill scores a prompt as it prefills it whole
 
     def step(self, engine: Engine) -> None:
         while engine.waiting and engine.free_slots > 0:
