@@ -163,6 +163,8 @@ class Engine:
                 return f"logit_bias token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
         if new < 1:
             return f"max_new_tokens must be >= 1, got {new}"
+        if req.min_tokens > new:
+            return f"min_tokens ({req.min_tokens}) must not exceed max_new_tokens ({new})"
         for what, k in (("logprobs", req.logprobs), ("prompt logprobs", req.prompt_logprobs)):
             if k is not None and not 0 <= k <= MAX_TOP:
                 return f"{what} must be 0 to {MAX_TOP} (the likeliest tokens shown), got {k}"

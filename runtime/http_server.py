@@ -29,6 +29,9 @@ from sandwich.runtime.tokenizer import TextTokenizer
 
 log = logging.getLogger("sandwichc.server")
 DRAIN_LIMIT = 64 << 20  # an oversized body is read (and dropped) up to this, then cut off
+# the field an engine refusal is about, by how its message starts
+ENGINE_PARAMS = {"logit_bias": "logit_bias", "min_tokens": "min_tokens",
+                 "stop token id": "stop_token_ids"}
 
 
 @dataclass(frozen=True)
@@ -179,16 +182,19 @@ class OpenAIServer:
             new = p.max_tokens if p.max_tokens is not None else max(1, eng.max_seq - len(ids) + 1)
             seed = secrets.randbits(63) if p.seed is None else p.seed
             # echo with max_tokens 0 (scoring a text): one token is sampled and dropped
+            stop = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.tok.stop_ids))
             first = Request(prompt=tuple(ids), max_new_tokens=max(1, new), temperature=p.temperature,
-                            top_k=p.top_k, top_p=p.top_p, stop=tuple(sorted(self.tok.stop_ids)),
+                            top_k=p.top_k, top_p=p.top_p, stop=tuple(sorted(stop)),
                             seed=seed, logprobs=p.logprobs,
                             prompt_logprobs=p.logprobs if p.echo else None,
                             presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
-                            repetition_penalty=p.repetition_penalty, logit_bias=p.logit_bias)
+                            repetition_penalty=p.repetition_penalty, logit_bias=p.logit_bias,
+                            min_tokens=p.min_tokens)
             why = eng.problem(first) or first.sampling.problem()
             if why:
                 ctx = "max_seq" in why
-                param = "max_tokens" if ctx else "logit_bias" if why.startswith("logit_bias") else None
+                param = "max_tokens" if ctx else next(
+                    (v for k, v in ENGINE_PARAMS.items() if why.startswith(k)), None)
                 raise ApiError(why, param=param, code="context_length_exceeded" if ctx else None)
             out += [dataclasses.replace(first, seed=seed + j) for j in range(p.n)]
         return out

@@ -57,6 +57,10 @@ class GenParams:
     repetition_penalty: float = 1.0  # vLLM's extension (extra_body in the openai client)
     logit_bias: tuple[tuple[int, float], ...] = ()
     n: int = 1
+    # vLLM's extensions, which benchmark clients send to fix a reply's length
+    min_tokens: int = 0  # the end-of-turn and stop ids cannot end the reply before this many
+    ignore_eos: bool = False  # the tokenizer's end-of-turn ids do not end the reply
+    stop_token_ids: tuple[int, ...] = ()  # more ids that end it
 
     @property
     def choices(self) -> int:
@@ -145,7 +149,15 @@ def _params(body: dict, **fixed) -> GenParams:
     if many > MAX_CHOICES:
         raise ApiError(f"{many} choices (prompts x n) in one request is more than this server's "
                        f"{MAX_CHOICES}; split the request", param="n")
+    ignore_eos = body.get("ignore_eos") or False
+    if not isinstance(ignore_eos, bool):
+        raise ApiError("'ignore_eos' must be true or false", param="ignore_eos")
+    ids = body.get("stop_token_ids") or []
+    if not isinstance(ids, list) or not all(_is_int(t) and t >= 0 for t in ids):
+        raise ApiError("'stop_token_ids' must be a list of token ids", param="stop_token_ids")
     return GenParams(model=model, stream=stream, include_usage=bool(opts.get("include_usage")), n=n,
+                     min_tokens=_int(body, "min_tokens", default=0, low=0, nullable=True) or 0,
+                     ignore_eos=ignore_eos, stop_token_ids=tuple(ids),
                      temperature=_float(body, "temperature", default=1.0, low=0.0, high=2.0),
                      top_p=_float(body, "top_p", default=1.0, low=0.0, high=1.0, open_low=True),
                      top_k=_int(body, "top_k", default=0, low=0, nullable=True) or 0,

@@ -34,6 +34,7 @@ class Request:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0  # the stop ids cannot end the reply before this many tokens
 
     @property
     def sampling(self) -> SamplingParams:
@@ -41,7 +42,8 @@ class Request:
                               presence_penalty=self.presence_penalty,
                               frequency_penalty=self.frequency_penalty,
                               repetition_penalty=self.repetition_penalty,
-                              logit_bias=self.logit_bias)
+                              logit_bias=self.logit_bias, min_tokens=self.min_tokens,
+                              suppress=self.stop)
 
 
 @dataclass(frozen=True)

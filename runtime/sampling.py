@@ -30,7 +30,9 @@ class SamplingParams:
     positive logit by r and multiplies a negative one by r for every token of the prompt or
     the reply so far (HF's and vLLM's); then OpenAI's penalties subtract
     count * frequency_penalty + presence_penalty from each token the reply holds `count`
-    times. 0, 0, 1.0 and no bias leave the logits as they are."""
+    times; while the reply holds fewer than `min_tokens` tokens, the `suppress` ids (the
+    request's stop ids) cannot be picked (vLLM's min_tokens). 0, 0, 1.0 and no bias leave
+    the logits as they are."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -40,6 +42,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, value) pairs
+    min_tokens: int = 0
+    suppress: tuple[int, ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -49,7 +53,7 @@ class SamplingParams:
     def adjusts(self) -> bool:
         """Whether any adjustment changes the logits."""
         return bool(self.logit_bias or self.presence_penalty or self.frequency_penalty
-                    or self.repetition_penalty != 1.0)
+                    or self.repetition_penalty != 1.0 or (self.min_tokens and self.suppress))
 
     def problem(self) -> str | None:
         """Why these parameters are invalid, or None."""
@@ -65,6 +69,8 @@ class SamplingParams:
                 return f"{name} must be in [-{PENALTY_RANGE:g}, {PENALTY_RANGE:g}], got {x}"
         if not (np.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
             return f"repetition_penalty must be > 0 (1 = none), got {self.repetition_penalty}"
+        if self.min_tokens < 0:
+            return f"min_tokens must be >= 0, got {self.min_tokens}"
         for token, value in self.logit_bias:
             if token < 0:
                 return f"logit_bias token id must be >= 0, got {token}"
@@ -158,11 +164,14 @@ class _Adjustments:
         self.bias_ids = np.fromiter(bias, dtype=np.int64, count=len(bias))
         self.bias = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
         self.prompt = np.unique(np.asarray(prompt, dtype=np.int64))
+        self.suppress = np.unique(np.asarray(p.suppress, dtype=np.int64))
         self.counts: dict[int, int] = {}
+        self.picked = 0
         self._row: np.ndarray | None = None
 
     def saw(self, token: int) -> None:
         self.counts[token] = self.counts.get(token, 0) + 1
+        self.picked += 1
 
     def __call__(self, row: np.ndarray) -> np.ndarray:
         p, vocab = self.p, row.shape[0]
@@ -183,4 +192,6 @@ class _Adjustments:
         if len(seen) and (p.frequency_penalty or p.presence_penalty):
             n = np.fromiter(self.counts.values(), dtype=np.float32, count=len(seen))
             out[seen] -= n * np.float32(p.frequency_penalty) + np.float32(p.presence_penalty)
+        if self.picked < p.min_tokens and len(self.suppress):
+            out[self.suppress[self.suppress < vocab]] = -np.inf
         return out

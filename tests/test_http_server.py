@@ -89,6 +89,9 @@ def _expected(tok, prompt_ids, n, vocab=CONFIG["vocab"]):
     ({"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias"),
     ({"prompt": "x", "logit_bias": {"5": True}}, "logit_bias"),
     ({"prompt": "x", "logit_bias": [5, 1]}, "logit_bias"),
+    ({"prompt": "x", "min_tokens": -1}, "min_tokens"),
+    ({"prompt": "x", "ignore_eos": 1}, "ignore_eos"),
+    ({"prompt": "x", "stop_token_ids": [1, -2]}, "stop_token_ids"),
     ({"prompt": ["a", 5]}, "prompt"),
     ({"prompt": [[1, 2], []]}, "prompt"),
     ({"prompt": []}, "prompt"),
@@ -334,6 +337,32 @@ def test_metrics_count_choices_tokens_errors_and_latencies(tok):
     assert m[("sandwichc_error_responses_total", (("status", "400"),))] == 1
     assert m[("sandwichc_requests_running", ())] == m[("sandwichc_requests_waiting", ())] == 0
     assert ("sandwichc_prefix_reused_tokens_total", ()) in m
+
+
+def test_vllms_length_controls_as_benchmark_clients_send_them(tok):
+    """The fake model's next token is last + 1, so a prompt ending just before an end-of-turn
+    id replies with that id alone; `min_tokens` holds every stop id back (greedy takes the
+    best of the rest) for that many tokens; `ignore_eos` runs through it to max_tokens; `stop_token_ids`
+    ends the reply at an id of the client's."""
+    eos = max(tok.stop_ids)
+    with serving(FakeExecutor(max_batch=2, max_seq=64, vocab=CONFIG["vocab"]), tok) as (url, _):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+
+        def reply(**extra):
+            r = client.completions.create(model="tiny", prompt=[eos - 1], max_tokens=6, temperature=0,
+                                          logprobs=0, extra_body=extra)
+            return r.choices[0].finish_reason, r.usage.completion_tokens
+
+        assert reply() == ("stop", 1)
+        assert reply(min_tokens=3) == ("stop", 4)  # three others, then the end-of-turn id
+        assert reply(ignore_eos=True) == ("length", 6)
+        assert reply(ignore_eos=True, stop_token_ids=[eos + 2]) == ("stop", 3)
+        with pytest.raises(openai.BadRequestError, match="min_tokens") as e:
+            reply(min_tokens=7)
+        assert e.value.body["param"] == "min_tokens"
+        with pytest.raises(openai.BadRequestError, match="outside the vocabulary") as e:
+            reply(stop_token_ids=[CONFIG["vocab"]])
+        assert e.value.body["param"] == "stop_token_ids"
 
 
 def test_a_stop_string_ends_the_reply_before_it(tok):

@@ -76,6 +76,16 @@ def test_bias_forces_and_bans_tokens_and_penalties_break_a_loop():
     assert r(row) == 4  # 3.0 / 2 is still the top logit: the penalty scales, it does not ban
 
 
+def test_min_tokens_hold_the_stop_ids_back_until_the_reply_is_long_enough():
+    row = np.zeros(VOCAB, np.float32)
+    row[2], row[5] = 3.0, 1.0  # 2 is a stop id and the likeliest
+    s = Sampler(SamplingParams(min_tokens=3, suppress=(2, 7)))
+    assert [s(row) for _ in range(5)] == [5, 5, 5, 2, 2]
+    hot = Sampler(SamplingParams(1.0, seed=4, min_tokens=20, suppress=(2,)))
+    assert 2 not in {hot(row) for _ in range(20)}
+    assert Sampler(SamplingParams(min_tokens=3))(row) == 2  # nothing to hold back
+
+
 @pytest.mark.parametrize("adjust, match", [
     (dict(presence_penalty=2.5), "presence_penalty must be in"),
     (dict(frequency_penalty=float("nan")), "frequency_penalty must be in"),
@@ -83,6 +93,7 @@ def test_bias_forces_and_bans_tokens_and_penalties_break_a_loop():
     (dict(repetition_penalty=float("inf")), "repetition_penalty must be > 0"),
     (dict(logit_bias=((-1, 1.0),)), "logit_bias token id must be >= 0"),
     (dict(logit_bias=((1, 101.0),)), "logit_bias value must be in"),
+    (dict(min_tokens=-1), "min_tokens must be >= 0"),
 ])
 def test_bad_adjustments_are_refused(adjust, match):
     with pytest.raises(ConfigError, match=match):
