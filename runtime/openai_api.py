@@ -72,9 +72,7 @@ def parse_completion(body: Any) -> GenParams:
     either; the choices come prompt by prompt, `n` for each."""
     body = _object(body)
     prompts = _prompts(body.get("prompt"))
-    echo = body.get("echo") or False
-    if not isinstance(echo, bool):
-        raise ApiError("'echo' must be true or false", param="echo")
+    echo = _bool(body, "echo")
     top = None if body.get("logprobs") is False else _int(body, "logprobs", default=None, low=0, nullable=True)
     if top is not None and top > MAX_TOP:
         raise ApiError(f"'logprobs' must be 0 to {MAX_TOP}, got {top}", param="logprobs")
@@ -138,38 +136,33 @@ def _params(body: dict, **fixed) -> GenParams:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError("'model' must be a string", param="model")
-    stream = body.get("stream") or False
-    if not isinstance(stream, bool):
-        raise ApiError("'stream' must be true or false", param="stream")
+    stream = _bool(body, "stream")
     opts = body.get("stream_options") or {}
     if not isinstance(opts, dict):
         raise ApiError("'stream_options' must be an object", param="stream_options")
-    n = _int(body, "n", default=1, low=1, nullable=True)
-    many = max(1, len(fixed["prompts"])) * n
-    if many > MAX_CHOICES:
-        raise ApiError(f"{many} choices (prompts x n) in one request is more than this server's "
-                       f"{MAX_CHOICES}; split the request", param="n")
-    ignore_eos = body.get("ignore_eos") or False
-    if not isinstance(ignore_eos, bool):
-        raise ApiError("'ignore_eos' must be true or false", param="ignore_eos")
     ids = body.get("stop_token_ids") or []
     if not isinstance(ids, list) or not all(_is_int(t) and t >= 0 for t in ids):
         raise ApiError("'stop_token_ids' must be a list of token ids", param="stop_token_ids")
-    return GenParams(model=model, stream=stream, include_usage=bool(opts.get("include_usage")), n=n,
-                     min_tokens=_int(body, "min_tokens", default=0, low=0, nullable=True) or 0,
-                     ignore_eos=ignore_eos, stop_token_ids=tuple(ids),
-                     temperature=_float(body, "temperature", default=1.0, low=0.0, high=2.0),
-                     top_p=_float(body, "top_p", default=1.0, low=0.0, high=1.0, open_low=True),
-                     top_k=_int(body, "top_k", default=0, low=0, nullable=True) or 0,
-                     seed=_int(body, "seed", default=None, nullable=True),
-                     stop=_stop(body.get("stop")),
-                     presence_penalty=_float(body, "presence_penalty", default=0.0,
-                                             low=-PENALTY_RANGE, high=PENALTY_RANGE),
-                     frequency_penalty=_float(body, "frequency_penalty", default=0.0,
-                                              low=-PENALTY_RANGE, high=PENALTY_RANGE),
-                     repetition_penalty=_float(body, "repetition_penalty", default=1.0, low=0.0,
-                                               high=math.inf, open_low=True),
-                     logit_bias=_logit_bias(body.get("logit_bias")), **fixed)
+    p = GenParams(model=model, stream=stream, include_usage=bool(opts.get("include_usage")),
+              n=_int(body, "n", default=1, low=1, nullable=True),
+              min_tokens=_int(body, "min_tokens", default=0, low=0, nullable=True) or 0,
+              ignore_eos=_bool(body, "ignore_eos"), stop_token_ids=tuple(ids),
+              temperature=_float(body, "temperature", default=1.0, low=0.0, high=2.0),
+              top_p=_float(body, "top_p", default=1.0, low=0.0, high=1.0, open_low=True),
+              top_k=_int(body, "top_k", default=0, low=0, nullable=True) or 0,
+              seed=_int(body, "seed", default=None, nullable=True),
+              stop=_stop(body.get("stop")),
+              presence_penalty=_float(body, "presence_penalty", default=0.0,
+                                      low=-PENALTY_RANGE, high=PENALTY_RANGE),
+              frequency_penalty=_float(body, "frequency_penalty", default=0.0,
+                                       low=-PENALTY_RANGE, high=PENALTY_RANGE),
+              repetition_penalty=_float(body, "repetition_penalty", default=1.0, low=0.0,
+                                        high=math.inf, open_low=True),
+              logit_bias=_logit_bias(body.get("logit_bias")), **fixed)
+    if p.choices > MAX_CHOICES:
+        raise ApiError(f"{p.choices} choices (prompts x n) in one request is more than this "
+                       f"server's {MAX_CHOICES}; split the request", param="n")
+    return p
 
 
 def _logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
@@ -229,6 +222,13 @@ def _stop(stop: Any) -> tuple[str, ...]:
 def _single(body: dict, key: str) -> None:
     if body.get(key) not in (None, 1):
         raise ApiError(f"'{key}' must be 1: one completion per request", param=key)
+
+
+def _bool(body: dict, key: str) -> bool:
+    x = body.get(key) or False
+    if not isinstance(x, bool):
+        raise ApiError(f"'{key}' must be true or false", param=key)
+    return x
 
 
 def _is_int(x: Any) -> bool:
