@@ -212,7 +212,8 @@ def test_bench_prefix_prefills_only_a_turns_new_tokens_and_keeps_the_replies(tin
     argv = ["bench", "prefix", "--model", str(path), "--turns", "3", "--rounds", "2",
             "--max-new-tokens", "4", "--choices", "3", "--cache-dir", str(cache.dir),
             "--threads", "2", "--json", str(out), "--md", str(tmp_path / "p.md")]
-    assert main(argv) == 0
+    peer = importlib.util.find_spec("llama_cpp") is not None  # the serving extra
+    assert main(argv + (["--llama-cpp", "--work", str(tmp_path)] if peer else [])) == 0
     res = json.loads(out.read_text())
     rows, many = res["rows"], res["choices"]
     # the later two of three choices copy all but the last token of the first one's prompt
@@ -223,6 +224,9 @@ def test_bench_prefix_prefills_only_a_turns_new_tokens_and_keeps_the_replies(tin
     # a later turn finds the last prompt and reply (but its last token) in the slot
     assert all(0 < r["prefilled_reuse"] < r["prompt_tokens"] - 4 for r in rows[1:])
     assert all(r["ttft_whole_ms"] > 0 and r["ttft_reuse_ms"] > 0 for r in rows)
+    if peer:  # llama.cpp on the same prompts, reset and with its context kept
+        assert all(r["llama_cpp_whole_ms"] > 0 and r["llama_cpp_reuse_ms"] > 0 for r in rows)
+        assert "llama.cpp kept ms" in (tmp_path / "p.md").read_text()
     assert main(argv[:4] + ["--turns", "7"]) == 1  # one line: the built-in chat has 6 turns
 
 

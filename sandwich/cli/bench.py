@@ -92,6 +92,11 @@ def register(sub) -> None:
     pr.add_argument("--rounds", type=int, default=3, help="conversations, each from the start")
     pr.add_argument("--choices", type=int, default=4, help="then this many sampled choices of "
                     "the last prompt at once (OpenAI's n; 1: none)")
+    pr.add_argument("--llama-cpp", action="store_true", help="also each prompt on llama.cpp "
+                    "(llama-cpp-python, an F32 GGUF of the same weights), reset and with its "
+                    "context kept between turns")
+    pr.add_argument("--work", default=None, help="where the F32 GGUF for llama.cpp is written "
+                    "(default: the kernel cache's models/)")
     pr.add_argument("--json", dest="json_out", default=None,
                     help="default results/cpus/<mcpu>/prefix_reuse_<model>.json")
     pr.add_argument("--md", default=None, help="default results/cpus/<mcpu>/prefix_reuse_<model>.md")
@@ -462,16 +467,29 @@ def _run_prefix(args) -> int:
         tp=1, ops="dsl", prefill_config=None, decode_config=None, no_warmup=False, no_tune=False,
         tune_budget="quick", threads=threads, schedule="sandwich", plan="off", weights="fp32"))
     max_seq = min(2048, load_model_config(args.model).max_position_embeddings)
+    peers = None
+    if args.llama_cpp:
+        from sandwich.bench.prefix_reuse import LlamaCppTurns
+        from sandwich.bench.serving import model_dir_for
+        from sandwich.bench.serving_peers import llama_cpp_gguf
+
+        work = Path(args.work) if args.work else KernelCache(cache_dir_arg(args)).dir / "models"
+        gguf = llama_cpp_gguf(model_dir_for(args.model, work), work, "fp32", threads=threads)
+        peers = tuple(LlamaCppTurns(gguf, threads=threads, n_ctx=max_seq, keep=k) for k in (False, True))
     reuse, whole = (make_engine(engine_args, max_batch=args.choices, max_seq=max_seq)
                     for _ in range(2))
     whole.ex.set_prefix_cache(False)
     name = served_name(args.model)
     base = f"results/cpus/{KernelCache(cache_dir_arg(args)).cpu.mcpu}/prefix_reuse_{name}"
-    res = run_prefix_bench(reuse=reuse, whole=whole, tok=tok, turns=args.turns,
-                           max_new_tokens=args.max_new_tokens, rounds=args.rounds,
-                           choices=args.choices,
-                           command="sandwichc " + " ".join(map(shlex.quote, sys.argv[1:])),
-                           machine=describe_machine(), model=args.model, threads=threads)
+    try:
+        res = run_prefix_bench(reuse=reuse, whole=whole, tok=tok, turns=args.turns,
+                               max_new_tokens=args.max_new_tokens, rounds=args.rounds,
+                               choices=args.choices, peers=peers,
+                               command="sandwichc " + " ".join(map(shlex.quote, sys.argv[1:])),
+                               machine=describe_machine(), model=args.model, threads=threads)
+    finally:
+        for peer in peers or ():
+            peer.close()
     md, js = Path(args.md or f"{base}.md"), Path(args.json_out or f"{base}.json")
     write_report(res, md, js)
     print(f"wrote {md}, {js}")
