@@ -83,6 +83,11 @@ class PrefixResult:
         return asdict(self)
 
 
+def check_turns(turns: int) -> None:
+    if not 1 <= turns <= len(QUESTIONS):
+        raise SandwichError(f"--turns must be 1 to {len(QUESTIONS)}, got {turns}")
+
+
 class LlamaCppTurns:
     """llama.cpp on a GGUF: a prompt's TTFT, its context then set to the prompt and our
     reply (all but its last token, as our slot keeps it), so the next turn's prompt finds
@@ -120,8 +125,7 @@ def run_prefix_bench(*, reuse, whole, tok, turns: int, max_new_tokens: int, roun
                      log: Callable[[str], None] = print) -> PrefixResult:
     """`reuse` and `whole`: engines on the same model, prefix reuse on and off (each with
     room for `choices` sequences); `peers`: llama.cpp reset before each prompt, and kept."""
-    if not 1 <= turns <= len(QUESTIONS):
-        raise SandwichError(f"--turns must be 1 to {len(QUESTIONS)}, got {turns}")
+    check_turns(turns)
     stop = tuple(sorted(tok.stop_ids))
     per_turn: list[list[tuple[int, int, float, float, bool]]] = [[] for _ in range(turns)]
     cpp: list[list[tuple[float, float]]] = [[] for _ in range(turns)]

@@ -155,12 +155,11 @@ class Engine:
             bad = [t for t in req.prompt if not 0 <= t < self.vocab_size]
             if bad:
                 return f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
-            bad = [t for t in req.stop if not 0 <= t < self.vocab_size]
-            if bad:  # it could never be sampled: the request would run to its length unstopped
-                return f"stop token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
-            bad = [t for t, _ in req.logit_bias if not 0 <= t < self.vocab_size]
-            if bad:
-                return f"logit_bias token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
+            # a stop id outside could never be sampled: the request would run to its length
+            for what, ids in (("stop", req.stop), ("logit_bias", [t for t, _ in req.logit_bias])):
+                bad = [t for t in ids if not 0 <= t < self.vocab_size]
+                if bad:
+                    return f"{what} token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
         if new < 1:
             return f"max_new_tokens must be >= 1, got {new}"
         if req.min_tokens > new:

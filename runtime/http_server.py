@@ -134,7 +134,6 @@ class OpenAIServer:
         from starlette.responses import JSONResponse, StreamingResponse
 
         arrival = time.perf_counter()
-
         if p.model is not None and p.model != self.settings.model_name:
             raise self._unknown_model(p.model, status=400)
         if not self.loop.alive:
@@ -173,6 +172,7 @@ class OpenAIServer:
         reason the engine would refuse a prompt is raised as a 400."""
         eng = self.loop.engine
         prompts = p.prompts if not p.chat else (self.tok.render_chat(list(p.messages or ())),)
+        stop = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.tok.stop_ids))
         out = []
         for x in prompts:
             try:
@@ -182,7 +182,6 @@ class OpenAIServer:
             new = p.max_tokens if p.max_tokens is not None else max(1, eng.max_seq - len(ids) + 1)
             seed = secrets.randbits(63) if p.seed is None else p.seed
             # echo with max_tokens 0 (scoring a text): one token is sampled and dropped
-            stop = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.tok.stop_ids))
             first = Request(prompt=tuple(ids), max_new_tokens=max(1, new), temperature=p.temperature,
                             top_k=p.top_k, top_p=p.top_p, stop=tuple(sorted(stop)),
                             seed=seed, logprobs=p.logprobs,

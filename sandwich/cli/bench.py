@@ -451,7 +451,7 @@ def _run_http(args) -> int:
 def _run_prefix(args) -> int:
     import argparse as _argparse
 
-    from sandwich.bench.prefix_reuse import run_prefix_bench, write_report
+    from sandwich.bench.prefix_reuse import check_turns, run_prefix_bench, write_report
     from sandwich.cli.engines import make_engine
     from sandwich.compiler.target import describe_machine
     from sandwich.models import load_model_config
@@ -459,9 +459,11 @@ def _run_prefix(args) -> int:
     from sandwich.runtime.tokenizer import load_tokenizer
     from sandwich.tuner.kernel_cache import KernelCache
 
-    if min(args.turns, args.max_new_tokens, args.rounds, args.choices) < 1:
-        raise ConfigError("--turns, --max-new-tokens, --rounds and --choices must be >= 1")
+    if min(args.max_new_tokens, args.rounds, args.choices) < 1:
+        raise ConfigError("--max-new-tokens, --rounds and --choices must be >= 1")
+    check_turns(args.turns)  # before anything loads
     threads = threads_of(args)
+    cache = KernelCache(cache_dir_arg(args))
     tok = load_tokenizer(args.model)
     engine_args = _argparse.Namespace(**vars(args) | dict(
         tp=1, ops="dsl", prefill_config=None, decode_config=None, no_warmup=False, no_tune=False,
@@ -473,14 +475,14 @@ def _run_prefix(args) -> int:
         from sandwich.bench.serving import model_dir_for
         from sandwich.bench.serving_peers import llama_cpp_gguf
 
-        work = Path(args.work) if args.work else KernelCache(cache_dir_arg(args)).dir / "models"
+        work = Path(args.work) if args.work else cache.dir / "models"
         gguf = llama_cpp_gguf(model_dir_for(args.model, work), work, "fp32", threads=threads)
         peers = tuple(LlamaCppTurns(gguf, threads=threads, n_ctx=max_seq, keep=k) for k in (False, True))
     reuse, whole = (make_engine(engine_args, max_batch=args.choices, max_seq=max_seq)
                     for _ in range(2))
     whole.ex.set_prefix_cache(False)
     name = served_name(args.model)
-    base = f"results/cpus/{KernelCache(cache_dir_arg(args)).cpu.mcpu}/prefix_reuse_{name}"
+    base = f"results/cpus/{cache.cpu.mcpu}/prefix_reuse_{name}"
     try:
         res = run_prefix_bench(reuse=reuse, whole=whole, tok=tok, turns=args.turns,
                                max_new_tokens=args.max_new_tokens, rounds=args.rounds,
