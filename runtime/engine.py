@@ -26,6 +26,7 @@ from sandwich.runtime.request import Request, RequestError, Result
 from sandwich.runtime.sampling import Sampler
 from sandwich.runtime.schedule.base import Schedule
 from sandwich.runtime.schedule.sandwich import SandwichSchedule
+from sandwich.runtime.structured import Grammars
 
 
 @dataclass
@@ -60,8 +61,10 @@ class Engine:
                  vocab_size: int | None = None, max_queue: int | None = None,
                  clock: Callable[[], float] = time.perf_counter,
                  on_token: Callable[[int, int, TokenLogprob | None], None] | None = None,
-                 schedule: Schedule | None = None) -> None:
+                 schedule: Schedule | None = None, grammars: Grammars | None = None) -> None:
         self.ex, self.clock = executor, clock
+        # structured replies' grammars over the model's tokenizer (None: such requests fail)
+        self.grammars = grammars
         self.schedule = schedule or SandwichSchedule()
         # (ticket, token id, its log-probability if asked) as each token is sampled: streaming
         self.on_token = on_token
@@ -98,7 +101,8 @@ class Engine:
             why = f"queue full ({self.max_queue} waiting requests); retry later or raise max_queue"
         if why is None:
             try:
-                seq.sampler = Sampler(req.sampling, self._scratch, req.prompt)
+                grammar = None if req.structure is None else self.grammars.constraint(req.structure)
+                seq.sampler = Sampler(req.sampling, self._scratch, req.prompt, grammar)
             except SandwichError as e:
                 why = str(e)
         if why is not None:
@@ -160,6 +164,9 @@ class Engine:
                 bad = [t for t in ids if not 0 <= t < self.vocab_size]
                 if bad:
                     return f"{what} token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
+        if req.structure is not None and self.grammars is None:
+            return ("a structured reply needs the model's tokenizer, which this engine was not "
+                    "given (the server and `sandwichc generate` give it)")
         if new < 1:
             return f"max_new_tokens must be >= 1, got {new}"
         if req.min_tokens > new:
@@ -280,7 +287,12 @@ class Engine:
         """Finish every running sequence that hit a stop token or its length; free its slot."""
         now, keep = self.clock() if now is None else now, []
         for s in self._running:
-            stop = s.ids[-1] in s.req.stop
+            grammar = getattr(s.sampler, "constraint", None)
+            if grammar is not None and grammar.error:
+                self._release(s)
+                self.fail(s, grammar.error)
+                continue
+            stop = s.ids[-1] in s.req.stop or (grammar is not None and grammar.done)
             if not stop and len(s.ids) < s.req.max_new_tokens:
                 keep.append(s)
                 continue

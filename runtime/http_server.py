@@ -24,6 +24,7 @@ from sandwich.runtime.engine_loop import EngineLoop, Job
 from sandwich.runtime.logprobs import TokenLogprob
 from sandwich.runtime.openai_api import ApiError, GenParams
 from sandwich.runtime.server_metrics import ServerMetrics
+from sandwich.runtime.structured import Grammars
 from sandwich.runtime.text_stream import TextStream
 from sandwich.runtime.tokenizer import TextTokenizer
 
@@ -31,7 +32,7 @@ log = logging.getLogger("sandwichc.server")
 DRAIN_LIMIT = 64 << 20  # an oversized body is read (and dropped) up to this, then cut off
 # the field an engine refusal is about, by how its message starts
 ENGINE_PARAMS = {"logit_bias": "logit_bias", "min_tokens": "min_tokens",
-                 "stop token id": "stop_token_ids"}
+                 "stop token id": "stop_token_ids", "a structured reply": "response_format"}
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,9 @@ class OpenAIServer:
 
     def __init__(self, loop: EngineLoop, tokenizer: TextTokenizer, settings: ServerSettings) -> None:
         self.loop, self.tok, self.settings = loop, tokenizer, settings
+        eng = loop.engine
+        if eng.grammars is None:  # structured replies (response_format) over this tokenizer
+            eng.grammars = Grammars.of(tokenizer, eng.vocab_size or tokenizer.backend.get_vocab_size())
         self.created = int(time.time())
         self.metrics = ServerMetrics(loop.engine)
 
@@ -152,10 +156,12 @@ class OpenAIServer:
             return JSONResponse(ApiError("client closed the request", status=499).body(), 499)
         gone.cancel()
         done = work.result()
-        choices = [api.Choice(text, out.finish, api.logprobs_body(p, lps, self.tok.token_bytes, offsets))
-                   for text, out, lps, offsets in done]
+        choices = [self._choice(p, *x) for x in done]
         return JSONResponse(api.response(p, rid, model, choices,
                                          _usage(p, reqs, [out.completion_tokens for _, out, _, _ in done])))
+
+    def _choice(self, p: GenParams, text: str, out: Outcome, lps: list, offsets: list[int]) -> api.Choice:
+        return api.Choice.of(p, text, out.finish, api.logprobs_body(p, lps, self.tok.token_bytes, offsets))
 
     def _echo(self, req: Request) -> tuple[str, list[int]]:
         """The prompt as its tokens decode, and where each token's text starts in it."""
@@ -171,7 +177,8 @@ class OpenAIServer:
         Each prompt is tokenized, max_tokens defaults to the rest of the context, and every
         reason the engine would refuse a prompt is raised as a 400."""
         eng = self.loop.engine
-        prompts = p.prompts if not p.chat else (self.tok.render_chat(list(p.messages or ())),)
+        msgs = list(p.messages or ()) if p.tools is None else p.tools.messages(p.messages or ())
+        prompts = p.prompts if not p.chat else (self.tok.render_chat(msgs),)
         stop = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.tok.stop_ids))
         out = []
         for x in prompts:
@@ -188,7 +195,7 @@ class OpenAIServer:
                             prompt_logprobs=p.logprobs if p.echo else None,
                             presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
                             repetition_penalty=p.repetition_penalty, logit_bias=p.logit_bias,
-                            min_tokens=p.min_tokens)
+                            min_tokens=p.min_tokens, structure=p.structure)
             why = eng.problem(first) or first.sampling.problem()
             if why:
                 ctx = "max_seq" in why
@@ -293,7 +300,8 @@ class OpenAIServer:
     async def _events(self, p: GenParams, reqs: list[Request], rid: str,
                       arrival: float) -> AsyncIterator[str]:
         """Server-sent events: each choice's text deltas and finish reason as they come (the
-        choices interleave, each chunk naming its index), then the usage if asked, [DONE]."""
+        choices interleave, each chunk naming its index), then the usage if asked, [DONE]. A
+        reply that may call tools comes whole, in one delta, when its JSON is complete."""
         model = self.settings.model_name
         for i, req in enumerate(reqs):
             if p.chat:
@@ -302,11 +310,17 @@ class OpenAIServer:
                 yield _sse(api.chunk(p, rid, model, self.tok.decode(req.prompt), index=i))
         used = [0] * len(reqs)
         try:
-            async for i, x in _merged([self._run(r, p, arrival) if p.max_tokens != 0 else _nothing()
-                                       for r in reqs]):
+            sources = [_whole(self._collect(r, p, arrival)) if p.tools is not None else
+                       self._run(r, p, arrival) if p.max_tokens != 0 else _nothing() for r in reqs]
+            async for i, x in _merged(sources):
                 if isinstance(x, Outcome):
                     used[i] = x.completion_tokens
                     yield _sse(api.chunk(p, rid, model, None, x.finish, index=i))
+                elif isinstance(x, tuple):  # a tool-calling choice, whole
+                    used[i] = x[1].completion_tokens
+                    c = self._choice(p, *x)
+                    yield _sse(api.tool_chunk(p, rid, model, c, i))
+                    yield _sse(api.chunk(p, rid, model, None, c.finish, index=i))
                 else:
                     lps = api.logprobs_body(p, x.logprobs, self.tok.token_bytes,
                                             [x.offset] * len(x.logprobs))
@@ -381,6 +395,11 @@ async def _merged(gens: list[AsyncIterator]) -> AsyncIterator[tuple[int, Any]]:
     finally:
         for t in tasks:
             t.cancel()
+
+
+async def _whole(work) -> AsyncIterator[Any]:
+    """A coroutine's result as a stream of one item."""
+    yield await work
 
 
 async def _nothing() -> AsyncIterator[Outcome]:

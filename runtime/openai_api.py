@@ -4,19 +4,24 @@ and stream-chunk bodies built back. No HTTP here: the server glues this to Starl
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sandwich.runtime.logprobs import MAX_TOP, TokenLogprob
 from sandwich.runtime.sampling import BIAS_RANGE, PENALTY_RANGE
+from sandwich.runtime.structured import Structure
+from sandwich.runtime.tool_calls import ANY_OBJECT, Tool, ToolCall, ToolUse, earlier_calls
 
 MAX_STOP = 4  # OpenAI's limit on `stop` strings
 MAX_CHOICES = 128  # prompts x n in one request: each choice is a sequence in the engine
 ROLES = ("system", "user", "assistant", "developer", "tool")
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 
 
 class ApiError(Exception):
@@ -61,6 +66,8 @@ class GenParams:
     min_tokens: int = 0  # the end-of-turn and stop ids cannot end the reply before this many
     ignore_eos: bool = False  # the tokenizer's end-of-turn ids do not end the reply
     stop_token_ids: tuple[int, ...] = ()  # more ids that end it
+    structure: Structure | None = None  # response_format / structured_outputs: what the reply parses as
+    tools: ToolUse | None = None  # chat's tools the reply may call (its structure is then the calls')
 
     @property
     def choices(self) -> int:
@@ -113,11 +120,7 @@ def parse_chat(body: Any) -> GenParams:
         raise ApiError("'messages' is required: a non-empty list of {role, content}",
                        param="messages")
     checked = tuple(_message(m, i) for i, m in enumerate(msgs))
-    if body.get("tools") or body.get("functions"):
-        raise ApiError("tool and function calling are not supported", param="tools")
-    fmt = body.get("response_format")
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        raise ApiError("only response_format {'type': 'text'} is supported", param="response_format")
+    tools = _tools(body)
     asked = body.get("logprobs")
     if asked is not None and not isinstance(asked, bool):
         raise ApiError(f"'logprobs' must be true or false, got {asked!r}", param="logprobs")
@@ -127,9 +130,59 @@ def parse_chat(body: Any) -> GenParams:
     if top is not None and top > MAX_TOP:
         raise ApiError(f"'top_logprobs' must be 0 to {MAX_TOP}, got {top}", param="top_logprobs")
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    return _params(body, chat=True, prompts=(), messages=checked,
-                   logprobs=(top or 0) if asked else None,
-                   max_tokens=_int(body, key, default=None, low=1, nullable=True))
+    p = _params(body, chat=True, prompts=(), messages=checked,
+                logprobs=(top or 0) if asked else None,
+                max_tokens=_int(body, key, default=None, low=1, nullable=True))
+    if tools is None:
+        return p
+    if p.structure is not None:
+        raise ApiError("a reply that may call tools is the tools' JSON: drop 'response_format' "
+                       "(or 'structured_outputs'), or set 'tool_choice': 'none'", param="response_format")
+    return replace(p, tools=tools, structure=_checked(tools.structure(), "tools"))
+
+
+def _tools(body: dict) -> ToolUse | None:
+    """Chat's `tools`, `tool_choice` ("auto" by default, "none", "required", or one function
+    by name) and `parallel_tool_calls`; None when no tool may be called."""
+    if body.get("functions") is not None or body.get("function_call") is not None:
+        raise ApiError("'functions' and 'function_call' are deprecated: send 'tools' and "
+                       "'tool_choice'", param="functions")
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if not tools:
+        if choice not in (None, "none", "auto"):
+            raise ApiError("'tool_choice' needs 'tools'", param="tool_choice")
+        return None
+    if not isinstance(tools, list):
+        raise ApiError("'tools' must be a list", param="tools")
+    out: list[Tool] = []
+    for i, t in enumerate(tools):
+        f = t.get("function") if isinstance(t, dict) and t.get("type") == "function" else None
+        name = f.get("name") if isinstance(f, dict) else None
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+            raise ApiError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., "
+                           f"'parameters': {{...}}}}}} with a name of 1-64 letters, digits, _ or -",
+                           param="tools")
+        params, about = f.get("parameters", ANY_OBJECT), f.get("description") or ""
+        if not isinstance(params, dict) or not isinstance(about, str):
+            raise ApiError(f"tools[{i}].function: 'parameters' must be a JSON schema object and "
+                           f"'description' a string", param="tools")
+        if any(x.name == name for x in out):
+            raise ApiError(f"tools[{i}]: a second function named {name!r}", param="tools")
+        out.append(Tool(name, about, json.dumps(params)))
+    if choice == "none":
+        return None
+    if isinstance(choice, dict):
+        named = choice.get("function") if choice.get("type") == "function" else None
+        choice = named.get("name") if isinstance(named, dict) else None
+        if choice not in {t.name for t in out}:
+            raise ApiError("'tool_choice' names no function of 'tools'", param="tool_choice")
+    elif choice not in (None, "auto", "required"):
+        raise ApiError("'tool_choice' must be 'none', 'auto', 'required' or "
+                       "{'type': 'function', 'function': {'name': ...}}", param="tool_choice")
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise ApiError("'parallel_tool_calls' must be true or false", param="parallel_tool_calls")
+    return ToolUse(tuple(out), choice or "auto", parallel)
 
 
 def _params(body: dict, **fixed) -> GenParams:
@@ -158,7 +211,7 @@ def _params(body: dict, **fixed) -> GenParams:
                                        low=-PENALTY_RANGE, high=PENALTY_RANGE),
               repetition_penalty=_float(body, "repetition_penalty", default=1.0, low=0.0,
                                         high=math.inf, open_low=True),
-              logit_bias=_logit_bias(body.get("logit_bias")), **fixed)
+              logit_bias=_logit_bias(body.get("logit_bias")), structure=_structure(body), **fixed)
     if p.choices > MAX_CHOICES:
         raise ApiError(f"{p.choices} choices (prompts x n) in one request is more than this "
                        f"server's {MAX_CHOICES}; split the request", param="n")
@@ -185,6 +238,64 @@ def _logit_bias(bias: Any) -> tuple[tuple[int, float], ...]:
     return tuple(out)
 
 
+def _structure(body: dict) -> Structure | None:
+    """What the reply must parse as: OpenAI's `response_format` (`text`, `json_object`, or
+    `json_schema` with its `schema`) or vLLM's `structured_outputs` (one of `json`, `regex`,
+    `choice`, `grammar` (Lark), `json_object`); a bad schema, regex or grammar is a 400."""
+    fmt, so = body.get("response_format"), body.get("structured_outputs")
+    if fmt is not None and so is not None:
+        raise ApiError("give 'response_format' or 'structured_outputs', not both",
+                       param="structured_outputs")
+    if fmt is not None:
+        param = "response_format"
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return _checked(Structure.json_schema({"type": "object"}), param)
+        if kind == "json_schema":
+            js = fmt.get("json_schema")
+            if not isinstance(js, dict) or not isinstance(js.get("schema"), dict):
+                raise ApiError("response_format 'json_schema' needs a 'json_schema' object with a "
+                               "'schema' object", param=param)
+            if not isinstance(js.get("name", ""), str):
+                raise ApiError("response_format.json_schema.name must be a string", param=param)
+            return _checked(Structure.json_schema(js["schema"]), param)
+        raise ApiError("response_format must be {'type': 'text'}, {'type': 'json_object'} or "
+                       "{'type': 'json_schema', 'json_schema': {...}}", param=param)
+    if so is None:
+        return None
+    param = "structured_outputs"
+    given = [k for k in ("json", "regex", "choice", "grammar", "json_object")
+             if isinstance(so, dict) and so.get(k) not in (None, False)]
+    if len(given) != 1:
+        raise ApiError("structured_outputs takes one of 'json', 'regex', 'choice', 'grammar' or "
+                       "'json_object'", param=param)
+    kind, x = given[0], so[given[0]]
+    if kind == "json" and isinstance(x, str):  # vLLM takes the schema as JSON text too
+        try:
+            x = json.loads(x)
+        except ValueError:
+            x = None
+    ok = {"json": isinstance(x, dict), "regex": isinstance(x, str), "grammar": isinstance(x, str),
+          "choice": isinstance(x, list) and all(isinstance(c, str) for c in x),
+          "json_object": x is True}[kind]
+    if not ok:
+        what = {"json": "a JSON schema object", "choice": "a list of strings",
+                "json_object": "true"}.get(kind, "a string")
+        raise ApiError(f"structured_outputs.{kind} must be {what}", param=param)
+    made = {"json": lambda: Structure.json_schema(x), "choice": lambda: Structure.choice(x),
+            "json_object": lambda: Structure.json_schema({"type": "object"})}
+    return _checked(made[kind]() if kind in made else Structure(kind, x), param)
+
+
+def _checked(structure: Structure, param: str) -> Structure:
+    why = structure.problem()
+    if why:
+        raise ApiError(f"{param}: {why}", param=param)
+    return structure
+
+
 def _object(body: Any) -> dict:
     if not isinstance(body, dict):
         raise ApiError("the request body must be a JSON object")
@@ -196,6 +307,15 @@ def _message(m: Any, i: int) -> dict:
     if not isinstance(m, dict) or m.get("role") not in ROLES:
         raise ApiError(f"{param} must be an object with a role in {', '.join(ROLES)}", param=param)
     content = m.get("content")
+    calls = m.get("tool_calls") if m["role"] == "assistant" else None
+    if calls:  # the calls as the model wrote them (runtime/tool_calls.py), its text dropped
+        if not isinstance(calls, list) or not all(
+                isinstance(c, dict) and isinstance(c.get("function"), dict)
+                and isinstance(c["function"].get("name"), str) and "arguments" in c["function"]
+                for c in calls):
+            raise ApiError(f"{param}.tool_calls must be a list of {{'function': {{'name', "
+                           f"'arguments'}}}}", param=param)
+        content = earlier_calls(calls)
     if content is None and m["role"] == "assistant":
         content = ""
     if isinstance(content, list):  # content parts: text only
@@ -304,11 +424,20 @@ def _finite(logprob: float) -> float:
 
 @dataclass(frozen=True)
 class Choice:
-    """One finished choice of a reply without `stream`."""
+    """One finished choice of a reply without `stream` (with tools: its calls, the text None)."""
 
-    text: str
+    text: str | None
     finish: str
     logprobs: dict[str, Any] | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+
+    @classmethod
+    def of(cls, p: GenParams, text: str, finish: str, logprobs: dict[str, Any] | None = None) -> Choice:
+        """A reply as the client gets it: a tool-calling reply's calls, or its answer."""
+        if p.tools is None:
+            return cls(text, finish, logprobs)
+        content, calls = p.tools.reply(text)
+        return cls(content, "tool_calls" if calls else finish, logprobs, calls)
 
 
 def response(p: GenParams, rid: str, model: str, choices: Sequence[Choice],
@@ -316,10 +445,27 @@ def response(p: GenParams, rid: str, model: str, choices: Sequence[Choice],
     """The whole reply of a request without `stream`: its choices in index order."""
     out = []
     for i, c in enumerate(choices):
-        body = {"message": {"role": "assistant", "content": c.text}} if p.chat else {"text": c.text}
+        body = {"message": _message_body(c)} if p.chat else {"text": c.text}
         out.append({"index": i, **body, "logprobs": c.logprobs, "finish_reason": c.finish})
     return {"id": rid, "object": "chat.completion" if p.chat else "text_completion",
             "created": int(time.time()), "model": model, "choices": out, "usage": use}
+
+
+def _message_body(c: Choice) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": "assistant", "content": c.text}
+    if c.tool_calls:
+        out["tool_calls"] = [t.body() for t in c.tool_calls]
+    return out
+
+
+def tool_chunk(p: GenParams, rid: str, model: str, c: Choice, index: int) -> dict[str, Any]:
+    """A tool-calling choice's whole reply as one stream delta: its calls or its answer (the
+    JSON it is held to is parsed once it is complete)."""
+    delta: dict[str, Any] = {"content": c.text} if c.text is not None else {
+        "tool_calls": [t.body(j) for j, t in enumerate(c.tool_calls)]}
+    return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+            "choices": [{"index": index, "delta": delta, "logprobs": c.logprobs, "finish_reason": None}],
+            **({"usage": None} if p.include_usage else {})}
 
 
 def chunk(p: GenParams, rid: str, model: str, text: str | None, finish: str | None = None,

@@ -9,6 +9,7 @@ from itertools import pairwise
 from sandwich.errors import SandwichError
 from sandwich.runtime.logprobs import TokenLogprob
 from sandwich.runtime.sampling import SamplingParams
+from sandwich.runtime.structured import Structure
 
 
 class RequestError(SandwichError):
@@ -35,6 +36,7 @@ class Request:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     min_tokens: int = 0  # the stop ids cannot end the reply before this many tokens
+    structure: Structure | None = None  # what the reply must parse as (runtime/structured.py)
 
     @property
     def sampling(self) -> SamplingParams:
@@ -50,11 +52,11 @@ class Request:
 class Result:
     """What a finished request reports; times are engine-clock seconds, latencies ms.
 
-    finish is 'stop' (a stop token, kept as the last id), 'length' (max_new_tokens) or
-    'error' (then `error` says why). TTFT counts from arrival, so queueing is included;
-    TPOT is (finish - first token) / (tokens - 1), 0.0 for a single token. token_times
-    holds each token's engine-clock time, so every inter-token gap (TBT) is kept: a mean
-    hides the stall a prefill puts between two tokens."""
+    finish is 'stop' (a stop token, kept as the last id, or a structured reply's grammar
+    complete), 'length' (max_new_tokens) or 'error' (then `error` says why). TTFT counts
+    from arrival, so queueing is included; TPOT is (finish - first token) / (tokens - 1),
+    0.0 for a single token. token_times holds each token's engine-clock time, so every
+    inter-token gap (TBT) is kept: a mean hides the stall a prefill puts between two tokens."""
 
     rid: int | str | None
     ids: tuple[int, ...]

@@ -1,6 +1,6 @@
 """Token selection per request: greedy argmax, or seeded sampling with temperature/top-k/top-p,
 after the logit adjustments OpenAI-style clients send (logit_bias, presence and frequency
-penalties, and vLLM's repetition_penalty).
+penalties, and vLLM's repetition_penalty) and, for a structured reply, its grammar's mask.
 
 Each request owns its own `np.random.Generator` and draws exactly one uniform number per
 token, so its ids depend only on its seed, its own logits and its own tokens, never on what
@@ -11,10 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sandwich.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sandwich.runtime.structured import Constraint
 
 _NUCLEUS_START = 64  # candidates tried first when top_p is set without top_k
 PENALTY_RANGE = 2.0  # presence and frequency penalties, as OpenAI bounds them
@@ -83,7 +87,7 @@ class Sampler:
     """Picks the next token of one request from its logits row (float32, vocab)."""
 
     def __init__(self, params: SamplingParams, scratch: np.ndarray | None = None,
-                 prompt: Sequence[int] = ()) -> None:
+                 prompt: Sequence[int] = (), constraint: Constraint | None = None) -> None:
         why = params.problem()
         if why:
             raise ConfigError(why)
@@ -93,12 +97,23 @@ class Sampler:
         self.rng = np.random.default_rng(params.seed % (1 << 64))
         self._scratch = scratch  # (2, vocab) float64, shared by the engine's samplers
         self._adjust = _Adjustments(params, prompt) if params.adjusts else None
+        # a structured reply's grammar (runtime/structured.py): last, on the adjusted row
+        self.constraint = constraint
+        self._masked: np.ndarray | None = None
 
     def __call__(self, row: np.ndarray) -> int:
         """The next token from a logits row (left as it is: logprobs read it after)."""
         p = self.params
+        raw = row
         if self._adjust is not None:
             row = self._adjust(row)
+        if self.constraint is not None:
+            if row is raw:  # the mask goes on a copy of its own
+                if self._masked is None or self._masked.shape != raw.shape:
+                    self._masked = np.empty_like(raw)
+                row = self._masked
+                np.copyto(row, raw)
+            row = self.constraint.mask(row, raw)
         if p.greedy:
             token = int(np.argmax(row))
         else:
@@ -107,6 +122,8 @@ class Sampler:
             token = self._full(row) if k == vocab and p.top_p >= 1.0 else self._cut(row, k)
         if self._adjust is not None:
             self._adjust.saw(token)
+        if self.constraint is not None:
+            self.constraint.advance(token)
         return token
 
     def _weights(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -45,3 +45,11 @@ class FakeExecutor:
 
     def release(self, slot):
         self.kv.free(slot)
+
+
+class RandomExecutor(FakeExecutor):
+    """Logits drawn at random, seeded by the last token: every token is possible, so a
+    grammar's mask decides what is picked."""
+
+    def _row(self, tok):
+        return np.random.default_rng(tok).standard_normal(self.cfg.vocab_size).astype(np.float32)

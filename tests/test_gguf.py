@@ -198,6 +198,30 @@ def test_cli_generate_streams_text_and_stops_at_end_of_turn(tiny, cache):
     chat = subprocess.run(cmd + ["--chat", "--json", "--no-prefix-cache"], capture_output=True, text=True,
                           timeout=300)
     assert chat.returncode == 0, chat.stderr
+    shaped = subprocess.run(cmd + ["--json", "--temperature", "1", "--regex", "[a-z]{2,4}-[0-9]"],
+                            capture_output=True, text=True, timeout=300)
+    assert shaped.returncode == 0, shaped.stderr
+    import re
+
+    out = json.loads(shaped.stdout)
+    assert re.fullmatch("[a-z]{2,4}-[0-9]", out["text"]) and out["ids"][-1] not in tok.stop_ids
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--regex", "[a-"], "--regex: at 1(8): invalid regex"),
+    (["--json-schema", '{"type": "objectx"}'], "--json-schema: Invalid type"),
+    (["--json-schema", "{nope"], "--json-schema is not JSON"),
+    (["--json-schema", "/no/such/schema.json"], "--json-schema /no/such/schema.json: cannot read"),
+    (["--choice", "a", "--prompt-ids", "1,2"], "needs --prompt (text)"),
+])
+def test_bad_structure_flags_are_one_line_before_anything_loads(tiny, tmp_path, capsys, flags, says):
+    from sandwich.cli import main
+
+    prompt = [] if "--prompt-ids" in flags else ["--prompt", "hi"]
+    code = main(["generate", "--model", str(tiny[0]), *prompt, *flags, "--cache-dir", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and says in err[0], err
+    assert not any(tmp_path.iterdir())  # nothing tuned or loaded
 
 
 @pytest.mark.tvm

@@ -7,13 +7,14 @@ their test ends."""
 import asyncio
 import contextlib
 import json
+import re
 import threading
 import time
 
 import httpx
 import numpy as np
 import pytest
-from engine_fakes import FakeExecutor
+from engine_fakes import FakeExecutor, RandomExecutor
 from gguf_tiny import CONFIG, write_tiny_gguf
 
 from sandwich.runtime import openai_api as api
@@ -97,6 +98,14 @@ def _expected(tok, prompt_ids, n, vocab=CONFIG["vocab"]):
     ({"prompt": []}, "prompt"),
     ({}, "prompt"),
     ({"prompt": "x", "model": 7}, "model"),
+    ({"prompt": "x", "structured_outputs": {"regex": "[a-"}}, "structured_outputs"),
+    ({"prompt": "x", "structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
+    ({"prompt": "x", "structured_outputs": {"choice": "a"}}, "structured_outputs"),
+    ({"prompt": "x", "structured_outputs": {"json": "{not json"}}, "structured_outputs"),
+    ({"prompt": "x", "structured_outputs": {"grammar": "start: foo"}}, "structured_outputs"),
+    ({"prompt": "x", "structured_outputs": 5}, "structured_outputs"),
+    ({"prompt": "x", "response_format": {"type": "json_object"},
+      "structured_outputs": {"regex": "a"}}, "structured_outputs"),
 ])
 def test_bad_completion_fields_are_named(body, param):
     with pytest.raises(ApiError) as e:
@@ -110,9 +119,35 @@ def test_bad_completion_fields_are_named(body, param):
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0]"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0]"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+    *[({"messages": [{"role": "user", "content": "x"}], **extra}, param) for extra, param in [
+        ({"tools": {"type": "function"}}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objectx"}}}]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}] * 2}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}],
+          "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}], "parallel_tool_calls": "yes"},
+         "parallel_tool_calls"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}], "response_format": {"type": "json_object"}},
+         "response_format"),
+        ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "x"}]}]}, "messages[0]"),
+    ]],
     ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
     ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"messages": [{"role": "user", "content": "x"}], "logprobs": 1}, "logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}, "response_format"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": "json"}, "response_format"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}},
+     "response_format"),
+    ({"messages": [{"role": "user", "content": "x"}],
+      "response_format": {"type": "json_schema", "json_schema": {"name": 3, "schema": {}}}}, "response_format"),
+    ({"messages": [{"role": "user", "content": "x"}],
+      "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "objectx"}}}},
+     "response_format"),
 ])
 def test_bad_chat_fields_are_named(body, param):
     with pytest.raises(ApiError) as e:
@@ -337,6 +372,137 @@ def test_metrics_count_choices_tokens_errors_and_latencies(tok):
     assert m[("sandwichc_error_responses_total", (("status", "400"),))] == 1
     assert m[("sandwichc_requests_running", ())] == m[("sandwichc_requests_waiting", ())] == 0
     assert ("sandwichc_prefix_reused_tokens_total", ()) in m
+
+
+def test_structured_output_fields_are_read_as_openai_and_vllm_send_them():
+    msgs = [{"role": "user", "content": "x"}]
+    assert api.parse_chat({"messages": msgs, "response_format": {"type": "text"}}).structure is None
+    js = api.parse_chat({"messages": msgs, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "person", "strict": True, "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}}})
+    assert js.structure.kind == "json" and json.loads(js.structure.spec)["properties"] == {"a": {"type": "integer"}}
+    assert json.loads(api.parse_chat({"messages": msgs, "response_format": {"type": "json_object"}})
+                      .structure.spec) == {"type": "object"}
+    read = [api.parse_completion({"prompt": "x", "structured_outputs": so}).structure for so in (
+        {"regex": "a+"}, {"choice": ["a", "b"]}, {"grammar": 'start: "a"'}, {"json": '{"type": "string"}'},
+        {"json_object": True})]
+    assert [(x.kind, x.spec) for x in read] == [
+        ("regex", "a+"), ("choice", '["a", "b"]'), ("grammar", 'start: "a"'), ("json", '{"type": "string"}'),
+        ("json", '{"type": "object"}')]
+
+
+def test_structured_replies_through_the_openai_client(tok):
+    """Random logits (every token possible): a chat reply under a JSON schema parses and fits
+    it, streamed or not; n sampled choices each parse; vLLM's structured_outputs (a regex,
+    streamed; choices) travel in extra_body; a bad regex is a 400 naming its field; every
+    structured reply ends 'stop' by its grammar, well before max_tokens."""
+    schema = {"type": "object", "additionalProperties": False, "required": ["n", "ok"],
+              "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 999}, "ok": {"type": "boolean"}}}
+
+    def fits(text):
+        x = json.loads(text)
+        return set(x) == {"n", "ok"} and type(x["n"]) is int and 0 <= x["n"] <= 999 and type(x["ok"]) is bool
+    fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}
+    with serving(RandomExecutor(max_batch=4, max_seq=256, vocab=CONFIG["vocab"]), tok) as (url, server):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        msgs = [{"role": "user", "content": "x"}]
+        r = client.chat.completions.create(model="tiny", messages=msgs, response_format=fmt, n=3, seed=1,
+                                           max_tokens=200)
+        assert all(c.finish_reason == "stop" and fits(c.message.content) for c in r.choices)
+        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model="tiny", messages=msgs, response_format=fmt, seed=1, max_tokens=200, stream=True))
+        assert streamed == r.choices[0].message.content
+        obj = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=200, seed=2,
+                                             response_format={"type": "json_object"})
+        assert isinstance(json.loads(obj.choices[0].message.content), dict)
+        pieces = client.completions.create(model="tiny", prompt="a", max_tokens=50, stream=True, seed=3,
+                                           extra_body={"structured_outputs": {"regex": "[a-z]{3}-[0-9]{2}"}})
+        assert re.fullmatch("[a-z]{3}-[0-9]{2}", "".join(c.choices[0].text for c in pieces))
+        picks = client.completions.create(model="tiny", prompt="a", max_tokens=50, n=4, seed=4, extra_body={
+            "structured_outputs": {"choice": ["red", "green", "blue"]}})
+        assert {c.text for c in picks.choices} <= {"red", "green", "blue"}
+        with pytest.raises(openai.BadRequestError, match="invalid regex") as e:
+            client.completions.create(model="tiny", prompt="a", extra_body={"structured_outputs": {"regex": "(a"}})
+        assert e.value.body["param"] == "structured_outputs"
+        _wait(lambda: server.loop.engine.running == 0)
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],
+                   "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer", "minimum": 1,
+                                                                                 "maximum": 7}}}}}
+CLOCK = {"type": "function", "function": {"name": "now", "parameters": {
+    "type": "object", "properties": {}, "additionalProperties": False}}}
+
+
+def test_tools_are_read_into_the_calls_json_and_earlier_calls_into_the_conversation():
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                "name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "-3 C"}]
+    p = api.parse_chat({"messages": msgs, "tools": [WEATHER, CLOCK]})
+    assert (p.tools.choice, p.tools.parallel, [t.name for t in p.tools.tools]) == ("auto", True, ["get_weather", "now"])
+    assert p.messages[2]["content"] == '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]}'
+    assert p.structure.kind == "json" and json.loads(p.structure.spec) == p.tools.schema()
+    convo = p.tools.messages(p.messages)
+    assert len(convo) == 4 and convo[0]["content"].startswith("Be brief.\n\nYou can call these tools: ")
+    assert '"get_weather"' in convo[0]["content"] and p.messages[0]["content"] == "Be brief."
+    named = api.parse_chat({"messages": msgs[1:2], "tools": [WEATHER, CLOCK], "parallel_tool_calls": False,
+                            "tool_choice": {"type": "function", "function": {"name": "now"}}}).tools
+    assert [t.name for t in named.callable] == ["now"] and named.messages(msgs[1:2])[0]["role"] == "system"
+    assert named.schema()["properties"]["tool_calls"]["maxItems"] == 1
+    assert api.parse_chat({"messages": msgs, "tools": [WEATHER], "tool_choice": "none"}).tools is None
+    content, calls = p.tools.reply('{"tool_calls": [{"name": "now", "arguments": {}}]}')
+    assert content is None and [(c.name, c.arguments) for c in calls] == [("now", "{}")]
+    assert p.tools.reply('{"response": "Hi"}') == ("Hi", ())
+    assert p.tools.reply('{"tool_calls": [{"na') == ('{"tool_calls": [{"na', ())  # cut by max_tokens
+
+
+def test_tool_calls_through_the_openai_client(tok):
+    """Random logits: 'required' always calls, with arguments that fit the tool's parameters;
+    a named tool is the only one called; without parallel calls there is one; 'auto' calls or
+    answers; streamed, the calls come in one delta; 'none' is the plain reply; the prompt
+    carries the tools; a conversation with earlier calls and their results goes through."""
+    with serving(RandomExecutor(max_batch=4, max_seq=4096, vocab=CONFIG["vocab"]), tok) as (url, server):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        msgs = [{"role": "user", "content": "Weather in Oslo?"}]
+
+        def chat(**kw):
+            return client.chat.completions.create(model="tiny", messages=msgs, **{"max_tokens": 1000, **kw})
+
+        def fits(call):
+            args = json.loads(call.function.arguments)
+            if call.function.name == "now":
+                return args == {}
+            return (call.function.name == "get_weather" and args["city"] in ("Paris", "Oslo")
+                    and set(args) <= {"city", "days"} and 1 <= args.get("days", 1) <= 7)
+        r = chat(tools=[WEATHER, CLOCK], tool_choice="required", n=4, seed=5)
+        for c in r.choices:
+            assert c.finish_reason == "tool_calls" and c.message.content is None
+            assert c.message.tool_calls and all(fits(t) and t.id.startswith("call_") for t in c.message.tool_calls)
+        assert "get_weather" in tok.decode(server.loop.engine.ex.starts[-1][1])  # the tools are in the prompt
+        named = chat(tools=[WEATHER, CLOCK], tool_choice={"type": "function", "function": {"name": "now"}},
+                     parallel_tool_calls=False, n=3, seed=6)
+        assert all([t.function.name for t in c.message.tool_calls] == ["now"] for c in named.choices)
+        auto = chat(tools=[WEATHER], n=6, seed=7).choices  # an answer may run to max_tokens: its raw text
+        kinds = {c.finish_reason for c in auto}
+        assert "tool_calls" in kinds and kinds <= {"tool_calls", "stop", "length"}
+        assert all(c.message.content is None and all(map(fits, c.message.tool_calls)) if c.finish_reason == "tool_calls"
+                   else c.message.content and c.message.tool_calls is None for c in auto)
+        calls = {}
+        for ch in chat(tools=[WEATHER, CLOCK], tool_choice="required", seed=5, stream=True):
+            for t in ch.choices[0].delta.tool_calls or []:
+                calls[t.index] = (t.function.name, t.function.arguments)
+        assert list(calls.values()) == [(t.function.name, t.function.arguments) for t in r.choices[0].message.tool_calls]
+        assert chat(tools=[WEATHER], tool_choice="none", seed=8).choices[0].message.content == chat(seed=8).choices[0].message.content
+        cut = chat(tools=[WEATHER], tool_choice="required", max_tokens=3, seed=5).choices[0]
+        assert (cut.finish_reason, cut.message.tool_calls) == ("length", None) and cut.message.content
+        call = r.choices[0].message.tool_calls[0]
+        later = client.chat.completions.create(model="tiny", max_tokens=300, seed=9, tools=[WEATHER, CLOCK], messages=[
+            *msgs, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": "-3 C"}])
+        assert later.choices[0].finish_reason in ("stop", "tool_calls")
+        _wait(lambda: server.loop.engine.running == 0)
 
 
 def test_vllms_length_controls_as_benchmark_clients_send_them(tok):

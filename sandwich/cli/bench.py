@@ -15,6 +15,7 @@ from sandwich.cli.common import (
     add_weights_arg,
     cache_dir_arg,
     int_list,
+    read_text,
     threads_of,
 )
 from sandwich.errors import ConfigError
@@ -422,10 +423,7 @@ def _run_http(args) -> int:
 
     if min(args.prompt_len, args.max_tokens, args.repeats, args.clients, args.max_batch) < 1:
         raise ConfigError("--prompt-len, --max-tokens, --repeats, --clients and --max-batch must be >= 1")
-    try:
-        text = Path(args.text).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{args.text}: cannot read it as UTF-8 text ({e})") from None
+    text = read_text(args.text)
     threads = threads_of(args)
     engine_args = _argparse.Namespace(**vars(args) | dict(
         tp=1, ops="dsl", prefill_config=None, decode_config=None, no_warmup=False, no_tune=False,

@@ -74,3 +74,14 @@ def int_list(text: str, flag: str) -> list[int]:
     if not values or values[0] < 1:
         raise ConfigError(f"{flag} values must be >= 1, got {text!r}")
     return values
+
+
+def read_text(path: str, what: str | None = None) -> str:
+    """A UTF-8 text file the user named, or a one-line error saying which (`what`: the flag)."""
+    from sandwich.errors import ConfigError
+
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        where = f"{what} {path}" if what else path
+        raise ConfigError(f"{where}: cannot read it as UTF-8 text ({e})") from None

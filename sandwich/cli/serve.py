@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sandwich.cli.common import read_text
 from sandwich.cli.engines import ensure_tuned, schedule_arg
 from sandwich.cli.engines import make_engine as _engine
 from sandwich.errors import ConfigError
@@ -135,6 +136,14 @@ def register_serving(sub) -> None:
     g.add_argument("--max-new-tokens", type=int, default=128)
     sampling_args(g)
     g.add_argument("--stop-ids", type=_id_list, default=(), help="comma-separated stop token ids")
+    shape = g.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="FILE|JSON",
+                       help="the reply is JSON that fits this schema (a file, or the schema itself)")
+    shape.add_argument("--regex", help="the whole reply matches this regular expression")
+    shape.add_argument("--choice", action="append", metavar="TEXT",
+                       help="the reply is one of these texts (repeat the flag for each)")
+    shape.add_argument("--grammar", metavar="FILE",
+                       help="the reply is what this Lark grammar's start rule derives (llguidance's dialect)")
     g.add_argument("--json", action="store_true",
                    help='print {"ids": [...], "text": ..., "ttft_ms": ..., "tpot_ms": ...}')
     g.add_argument("--logprobs", type=int, default=None, metavar="K",
@@ -185,6 +194,37 @@ def _prompt(args):
     return ids, tok, tuple(args.stop_ids) + tuple(sorted(tok.stop_ids))
 
 
+def _structure(args, tok):
+    """The Structure the reply must parse as (runtime/structured.py), or None; checked before
+    anything slow."""
+    import json
+
+    from sandwich.runtime.structured import Structure
+
+    if args.json_schema is None and args.regex is None and args.choice is None and args.grammar is None:
+        return None
+    if tok is None:
+        raise ConfigError("a structured reply needs --prompt (text), not --prompt-ids")
+    if args.json_schema is not None:
+        text = args.json_schema
+        if not text.lstrip().startswith("{"):
+            text = read_text(text, "--json-schema")
+        try:
+            structure, flag = Structure.json_schema(json.loads(text)), "--json-schema"
+        except ValueError as e:
+            raise ConfigError(f"--json-schema is not JSON: {e}") from None
+    elif args.regex is not None:
+        structure, flag = Structure("regex", args.regex), "--regex"
+    elif args.choice is not None:
+        structure, flag = Structure.choice(args.choice), "--choice"
+    else:
+        structure, flag = Structure("grammar", read_text(args.grammar, "--grammar")), "--grammar"
+    why = structure.problem()
+    if why:
+        raise ConfigError(f"{flag}: {why}")
+    return structure
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     import json
 
@@ -195,13 +235,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.logprobs is not None and not args.json:
         raise ConfigError("--logprobs shows in the JSON output: add --json")
     ids, tok, stop = _prompt(args)
+    structure = _structure(args, tok)
     need = len(ids) + args.max_new_tokens - 1
     engine = _engine(args, max_batch=1, max_seq=args.max_seq or max(need, 1))
+    if structure is not None:
+        from sandwich.runtime.structured import Grammars
+
+        engine.grammars = Grammars.of(tok, engine.vocab_size)
     if tok is not None and not args.json:  # stream the text as it is sampled
         step = tok.stream()
         engine.on_token = lambda _, token, _lp: print(step(token), end="", flush=True)
     req = Request(prompt=ids, max_new_tokens=args.max_new_tokens, stop=stop,
-                  logprobs=args.logprobs, **sampling_of(args))
+                  logprobs=args.logprobs, structure=structure, **sampling_of(args))
     (res,) = engine.run([req])
     if res.error:
         raise RequestError(res.error)
@@ -238,7 +283,6 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 def cmd_perplexity(args: argparse.Namespace) -> int:
     import json
     import os
-    from pathlib import Path
 
     from tqdm import tqdm
 
@@ -249,10 +293,7 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     from sandwich.runtime.tokenizer import load_tokenizer
     from sandwich.tuner.kernel_cache import KernelCache
 
-    try:
-        text = Path(args.text).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{args.text}: cannot read it as UTF-8 text ({e})") from None
+    text = read_text(args.text)
     ids = load_tokenizer(args.model).encode(text)
     spans = windows(len(ids), args.ctx)
     cache = KernelCache(cache_dir_arg(args))
