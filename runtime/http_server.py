@@ -39,6 +39,7 @@ ENGINE_PARAMS = {"logit_bias": "logit_bias", "min_tokens": "min_tokens",
 class ServerSettings:
     model_name: str  # what /v1/models lists and requests must name
     max_body_bytes: int = 1 << 20
+    api_key: str | None = None  # /v1/ routes then need `Authorization: Bearer <key>`
 
 
 @dataclass(frozen=True)
@@ -81,8 +82,10 @@ class OpenAIServer:
                   Route("/v1/models/{model:path}", self.model, methods=["GET"]),
                   Route("/v1/completions", self.completions, methods=["POST"]),
                   Route("/v1/chat/completions", self.chat_completions, methods=["POST"])]
-        return Starlette(routes=routes, exception_handlers={
+        app = Starlette(routes=routes, exception_handlers={
             ApiError: self._api_error, HTTPException: _http_error, Exception: _internal_error})
+        key = self.settings.api_key
+        return app if not key else _KeyCheck(app, key, self.metrics)
 
     # -- routes ----------------------------------------------------------------------------
     async def health(self, request):
@@ -395,6 +398,27 @@ async def _merged(gens: list[AsyncIterator]) -> AsyncIterator[tuple[int, Any]]:
     finally:
         for t in tasks:
             t.cancel()
+
+
+class _KeyCheck:
+    """ASGI: the /v1/ routes answer only a request that carries `Authorization: Bearer <key>`
+    (as vLLM's and llama.cpp's --api-key); /health and /metrics stay open for probes."""
+
+    def __init__(self, app, key: str, metrics: ServerMetrics) -> None:
+        self.app, self.key, self.metrics = app, f"Bearer {key}".encode(), metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not secrets.compare_digest(given, self.key):
+                from starlette.responses import JSONResponse
+
+                self.metrics.errors.labels("401").inc()
+                err = ApiError("missing or wrong API key: send 'Authorization: Bearer <key>'",
+                               status=401, kind="authentication_error", code="invalid_api_key")
+                await JSONResponse(err.body(), 401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 async def _whole(work) -> AsyncIterator[Any]:

@@ -39,10 +39,10 @@ def tok(tiny):
 
 
 @contextlib.contextmanager
-def serving(executor, tok, *, max_body=1 << 20):
+def serving(executor, tok, *, max_body=1 << 20, api_key=None):
     """An in-process server on a free 127.0.0.1 port over `executor`; stopped on exit."""
     loop = EngineLoop(Engine(executor)).start()
-    server = OpenAIServer(loop, tok, ServerSettings("tiny", max_body))
+    server = OpenAIServer(loop, tok, ServerSettings("tiny", max_body, api_key))
     sock = bind("127.0.0.1", 0)
     uv = make_uvicorn(server.app())
     thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -505,6 +505,20 @@ def test_tool_calls_through_the_openai_client(tok):
         _wait(lambda: server.loop.engine.running == 0)
 
 
+def test_an_api_key_guards_the_v1_routes_and_leaves_the_probes_open(tok):
+    with serving(FakeExecutor(max_batch=2, max_seq=64, vocab=CONFIG["vocab"]), tok, api_key="s3cret") as (url, _):
+        for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "s3cret"}):
+            r = httpx.post(url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2}, headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+            assert httpx.get(url + "/v1/models", headers=headers).status_code == 401
+        assert httpx.get(url + "/health").status_code == 200
+        assert 'sandwichc_error_responses_total{status="401"} 6.0' in httpx.get(url + "/metrics").text
+        good = openai.OpenAI(base_url=url + "/v1", api_key="s3cret", max_retries=0)
+        assert good.completions.create(model="tiny", prompt=[1, 2], max_tokens=2, temperature=0).choices[0].text
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
+
+
 def test_vllms_length_controls_as_benchmark_clients_send_them(tok):
     """The fake model's next token is last + 1, so a prompt ending just before an end-of-turn
     id replies with that id alone; `min_tokens` holds every stop id back (greedy takes the
@@ -777,8 +791,8 @@ def test_sandwichc_serve_answers_as_generate_does(tiny, cache):
 
     plain, chat = generate(), generate("--chat")
     msgs = [{"role": "user", "content": "hello world"}]
-    with ServerProcess(common + ["--max-batch", "4", "--max-seq", "64"], timeout_s=300) as srv:
-        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    with ServerProcess(common + ["--max-batch", "4", "--max-seq", "64", "--api-key", "k"], timeout_s=300) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="k", max_retries=0)
         kw = dict(model="tiny", max_tokens=8, temperature=0)
         assert client.completions.create(prompt="hello world", **kw).choices[0].text == plain
         assert "".join(c.choices[0].text for c in client.completions.create(
@@ -786,6 +800,8 @@ def test_sandwichc_serve_answers_as_generate_does(tiny, cache):
         assert client.chat.completions.create(messages=msgs, **kw).choices[0].message.content == chat
         assert "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
             messages=msgs, stream=True, **kw)) == chat
-        bad = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 100})
+        bad = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 100},
+                         headers={"Authorization": "Bearer k"})
         assert bad.status_code == 400 and "max_seq" in bad.json()["error"]["message"]
+        assert httpx.post(srv.url + "/v1/completions", json={"prompt": "x"}).status_code == 401
     assert srv.proc.returncode == 0  # Ctrl-C (SIGINT) stops it cleanly

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from sandwich.cli.common import port_number
@@ -25,6 +26,9 @@ def register(sub) -> None:
                    help="the model id clients send and /v1/models lists (default: the --model name)")
     s.add_argument("--max-body-bytes", type=int, default=1 << 20,
                    help="larger request bodies get a 400")
+    s.add_argument("--api-key", default=os.environ.get("SANDWICHC_API_KEY"),
+                   help="the /v1/ routes need 'Authorization: Bearer KEY' (default: the "
+                   "SANDWICHC_API_KEY environment variable; none: open)")
     s.add_argument("--log-level", default="warning",
                    choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level (info logs every request)")
@@ -51,7 +55,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     max_seq = args.max_seq or min(DEFAULT_MAX_SEQ, load_model_config(args.model).max_position_embeddings)
     engine = _engine(args, max_batch=args.max_batch, max_seq=max_seq)
     name = args.served_model_name or served_name(args.model)
-    server = OpenAIServer(EngineLoop(engine).start(), tok, ServerSettings(name, args.max_body_bytes))
+    server = OpenAIServer(EngineLoop(engine).start(), tok,
+                          ServerSettings(name, args.max_body_bytes, args.api_key or None))
     host, port = sock.getsockname()[:2]
     print(f"sandwichc: serving {name!r} on http://{host}:{port}/v1 (max_batch {args.max_batch}, "
           f"max_seq {max_seq}); Ctrl-C stops", file=sys.stderr, flush=True)
