@@ -26,6 +26,7 @@ from sandwich.runtime.request import Request, RequestError, Result
 from sandwich.runtime.sampling import Sampler
 from sandwich.runtime.schedule.base import Schedule
 from sandwich.runtime.schedule.sandwich import SandwichSchedule
+from sandwich.runtime.speculate import Drafter, Speculation
 from sandwich.runtime.structured import Grammars
 
 
@@ -38,6 +39,8 @@ class EngineStats:
     errors: int = 0
     phase_switches: int = 0  # prefill <-> decode transitions
     phase_applied: int = 0  # transitions that changed the CPU set or thread count
+    drafted: int = 0  # speculative decoding: tokens guessed, and those the sampler took
+    accepted: int = 0
 
 
 @dataclass
@@ -52,6 +55,7 @@ class _Seq:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # when the request asks
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     first: float = 0.0
+    drafter: Drafter | None = None  # speculative decoding's guesses (runtime/speculate.py)
 
 
 class Engine:
@@ -61,10 +65,14 @@ class Engine:
                  vocab_size: int | None = None, max_queue: int | None = None,
                  clock: Callable[[], float] = time.perf_counter,
                  on_token: Callable[[int, int, TokenLogprob | None], None] | None = None,
-                 schedule: Schedule | None = None, grammars: Grammars | None = None) -> None:
+                 schedule: Schedule | None = None, grammars: Grammars | None = None,
+                 speculation: Speculation | None = None) -> None:
         self.ex, self.clock = executor, clock
         # structured replies' grammars over the model's tokenizer (None: such requests fail)
         self.grammars = grammars
+        # prompt-lookup drafts checked in each decode step (runtime/speculate.py); an executor
+        # without `verify` (tensor-parallel, a TP change between phases) decodes a token a step
+        self.speculation = speculation
         self.schedule = schedule or SandwichSchedule()
         # (ticket, token id, its log-probability if asked) as each token is sampled: streaming
         self.on_token = on_token
@@ -223,15 +231,64 @@ class Engine:
         self._retire()
 
     def decode(self) -> None:
-        """One token for every running sequence, in one executor call."""
+        """One token for every running sequence, in one executor call; with speculation, the
+        drafted tokens too, in the same call, and as many tokens as the sampler takes."""
         self.enter("decode")
         run = self._running
+        drafts = self._drafts()
         try:
-            logits = self.ex.decode([s.slot for s in run], [s.ids[-1] for s in run])
+            if drafts is not None:
+                rows = self.ex.verify([s.slot for s in run],
+                                      [[s.ids[-1], *d] for s, d in zip(run, drafts, strict=True)])
+            else:
+                logits = self.ex.decode([s.slot for s in run], [s.ids[-1] for s in run])
         except SandwichError as e:
             self._fail_running(f"decode step failed: {e}")
             return
-        self._sample(logits)
+        if drafts is not None:
+            self._take(rows, drafts)
+        else:
+            self._sample(logits)
+
+    def _drafts(self) -> list[list[int]] | None:
+        """Each running sequence's guessed next tokens (never past its max_new_tokens), or
+        None when speculation is off or nothing is guessed."""
+        spec, run = self.speculation, self._running
+        if spec is None or not spec.draft or not hasattr(self.ex, "verify"):
+            return None
+        room = getattr(self.ex, "max_tokens", 0) - len(run)  # rows one forward pass holds
+        out = []
+        for s in run:
+            if s.drafter is None or s.drafter.spec != spec:
+                s.drafter = Drafter(spec)
+            k = min(spec.draft, s.req.max_new_tokens - len(s.ids) - 1, room)
+            d = s.drafter.propose(s.req.prompt + tuple(s.ids), k) if k > 0 else []
+            room -= len(d)
+            out.append(d)
+        return out if any(out) else None
+
+    def _take(self, rows: np.ndarray, drafts: list[list[int]]) -> None:
+        """Sample each sequence's rows in order while the picks equal its drafts (so the
+        tokens are those a token-a-step decode picks: the same rows, the same draws); drop
+        the positions of the drafts not taken; retire the finished."""
+        self.stats.steps += 1
+        now, o = self.clock(), 0
+        for s, d in zip(self._running, drafts, strict=True):
+            took = 0
+            for j in range(len(d) + 1):
+                token = s.sampler(rows[o + j])  # type: ignore[misc]
+                self._append(s, token, rows[o + j])
+                s.times.append(now)
+                self.stats.decode_tokens += 1
+                if j == len(d) or token != d[j] or self._ends(s):
+                    break
+                took += 1
+            self.ex.trim(s.slot, len(d) - took)
+            s.drafter.taken(len(d), took)  # type: ignore[union-attr]
+            self.stats.drafted += len(d)
+            self.stats.accepted += took
+            o += len(d) + 1
+        self._retire(now)
 
     def hybrid(self, work: PrefillWork | None) -> np.ndarray | None:
         """One iteration: a token for every running sequence and, in the same forward pass,
@@ -292,10 +349,10 @@ class Engine:
                 self._release(s)
                 self.fail(s, grammar.error)
                 continue
-            stop = s.ids[-1] in s.req.stop or (grammar is not None and grammar.done)
-            if not stop and len(s.ids) < s.req.max_new_tokens:
+            if not self._ends(s):
                 keep.append(s)
                 continue
+            stop = s.ids[-1] in s.req.stop or (grammar is not None and grammar.done)
             self._release(s)
             n = len(s.ids)
             tpot = (now - s.first) / (n - 1) * 1e3 if n > 1 else 0.0
@@ -305,6 +362,14 @@ class Engine:
                                      token_times=tuple(s.times), logprobs=tuple(s.logprobs),
                                      prompt_logprobs=tuple(s.prompt_logprobs)))
         self._running = keep
+
+    @staticmethod
+    def _ends(s: _Seq) -> bool:
+        """Whether the sequence's last token ends it: a stop id, its length, or its grammar
+        complete or broken."""
+        grammar = getattr(s.sampler, "constraint", None)
+        return (s.ids[-1] in s.req.stop or len(s.ids) >= s.req.max_new_tokens
+                or (grammar is not None and (grammar.done or grammar.error is not None)))
 
     def _release(self, seq: _Seq) -> None:
         if seq.slot >= 0:

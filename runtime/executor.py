@@ -180,6 +180,26 @@ class Executor:
         """One new token per slot; returns logits (B, vocab), a view of the permanent buffer."""
         return self.forward(self._decode_segments("decode", slots, tokens), tokens)
 
+    def verify(self, slots: Sequence[int], tokens: Sequence[Sequence[int]]) -> np.ndarray:
+        """Speculative decoding's check: each slot's last token and the tokens drafted after
+        it, all in one forward pass (a decode step's weight reads, more rows); returns the
+        logits of every row, the slots' rows in order (a fresh array). `trim` then drops the
+        positions of drafts that were not taken."""
+        if len(slots) != len(tokens) or not all(tokens):
+            raise ShapeError(f"verify got {len(slots)} slots and {len(tokens)} token lists "
+                             f"(each holds at least the slot's last token)")
+        segments = []
+        for s, t in zip(slots, tokens, strict=True):
+            self.kv.check_room(s, len(t))
+            segments.append((int(s), int(self.kv.lens[s]), len(t)))
+        flat = [int(x) for t in tokens for x in t]
+        self.forward(segments, flat, head=False)
+        return self._head_rows(0, len(flat))
+
+    def trim(self, slot: int, n: int) -> None:
+        """Drop a slot's last n positions (rejected drafts)."""
+        self.kv.trim(slot, n)
+
     def reserve(self, prompt: Sequence[int] = ()) -> int:
         """Take a slot for a prompt that a hybrid schedule prefills over several `iterate`
         calls, from the slot's length on (what it already holds of the prompt)."""
@@ -274,9 +294,10 @@ class Executor:
 
     # -- the forward pass ----------------------------------------------------------------
     def forward(self, segments: Sequence[Segment], tokens: Sequence[int], *,
-                span: tuple[int, int] | None = None) -> np.ndarray:
+                span: tuple[int, int] | None = None, head: bool = True) -> np.ndarray:
         """Run every layer on the segments' tokens, write K/V, return the last logits of each
-        segment that went through the last layer.
+        segment that went through the last layer (head=False: no head, nothing returned; the
+        caller runs it on the rows it needs).
 
         With `span` (first, end) the last segment runs only those decoder layers (layered
         prefill): its hidden states wait in the `carry` buffer between calls, and its length
@@ -319,7 +340,7 @@ class Executor:
             self.kv.lens[slot] = start + n
             self.kv.record(slot, start, tokens[t0: t0 + n])
             t0 += n
-        return self._head(finished)
+        return self._head(finished) if head else b["logits"][:0]
 
     def _layer_on(self, layer: int, segments: Sequence[Segment], n_tok: int, pos: np.ndarray) -> None:
         """One layer; a decode step (one token per sequence) runs decode's kernels when the

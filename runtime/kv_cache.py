@@ -134,6 +134,18 @@ class KVCache:
         del ids[start:]
         ids.extend(int(t) for t in tokens)
 
+    def trim(self, slot: int, n: int) -> None:
+        """Drop the slot's last n positions (drafted tokens a speculative step rejected):
+        they are written over by the next tokens."""
+        self._check_slot(slot)
+        keep = int(self.lens[slot]) - n
+        if not 0 <= n <= int(self.lens[slot]):
+            raise CapacityError(f"cannot drop {n} of slot {slot}'s {int(self.lens[slot])} positions")
+        self.lens[slot] = keep
+        ids = self.ids[slot]
+        if ids is not None:
+            del ids[keep:]
+
     def in_use(self) -> list[int]:
         return sorted(self._used)
 

@@ -47,6 +47,21 @@ class FakeExecutor:
         self.kv.free(slot)
 
 
+class SpeculatingExecutor(FakeExecutor):
+    """The fake with speculative decoding's two calls: every row's logits, then a trim."""
+
+    max_tokens = 64
+
+    def verify(self, slots, tokens):
+        for s, t in zip(slots, tokens, strict=True):
+            self.kv.check_room(s, len(t))
+            self.kv.lens[s] += len(t)
+        return np.stack([self._row(t) for ts in tokens for t in ts])
+
+    def trim(self, slot, n):
+        self.kv.trim(slot, n)
+
+
 class RandomExecutor(FakeExecutor):
     """Logits drawn at random, seeded by the last token: every token is possible, so a
     grammar's mask decides what is picked."""

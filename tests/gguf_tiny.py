@@ -107,14 +107,15 @@ def _tensor(w: np.ndarray, kind: str):
 
 
 def write_tiny_gguf(path: Path, *, seed: int = 0, arch: str = "llama", vocab: str = "gpt2",
-                    types: dict[str, str] | None = None) -> tuple[Path, object]:
+                    types: dict[str, str] | None = None, ctx: int | None = None) -> tuple[Path, object]:
     """Write the file with a gpt2 byte-level BPE vocabulary (and a chat template) or a llama
     SentencePiece one (`vocab="spm"`); `types` overrides TYPES (GGUF name -> GGML type, the
-    token embedding included); returns (path, the trained tokenizer it carries)."""
+    token embedding included); `ctx` the context length; returns (path, the trained tokenizer
+    it carries)."""
     types = {**TYPES, "token_embd.weight": "Q8_0", **(types or {})}
     import gguf
 
-    c = CONFIG
+    c = CONFIG | ({"ctx": ctx} if ctx else {})
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name("tiny-gguf")
     w.add_context_length(c["ctx"])

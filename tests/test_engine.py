@@ -445,3 +445,73 @@ def test_serve_bench_cli_on_an_azure_trace_with_a_fake_engine(tmp_path, monkeypa
     assert doc["records"][1]["error"].startswith("prompt of 40 tokens")
     assert doc["slowdown"]["compared"] == 2 and len(doc["goodput"]["probes"]) <= 3
     assert doc["goodput"]["rate"] == 0.0 or doc["goodput"]["rate"] >= 10  # 1 of 3 always fails
+
+
+# -- speculative decoding (runtime/speculate.py) ------------------------------------------------
+def test_prompt_lookup_proposes_what_followed_the_latest_earlier_suffix():
+    from sandwich.runtime.speculate import Speculation
+
+    s = Speculation(draft=3, ngram=3)
+    assert s.propose([1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3], 3) == [7, 8, 1]  # the latest match wins
+    assert s.propose([5, 6, 1, 2, 3, 4, 2, 3], 3) == [4, 2, 3]  # the longest suffix that recurs
+    assert s.propose([1, 2, 3, 4], 3) == []  # nothing recurs
+    assert s.propose([4, 4], 3) == [4]  # a run: the next token is the last one again
+    assert s.propose([1, 2, 1, 2], 0) == []
+    with pytest.raises(ConfigError):
+        Speculation(draft=-1)
+    from sandwich.runtime.speculate import MAX_WAIT, Drafter
+
+    d, ctx = Drafter(s), [7, 8, 7]
+    guesses = []
+    for took in [0, 0, 0, 1, 0] + [0] * 40:  # a step's outcome, whenever the drafter guessed
+        while not d.propose(ctx, 2):
+            guesses.append(".")
+        guesses.append("g")
+        d.taken(2, took)
+    # after failures it waits 1, 2, 4 steps; a taken draft resets the wait; it never waits longer than MAX_WAIT
+    assert "".join(guesses).startswith("g.g..g....gg.g..g....g........g")
+    assert max(map(len, "".join(guesses).split("g"))) == MAX_WAIT
+
+
+def test_speculation_takes_the_drafts_the_sampler_picks_and_keeps_the_tokens():
+    """Fake model: next = last + 1. A prompt that holds its own continuation is taken several
+    tokens a step; a prompt that misleads the drafts gets one step per token, as without
+    speculation; greedy, sampled and with a length or stop id inside a step, the tokens and
+    finish equal those without; rejected drafts leave the cache."""
+    from engine_fakes import SpeculatingExecutor
+
+    from sandwich.runtime.speculate import Speculation
+
+    def run(reqs, draft):
+        ex = SpeculatingExecutor(max_batch=3, max_seq=64, vocab=50)
+        eng = Engine(ex, speculation=Speculation(draft=draft))
+        res = eng.run(reqs)
+        assert ex.kv.in_use() == []
+        return [(r.ids, r.finish) for r in res], eng.stats
+
+    reqs = [Request(prompt=(1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2), max_new_tokens=12),  # 3.. follows 1, 2
+            Request(prompt=(3, 9, 3, 9, 3), max_new_tokens=6),  # drafts 9s, the model says 4, 5, ...
+            Request(prompt=(10, 11, 12, 13, 10, 11), max_new_tokens=9, temperature=0.8, seed=3),
+            Request(prompt=(20, 21, 22, 23, 24, 20), max_new_tokens=10, stop=(23,))]
+    plain, base = run(reqs, 0)
+    fast, stats = run(reqs, 4)
+    assert fast == plain and base.drafted == 0
+    assert plain[3] == ((21, 22, 23), "stop") and plain[0][0][:3] == (3, 4, 5)
+    assert stats.accepted > 0 and stats.drafted > stats.accepted and stats.steps < base.steps
+    assert stats.decode_tokens == base.decode_tokens
+
+
+@pytest.mark.tvm
+def test_speculation_on_the_tuned_model_keeps_the_greedy_tokens(ex):
+    """The executor's verify pass (every drafted row through the prefill kernels, the head on
+    all rows, then the rejected positions trimmed) against a token-a-step decode."""
+    from sandwich.runtime.schedule import ChunkedSchedule
+    from sandwich.runtime.speculate import Speculation
+
+    prompts = [(5, 6, 7, 8, 5, 6, 7, 8, 5, 6), (9, 10, 9, 10, 9, 10), tuple(PROMPTS[0])]
+    for schedule in (None, ChunkedSchedule(4)):  # chunked: decode steps with no chunk in flight speculate
+        eng = Engine(ex, speculation=Speculation(draft=4), schedule=schedule)
+        res = eng.run([Request(prompt=p, max_new_tokens=12) for p in prompts])
+        assert eng.stats.drafted > eng.stats.accepted > 0 and ex.kv.in_use() == []
+        for p, r in zip(prompts, res, strict=True):
+            _assert_same_greedy(list(r.ids), *_alone(ex, p, 12))

@@ -198,6 +198,9 @@ def test_cli_generate_streams_text_and_stops_at_end_of_turn(tiny, cache):
     chat = subprocess.run(cmd + ["--chat", "--json", "--no-prefix-cache"], capture_output=True, text=True,
                           timeout=300)
     assert chat.returncode == 0, chat.stderr
+    fast = subprocess.run(cmd + ["--json", "--speculate", "4"], capture_output=True, text=True, timeout=300)
+    assert fast.returncode == 0, fast.stderr
+    assert json.loads(fast.stdout)["ids"] == out["ids"]  # prompt-lookup drafts keep the tokens
     shaped = subprocess.run(cmd + ["--json", "--temperature", "1", "--regex", "[a-z]{2,4}-[0-9]"],
                             capture_output=True, text=True, timeout=300)
     assert shaped.returncode == 0, shaped.stderr
@@ -213,8 +216,9 @@ def test_cli_generate_streams_text_and_stops_at_end_of_turn(tiny, cache):
     (["--json-schema", "{nope"], "--json-schema is not JSON"),
     (["--json-schema", "/no/such/schema.json"], "--json-schema /no/such/schema.json: cannot read"),
     (["--choice", "a", "--prompt-ids", "1,2"], "needs --prompt (text)"),
+    (["--speculate", "-1"], "speculation needs draft >= 0"),
 ])
-def test_bad_structure_flags_are_one_line_before_anything_loads(tiny, tmp_path, capsys, flags, says):
+def test_bad_generate_flags_are_one_line_before_anything_loads(tiny, tmp_path, capsys, flags, says):
     from sandwich.cli import main
 
     prompt = [] if "--prompt-ids" in flags else ["--prompt", "hi"]
@@ -252,6 +256,25 @@ def test_bench_prefix_prefills_only_a_turns_new_tokens_and_keeps_the_replies(tin
         assert all(r["llama_cpp_whole_ms"] > 0 and r["llama_cpp_reuse_ms"] > 0 for r in rows)
         assert "llama.cpp kept ms" in (tmp_path / "p.md").read_text()
     assert main(argv[:4] + ["--turns", "7"]) == 1  # one line: the built-in chat has 6 turns
+
+
+@pytest.mark.tvm
+def test_bench_speculate_times_each_task_off_and_on_with_the_same_ids(cache, tmp_path):
+    import json
+
+    from sandwich.cli import main
+
+    path, _ = write_tiny_gguf(tmp_path / "long.gguf", ctx=1024)  # the tasks' prompts fit
+    tune_model(path, cache)
+    out = tmp_path / "s.json"
+    assert main(["bench", "speculate", "--model", str(path), "--draft", "3", "--rounds", "1",
+                 "--max-new-tokens", "12", "--cache-dir", str(cache.dir), "--threads", "2",
+                 "--json", str(out), "--md", str(tmp_path / "s.md")]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["task"] for r in rows] == ["proofread", "edit code", "quote", "story"]
+    assert all(r["same_ids"] and r["draft"] == 3 and r["tpot_off_ms"] > 0 and r["tpot_on_ms"] > 0
+               and 0 <= r["taken"] <= 1 and 0 < r["passes_per_token"] <= 1 for r in rows)
+    assert "| quote | 3 |" in (tmp_path / "s.md").read_text()
 
 
 def test_perplexity_windows_and_value():

@@ -40,7 +40,9 @@ class HybridSchedule(Schedule):
         if self._seq is None:
             self._admit(engine)
         work = None if self._seq is None else self.work(engine, self._seq.req.prompt)
-        if work is None and not engine.running:
+        if work is None:  # no prompt in flight: a plain decode step (speculating, when on)
+            if engine.running:
+                engine.decode()
             return
         decodes = engine.running  # their rows come first in the forward pass
         try:

@@ -105,6 +105,21 @@ def register(sub) -> None:
     add_cache_arg(pr)
     pr.set_defaults(func=_run_prefix)
 
+    sp = bsub.add_parser("speculate", help="speculative decoding by prompt lookup against a "
+                         "token-a-step decode: TPOT per task (replies that copy their context, "
+                         "and one that does not), the drafts taken, the same ids")
+    sp.add_argument("--model", default="smollm2", help="a .gguf file, an installed model or an "
+                    "HF directory with tokenizer.json and a chat template")
+    sp.add_argument("--draft", default="4,8", help="comma-separated draft lengths (--speculate's K)")
+    sp.add_argument("--max-new-tokens", type=int, default=128)
+    sp.add_argument("--rounds", type=int, default=3, help="off/on pairs per task and draft length")
+    sp.add_argument("--json", dest="json_out", default=None,
+                    help="default results/cpus/<mcpu>/speculation_<model>.json")
+    sp.add_argument("--md", default=None, help="default results/cpus/<mcpu>/speculation_<model>.md")
+    add_threads_arg(sp)
+    add_cache_arg(sp)
+    sp.set_defaults(func=_run_speculate)
+
     p = bsub.add_parser("plan", help="make each model's plan on this machine (topology search, "
                         "kernels per payload, every candidate measured, the pair against every "
                         "single configuration) and write results/sandwich_plan.{md,json}")
@@ -493,6 +508,39 @@ def _run_prefix(args) -> int:
     md, js = Path(args.md or f"{base}.md"), Path(args.json_out or f"{base}.json")
     write_report(res, md, js)
     print(f"wrote {md}, {js}")
+    return 0
+
+
+def _run_speculate(args) -> int:
+    import argparse as _argparse
+
+    from sandwich.bench.speculation import run_speculation_bench, write_report
+    from sandwich.cli.engines import make_engine
+    from sandwich.compiler.target import describe_machine
+    from sandwich.models import load_model_config
+    from sandwich.runtime.http_server import served_name
+    from sandwich.runtime.tokenizer import load_tokenizer
+    from sandwich.tuner.kernel_cache import KernelCache
+
+    drafts = int_list(args.draft, "--draft")
+    if min(args.max_new_tokens, args.rounds) < 1:
+        raise ConfigError("--max-new-tokens and --rounds must be >= 1")
+    threads = threads_of(args)
+    cache = KernelCache(cache_dir_arg(args))
+    tok = load_tokenizer(args.model)
+    engine_args = _argparse.Namespace(**vars(args) | dict(
+        tp=1, ops="dsl", prefill_config=None, decode_config=None, no_warmup=False, no_tune=False,
+        tune_budget="quick", threads=threads, schedule="sandwich", plan="off", weights="fp32"))
+    max_seq = min(2048, load_model_config(args.model).max_position_embeddings)
+    engine = make_engine(engine_args, max_batch=1, max_seq=max_seq)
+    res = run_speculation_bench(engine, tok, drafts=drafts, max_new_tokens=args.max_new_tokens,
+                                rounds=args.rounds, machine=describe_machine(), model=args.model,
+                                command="sandwichc " + " ".join(map(shlex.quote, sys.argv[1:])),
+                                threads=threads)
+    base = f"results/cpus/{cache.cpu.mcpu}/speculation_{served_name(args.model)}"
+    md, js = Path(args.md or f"{base}.md"), Path(args.json_out or f"{base}.json")
+    write_report(res, md, js)
+    print(md.read_text())
     return 0
 
 

@@ -47,7 +47,26 @@ def weights_arg(args) -> str:
 
 
 def make_engine(args, *, max_batch: int, max_seq: int, clock=None):
-    """Load the model on the kernel cache and wrap an executor in an engine."""
+    """Load the model on the kernel cache and wrap an executor in an engine (speculating
+    with --speculate's drafts where the executor can check them)."""
+    import warnings
+
+    from sandwich.errors import ConfigWarning
+    from sandwich.runtime.speculate import Speculation
+
+    draft = getattr(args, "speculate", 0) or 0
+    spec = Speculation(draft=draft, ngram=getattr(args, "speculate_ngram", 3))  # checked before loading
+    engine = _engine(args, max_batch=max_batch, max_seq=max_seq, clock=clock)
+    if draft:
+        if not hasattr(engine.ex, "verify"):
+            warnings.warn(f"--speculate is off here: this engine's executor "
+                          f"({type(engine.ex).__name__}) decodes a token a step", ConfigWarning,
+                          stacklevel=2)
+        engine.speculation = spec
+    return engine
+
+
+def _engine(args, *, max_batch: int, max_seq: int, clock=None):
     import atexit
     import os
     import time

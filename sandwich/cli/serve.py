@@ -71,6 +71,13 @@ def _serving_args(p: argparse.ArgumentParser, *, sampling: bool = True) -> None:
                    help="prefill every prompt whole: by default a prompt that starts with what a "
                    "finished sequence's slot holds (a chat's earlier turns, a shared system "
                    "prompt) takes that slot and prefills only the rest")
+    p.add_argument("--speculate", type=int, default=0, metavar="K",
+                   help="speculative decoding by prompt lookup: guess up to K next tokens from "
+                   "what followed the reply's last tokens earlier in the prompt or reply, and "
+                   "check them in the decode step; the tokens are the same, more of them per "
+                   "weight read where the reply copies its context (default 0: off)")
+    p.add_argument("--speculate-ngram", type=int, default=3, metavar="N",
+                   help="with --speculate: the longest suffix looked up (default 3)")
     p.add_argument("--plan", choices=("auto", "off"), default="auto",
                    help="auto: run the plan `sandwichc tune` stored for this model (prefill and "
                    "decode each on its configuration and kernels; a stale plan is re-planned); "
