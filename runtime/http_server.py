@@ -81,7 +81,9 @@ class OpenAIServer:
                   Route("/v1/models", self.models, methods=["GET"]),
                   Route("/v1/models/{model:path}", self.model, methods=["GET"]),
                   Route("/v1/completions", self.completions, methods=["POST"]),
-                  Route("/v1/chat/completions", self.chat_completions, methods=["POST"])]
+                  Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                  Route("/tokenize", self.tokenize, methods=["POST"]),
+                  Route("/detokenize", self.detokenize, methods=["POST"])]
         app = Starlette(routes=routes, exception_handlers={
             ApiError: self._api_error, HTTPException: _http_error, Exception: _internal_error})
         key = self.settings.api_key
@@ -129,6 +131,39 @@ class OpenAIServer:
                         code="model_not_found", status=status,
                         kind="not_found_error" if status == 404 else "invalid_request_error")
 
+    async def tokenize(self, request):
+        """vLLM's token count: the ids of a prompt, or of chat messages as the template
+        renders them (as the chat API would prefill them)."""
+        from starlette.concurrency import run_in_threadpool
+        from starlette.responses import JSONResponse
+
+        t = api.parse_tokenize(await self._body(request))
+        self._check_model(t.model)
+
+        def ids() -> list[int]:
+            try:
+                if t.messages is not None:
+                    return self.tok.encode(self.tok.render_chat(
+                        list(t.messages), add_generation_prompt=t.add_generation_prompt))
+                return self.tok.encode(t.prompt or "", add_bos=None if t.add_special_tokens else False)
+            except SandwichError as e:
+                raise ApiError(str(e), param="messages" if t.messages is not None else "prompt") from None
+        out = await run_in_threadpool(ids)
+        return JSONResponse({"count": len(out), "max_model_len": self.loop.engine.max_seq, "tokens": out})
+
+    async def detokenize(self, request):
+        from starlette.responses import JSONResponse
+
+        eng = self.loop.engine
+        model, ids = api.parse_detokenize(await self._body(request),
+                                          eng.vocab_size or self.tok.backend.get_vocab_size())
+        self._check_model(model)
+        return JSONResponse({"prompt": self.tok.decode(ids)})
+
+    def _check_model(self, name: str | None) -> None:
+        if name is not None and name != self.settings.model_name:
+            raise self._unknown_model(name, status=400)
+
     async def completions(self, request):
         return await self._serve(request, api.parse_completion(await self._body(request)))
 
@@ -141,8 +176,7 @@ class OpenAIServer:
         from starlette.responses import JSONResponse, StreamingResponse
 
         arrival = time.perf_counter()
-        if p.model is not None and p.model != self.settings.model_name:
-            raise self._unknown_model(p.model, status=400)
+        self._check_model(p.model)
         if not self.loop.alive:
             raise ApiError("the engine has stopped; restart the server", status=503,
                            kind="server_error")

@@ -185,10 +185,47 @@ def _tools(body: dict) -> ToolUse | None:
     return ToolUse(tuple(out), choice or "auto", parallel)
 
 
-def _params(body: dict, **fixed) -> GenParams:
+@dataclass(frozen=True)
+class TokenizeParams:
+    """vLLM's `POST /tokenize`: a `prompt`, or chat `messages` through the chat template."""
+
+    model: str | None
+    prompt: str | None
+    messages: tuple[dict, ...] | None
+    add_special_tokens: bool = True  # the tokenizer's BOS where the model adds one
+    add_generation_prompt: bool = True
+
+
+def parse_tokenize(body: Any) -> TokenizeParams:
+    body = _object(body)
+    prompt, msgs = body.get("prompt"), body.get("messages")
+    if (prompt is None) == (msgs is None) or (prompt is not None and not isinstance(prompt, str)) \
+            or (msgs is not None and (not isinstance(msgs, list) or not msgs)):
+        raise ApiError("give 'prompt' (a string) or 'messages' (a non-empty list)", param="prompt")
+    return TokenizeParams(_model(body), prompt,
+                          None if msgs is None else tuple(_message(m, i) for i, m in enumerate(msgs)),
+                          add_special_tokens=_bool(body, "add_special_tokens", True),
+                          add_generation_prompt=_bool(body, "add_generation_prompt", True))
+
+
+def parse_detokenize(body: Any, vocab: int) -> tuple[str | None, list[int]]:
+    """vLLM's `POST /detokenize`: (model, token ids)."""
+    body = _object(body)
+    ids = body.get("tokens")
+    if not isinstance(ids, list) or not all(_is_int(t) and 0 <= t < vocab for t in ids):
+        raise ApiError(f"'tokens' must be a list of token ids in [0, {vocab})", param="tokens")
+    return _model(body), ids
+
+
+def _model(body: dict) -> str | None:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError("'model' must be a string", param="model")
+    return model
+
+
+def _params(body: dict, **fixed) -> GenParams:
+    model = _model(body)
     stream = _bool(body, "stream")
     opts = body.get("stream_options") or {}
     if not isinstance(opts, dict):
@@ -344,8 +381,11 @@ def _single(body: dict, key: str) -> None:
         raise ApiError(f"'{key}' must be 1: one completion per request", param=key)
 
 
-def _bool(body: dict, key: str) -> bool:
-    x = body.get(key) or False
+def _bool(body: dict, key: str, default: bool = False) -> bool:
+    x = body.get(key)
+    if x is None:
+        return default
+    x = x or False
     if not isinstance(x, bool):
         raise ApiError(f"'{key}' must be true or false", param=key)
     return x

@@ -505,6 +505,25 @@ def test_tool_calls_through_the_openai_client(tok):
         _wait(lambda: server.loop.engine.running == 0)
 
 
+def test_tokenize_and_detokenize_as_vllm_serves_them(tok):
+    with serving(FakeExecutor(max_batch=2, max_seq=64, vocab=CONFIG["vocab"]), tok) as (url, _):
+        r = httpx.post(url + "/tokenize", json={"model": "tiny", "prompt": "hello world"}).json()
+        assert r == {"count": len(tok.encode("hello world")), "max_model_len": 64, "tokens": tok.encode("hello world")}
+        msgs = [{"role": "user", "content": "hi"}]
+        chat = httpx.post(url + "/tokenize", json={"messages": msgs}).json()["tokens"]
+        assert chat == tok.encode(tok.render_chat(msgs))  # what the chat API prefills
+        bare = httpx.post(url + "/tokenize", json={"messages": msgs, "add_generation_prompt": False}).json()
+        assert bare["tokens"] == tok.encode(tok.render_chat(msgs, add_generation_prompt=False))
+        assert httpx.post(url + "/detokenize", json={"tokens": r["tokens"]}).json() == {"prompt": "hello world"}
+        for path, body, param in [("/tokenize", {}, "prompt"), ("/tokenize", {"prompt": 5}, "prompt"),
+                                  ("/tokenize", {"prompt": "x", "model": "other"}, "model"),
+                                  ("/tokenize", {"prompt": "x", "add_special_tokens": "no"}, "add_special_tokens"),
+                                  ("/detokenize", {"tokens": [1, CONFIG["vocab"]]}, "tokens"),
+                                  ("/detokenize", {"tokens": "1"}, "tokens")]:
+            bad = httpx.post(url + path, json=body)
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == param, (path, body)
+
+
 def test_an_api_key_guards_the_v1_routes_and_leaves_the_probes_open(tok):
     with serving(FakeExecutor(max_batch=2, max_seq=64, vocab=CONFIG["vocab"]), tok, api_key="s3cret") as (url, _):
         for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "s3cret"}):
