@@ -436,7 +436,8 @@ async def _merged(gens: list[AsyncIterator]) -> AsyncIterator[tuple[int, Any]]:
 
 class _KeyCheck:
     """ASGI: the /v1/ routes answer only a request that carries `Authorization: Bearer <key>`
-    (as vLLM's and llama.cpp's --api-key); /health and /metrics stay open for probes."""
+    (as vLLM's and llama.cpp's --api-key); the routes outside /v1/ (health, metrics,
+    tokenize) stay open, as vLLM's do."""
 
     def __init__(self, app, key: str, metrics: ServerMetrics) -> None:
         self.app, self.key, self.metrics = app, f"Bearer {key}".encode(), metrics
