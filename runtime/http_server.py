@@ -27,6 +27,7 @@ from sandwich.runtime.server_metrics import ServerMetrics
 from sandwich.runtime.structured import Grammars
 from sandwich.runtime.text_stream import TextStream
 from sandwich.runtime.tokenizer import TextTokenizer
+from sandwich.runtime.tool_calls import ReplyStream
 
 log = logging.getLogger("sandwichc.server")
 DRAIN_LIMIT = 64 << 20  # an oversized body is read (and dropped) up to this, then cut off
@@ -44,7 +45,7 @@ class ServerSettings:
 
 @dataclass(frozen=True)
 class Outcome:
-    finish: str  # "stop" or "length", as OpenAI reports them
+    finish: str  # "stop" or "length", as OpenAI reports them ("tool_calls": a streamed choice's calls)
     completion_tokens: int
 
 
@@ -306,6 +307,33 @@ class OpenAIServer:
             self.metrics.served("chat" if p.chat else "completions", outcome, prompt=len(req.prompt),
                                 tokens=n, arrival=arrival, first=first, last=time.perf_counter())
 
+    async def _tool_stream(self, req: Request, p: GenParams, arrival: float
+                           ) -> AsyncIterator[Piece | api.Choice | Outcome]:
+        """A choice that may call tools, streamed: once its JSON shows it answers, the
+        answer's text as it comes; its calls whole when it ends (then finish 'tool_calls'); a
+        reply cut before either shows, as its raw text."""
+        reply, lps = ReplyStream(p.tools), []  # type: ignore[arg-type]
+        async for x in self._run(req, p, arrival):
+            if isinstance(x, Piece):
+                lps.extend(x.logprobs)
+                text = reply.push(x.text)
+                if text:
+                    yield Piece(text, tuple(lps))
+                    lps.clear()
+                continue
+            content, calls = reply.end()
+            if calls:
+                body = api.logprobs_body(p, lps, self.tok.token_bytes, [0] * len(lps))
+                yield api.Choice(None, "tool_calls", body, calls)
+                yield Outcome("tool_calls", x.completion_tokens)
+                return
+            if reply.mode != "answer" and content:  # neither shown: the raw text
+                yield Piece(content, tuple(lps))
+            elif lps:
+                yield Piece("", tuple(lps))
+            yield x
+            return
+
     async def _collect(self, req: Request, p: GenParams, arrival: float
                        ) -> tuple[str, Outcome, list[TokenLogprob | int], list[int]]:
         """The whole reply: text, outcome, and each token's logprobs with its text offset.
@@ -338,7 +366,7 @@ class OpenAIServer:
                       arrival: float) -> AsyncIterator[str]:
         """Server-sent events: each choice's text deltas and finish reason as they come (the
         choices interleave, each chunk naming its index), then the usage if asked, [DONE]. A
-        reply that may call tools comes whole, in one delta, when its JSON is complete."""
+        reply that may call tools streams its answer's text, or its calls whole at the end."""
         model = self.settings.model_name
         for i, req in enumerate(reqs):
             if p.chat:
@@ -347,17 +375,14 @@ class OpenAIServer:
                 yield _sse(api.chunk(p, rid, model, self.tok.decode(req.prompt), index=i))
         used = [0] * len(reqs)
         try:
-            sources = [_whole(self._collect(r, p, arrival)) if p.tools is not None else
+            sources = [self._tool_stream(r, p, arrival) if p.tools is not None else
                        self._run(r, p, arrival) if p.max_tokens != 0 else _nothing() for r in reqs]
             async for i, x in _merged(sources):
                 if isinstance(x, Outcome):
                     used[i] = x.completion_tokens
                     yield _sse(api.chunk(p, rid, model, None, x.finish, index=i))
-                elif isinstance(x, tuple):  # a tool-calling choice, whole
-                    used[i] = x[1].completion_tokens
-                    c = self._choice(p, *x)
-                    yield _sse(api.tool_chunk(p, rid, model, c, i))
-                    yield _sse(api.chunk(p, rid, model, None, c.finish, index=i))
+                elif isinstance(x, api.Choice):  # a tool-calling choice's calls, whole
+                    yield _sse(api.tool_chunk(p, rid, model, x, i))
                 else:
                     lps = api.logprobs_body(p, x.logprobs, self.tok.token_bytes,
                                             [x.offset] * len(x.logprobs))
@@ -454,11 +479,6 @@ class _KeyCheck:
                 await JSONResponse(err.body(), 401)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
-
-
-async def _whole(work) -> AsyncIterator[Any]:
-    """A coroutine's result as a stream of one item."""
-    yield await work
 
 
 async def _nothing() -> AsyncIterator[Outcome]:

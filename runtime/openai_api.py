@@ -499,10 +499,8 @@ def _message_body(c: Choice) -> dict[str, Any]:
 
 
 def tool_chunk(p: GenParams, rid: str, model: str, c: Choice, index: int) -> dict[str, Any]:
-    """A tool-calling choice's whole reply as one stream delta: its calls or its answer (the
-    JSON it is held to is parsed once it is complete)."""
-    delta: dict[str, Any] = {"content": c.text} if c.text is not None else {
-        "tool_calls": [t.body(j) for j, t in enumerate(c.tool_calls)]}
+    """A choice's tool calls as one stream delta (read once its JSON is complete)."""
+    delta = {"tool_calls": [t.body(j) for j, t in enumerate(c.tool_calls)]}
     return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
             "choices": [{"index": index, "delta": delta, "logprobs": c.logprobs, "finish_reason": None}],
             **({"usage": None} if p.include_usage else {})}

@@ -8,6 +8,7 @@ fit its tool's parameter schema by construction."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,6 +17,10 @@ from typing import Any
 from sandwich.runtime.structured import Structure
 
 ANY_OBJECT = {"type": "object"}
+# how a reply held to the protocol starts, once it has decided (its first key is fixed)
+_ANSWERS = re.compile(r'\s*\{\s*"response"\s*:\s*"')
+_CALLS = re.compile(r'\s*\{\s*"tool_calls"')
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f", "/": "/", "\\": "\\", '"': '"'}
 
 
 @dataclass(frozen=True)
@@ -132,3 +137,70 @@ def earlier_calls(calls: Sequence[dict]) -> str:
             args = f["arguments"]
         out.append({"name": f["name"], "arguments": args})
     return json.dumps({"tool_calls": out}, ensure_ascii=False)
+
+
+class ReplyStream:
+    """A tool-calling reply as it is generated: once its JSON shows that it answers
+    (`{"response": "...`), the answer's text as it comes, unescaped; calls are read whole
+    when the reply ends."""
+
+    def __init__(self, use: ToolUse) -> None:
+        self.use, self.raw, self.mode = use, "", ""  # mode: "", "answer" or "calls"
+        self._answer = JsonString()
+
+    def push(self, delta: str) -> str:
+        """The answer text that `delta` adds ("" while undecided, or calling tools)."""
+        self.raw += delta
+        if self.mode == "answer":
+            return self._answer.feed(delta)
+        if not self.mode:
+            if m := _ANSWERS.match(self.raw):
+                self.mode = "answer"
+                return self._answer.feed(self.raw[m.end():])
+            if _CALLS.match(self.raw):
+                self.mode = "calls"
+        return ""
+
+    def end(self) -> tuple[str | None, tuple[ToolCall, ...]]:
+        """(content, calls) of the whole reply, as `ToolUse.reply` reads it."""
+        return self.use.reply(self.raw)
+
+
+class JsonString:
+    """A JSON string's characters as its text arrives in pieces (after the opening quote): an
+    escape split between pieces waits for the rest; the closing quote ends it."""
+
+    def __init__(self) -> None:
+        self.pending, self.done = "", False
+
+    def feed(self, piece: str) -> str:
+        if self.done:
+            return ""
+        buf, out, i = self.pending + piece, [], 0
+        while i < len(buf):
+            c = buf[i]
+            if c == '"':
+                self.done = True
+                break
+            if c != "\\":
+                out.append(c)
+                i += 1
+                continue
+            if i + 1 >= len(buf):
+                break
+            if buf[i + 1] != "u":
+                out.append(_ESCAPES.get(buf[i + 1], buf[i + 1]))
+                i += 2
+                continue
+            if i + 6 > len(buf):
+                break
+            code = int(buf[i + 2: i + 6], 16)
+            if 0xD800 <= code < 0xDC00:  # a surrogate pair: \uD83D\uDE00
+                if i + 12 > len(buf):
+                    break
+                code = 0x10000 + ((code - 0xD800) << 10) + (int(buf[i + 8: i + 12], 16) - 0xDC00)
+                i += 6
+            out.append(chr(code))
+            i += 6
+        self.pending = "" if self.done else buf[i:]
+        return "".join(out)

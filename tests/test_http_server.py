@@ -494,6 +494,12 @@ def test_tool_calls_through_the_openai_client(tok):
             for t in ch.choices[0].delta.tool_calls or []:
                 calls[t.index] = (t.function.name, t.function.arguments)
         assert list(calls.values()) == [(t.function.name, t.function.arguments) for t in r.choices[0].message.tool_calls]
+        seed, answer = next((s, c) for s in range(40)  # a seed whose reply answers, not calls
+                            if (c := chat(tools=[WEATHER], seed=s, max_tokens=400).choices[0]).finish_reason == "stop")
+        deltas = [c.choices[0] for c in chat(tools=[WEATHER], seed=seed, max_tokens=400, stream=True)]
+        texts = [d.delta.content for d in deltas if d.delta.content]
+        assert "".join(texts) == answer.message.content and len(texts) > 3  # streamed as it comes, unescaped
+        assert deltas[-1].finish_reason == "stop" and not any(d.delta.tool_calls for d in deltas)
         assert chat(tools=[WEATHER], tool_choice="none", seed=8).choices[0].message.content == chat(seed=8).choices[0].message.content
         cut = chat(tools=[WEATHER], tool_choice="required", max_tokens=3, seed=5).choices[0]
         assert (cut.finish_reason, cut.message.tool_calls) == ("length", None) and cut.message.content

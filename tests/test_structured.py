@@ -157,3 +157,35 @@ def test_the_engine_ends_structured_replies_and_fails_only_a_broken_one(tok):
 def test_a_tokenizer_llguidance_cannot_read_is_one_line():
     with pytest.raises(ConfigError, match="structured output cannot read this tokenizer"):
         Grammars("{not a tokenizer", 10, [0]).constraint(Structure("regex", "a"))
+
+
+@pytest.mark.parametrize("text", ['He said "hi"\\ \n\ttab/é', "emoji 😀 and 中文 \u0001", "\b\f\r", ""])
+def test_a_json_string_split_anywhere_reads_as_json_loads_it(text):
+    """A streamed tool-calling answer is unescaped as it comes: every split into pieces, with
+    ASCII escapes (surrogate pairs) or not, gives json.loads' text and stops at the quote."""
+    import random
+
+    from sandwich.runtime.tool_calls import JsonString
+
+    rng = random.Random(0)
+    for ascii_only in (True, False):
+        enc = json.dumps(text, ensure_ascii=ascii_only)[1:]  # after the opening quote
+        for _ in range(100):
+            cuts = sorted(rng.sample(range(len(enc) + 1), min(3, len(enc) + 1)))
+            pieces = [enc[a:b] for a, b in zip([0, *cuts], [*cuts, len(enc)], strict=True)] + ['}, "x": "y"']
+            r = JsonString()
+            assert "".join(r.feed(x) for x in pieces) == text and r.done
+
+
+def test_a_reply_stream_tells_an_answer_from_calls():
+    from sandwich.runtime.tool_calls import ReplyStream, Tool, ToolUse
+
+    use = ToolUse((Tool("now"),))
+    answer = ReplyStream(use)
+    got = [answer.push(x) for x in ['{\n ', ' "respon', 'se": "Hel', 'lo \\', 'n there', '"}']]
+    assert got == ["", "", "Hel", "lo ", "\n there", ""] and answer.mode == "answer"
+    assert answer.end() == ("Hello \n there", ())
+    calls = ReplyStream(use)
+    assert [calls.push(x) for x in ['{"tool_', 'calls": [{"name": "now", ', '"arguments": {}}]}']] == ["", "", ""]
+    content, made = calls.end()
+    assert calls.mode == "calls" and content is None and [(c.name, c.arguments) for c in made] == [("now", "{}")]
