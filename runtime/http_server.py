@@ -77,12 +77,15 @@ class OpenAIServer:
         from starlette.exceptions import HTTPException
         from starlette.routing import Route
 
+        from sandwich.runtime.responses_route import ResponsesRoute
+
         routes = [Route("/health", self.health, methods=["GET"]),
                   Route("/metrics", self.prometheus, methods=["GET"]),
                   Route("/v1/models", self.models, methods=["GET"]),
                   Route("/v1/models/{model:path}", self.model, methods=["GET"]),
                   Route("/v1/completions", self.completions, methods=["POST"]),
                   Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                  Route("/v1/responses", ResponsesRoute(self).handle, methods=["POST"]),
                   Route("/tokenize", self.tokenize, methods=["POST"]),
                   Route("/detokenize", self.detokenize, methods=["POST"])]
         app = Starlette(routes=routes, exception_handlers={
@@ -138,8 +141,8 @@ class OpenAIServer:
         from starlette.concurrency import run_in_threadpool
         from starlette.responses import JSONResponse
 
-        t = api.parse_tokenize(await self._body(request))
-        self._check_model(t.model)
+        t = api.parse_tokenize(await self.read_body(request))
+        self.check_model(t.model)
 
         def ids() -> list[int]:
             try:
@@ -156,49 +159,50 @@ class OpenAIServer:
         from starlette.responses import JSONResponse
 
         eng = self.loop.engine
-        model, ids = api.parse_detokenize(await self._body(request),
+        model, ids = api.parse_detokenize(await self.read_body(request),
                                           eng.vocab_size or self.tok.backend.get_vocab_size())
-        self._check_model(model)
+        self.check_model(model)
         return JSONResponse({"prompt": self.tok.decode(ids)})
 
-    def _check_model(self, name: str | None) -> None:
+    def check_model(self, name: str | None) -> None:
         if name is not None and name != self.settings.model_name:
             raise self._unknown_model(name, status=400)
 
     async def completions(self, request):
-        return await self._serve(request, api.parse_completion(await self._body(request)))
+        return await self._serve(request, api.parse_completion(await self.read_body(request)))
 
     async def chat_completions(self, request):
-        return await self._serve(request, api.parse_chat(await self._body(request)))
+        return await self._serve(request, api.parse_chat(await self.read_body(request)))
 
     # -- one request -----------------------------------------------------------------------
     async def _serve(self, request, p: GenParams):
-        from starlette.concurrency import run_in_threadpool
         from starlette.responses import JSONResponse, StreamingResponse
 
         arrival = time.perf_counter()
-        self._check_model(p.model)
-        if not self.loop.alive:
-            raise ApiError("the engine has stopped; restart the server", status=503,
-                           kind="server_error")
-        reqs = await run_in_threadpool(self._requests, p)  # tokenizing long prompts takes a while
+        reqs = await self.requests_of(p)
         rid, model = api.new_id(p.chat), self.settings.model_name
         if p.stream:
             return StreamingResponse(self._events(p, reqs, rid, arrival), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        work = asyncio.ensure_future(_every([self._collect(r, p, arrival) for r in reqs]))
-        gone = asyncio.ensure_future(_disconnect(request))
-        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if not work.done():  # the client left: cancelling the work frees its slots
-            work.cancel()
+        done = await until_done(request, _every([self.collect(r, p, arrival) for r in reqs]))
+        if done is None:
             return JSONResponse(ApiError("client closed the request", status=499).body(), 499)
-        gone.cancel()
-        done = work.result()
-        choices = [self._choice(p, *x) for x in done]
+        choices = [self.choice(p, *x) for x in done]
         return JSONResponse(api.response(p, rid, model, choices,
                                          _usage(p, reqs, [out.completion_tokens for _, out, _, _ in done])))
 
-    def _choice(self, p: GenParams, text: str, out: Outcome, lps: list, offsets: list[int]) -> api.Choice:
+    async def requests_of(self, p: GenParams) -> list[Request]:
+        """The engine requests of a checked body (see `_requests`), once the model and the
+        engine are checked."""
+        from starlette.concurrency import run_in_threadpool
+
+        self.check_model(p.model)
+        if not self.loop.alive:
+            raise ApiError("the engine has stopped; restart the server", status=503,
+                           kind="server_error")
+        return await run_in_threadpool(self._requests, p)  # tokenizing long prompts takes a while
+
+    def choice(self, p: GenParams, text: str, out: Outcome, lps: list, offsets: list[int]) -> api.Choice:
         return api.Choice.of(p, text, out.finish, api.logprobs_body(p, lps, self.tok.token_bytes, offsets))
 
     def _echo(self, req: Request) -> tuple[str, list[int]]:
@@ -243,7 +247,7 @@ class OpenAIServer:
             out += [dataclasses.replace(first, seed=seed + j) for j in range(p.n)]
         return out
 
-    async def _run(self, req: Request, p: GenParams, arrival: float,
+    async def generate(self, req: Request, p: GenParams, arrival: float,
                    prompt_lps: list[TokenLogprob] | None = None) -> AsyncIterator[Piece | Outcome]:
         """Text pieces as the engine samples tokens, then the Outcome. Leaving early (a stop
         string, a cancelled task, a closed stream) cancels the job and frees its slot. The
@@ -307,13 +311,13 @@ class OpenAIServer:
             self.metrics.served("chat" if p.chat else "completions", outcome, prompt=len(req.prompt),
                                 tokens=n, arrival=arrival, first=first, last=time.perf_counter())
 
-    async def _tool_stream(self, req: Request, p: GenParams, arrival: float
+    async def tool_stream(self, req: Request, p: GenParams, arrival: float
                            ) -> AsyncIterator[Piece | api.Choice | Outcome]:
         """A choice that may call tools, streamed: once its JSON shows it answers, the
         answer's text as it comes; its calls whole when it ends (then finish 'tool_calls'); a
         reply cut before either shows, as its raw text."""
         reply, lps = ReplyStream(p.tools), []  # type: ignore[arg-type]
-        async for x in self._run(req, p, arrival):
+        async for x in self.generate(req, p, arrival):
             if isinstance(x, Piece):
                 lps.extend(x.logprobs)
                 text = reply.push(x.text)
@@ -334,7 +338,7 @@ class OpenAIServer:
             yield x
             return
 
-    async def _collect(self, req: Request, p: GenParams, arrival: float
+    async def collect(self, req: Request, p: GenParams, arrival: float
                        ) -> tuple[str, Outcome, list[TokenLogprob | int], list[int]]:
         """The whole reply: text, outcome, and each token's logprobs with its text offset.
         With echo the prompt comes first (its first token a bare id: nothing scores it), and
@@ -344,7 +348,7 @@ class OpenAIServer:
         lps: list[TokenLogprob | int] = []
         offsets: list[int] = []
         prompt_lps: list[TokenLogprob] = []
-        async for x in self._run(req, p, arrival, prompt_lps):  # to the end: its cleanup runs now
+        async for x in self.generate(req, p, arrival, prompt_lps):  # to the end: its cleanup runs now
             if isinstance(x, Outcome):
                 out = x
             else:
@@ -375,8 +379,8 @@ class OpenAIServer:
                 yield _sse(api.chunk(p, rid, model, self.tok.decode(req.prompt), index=i))
         used = [0] * len(reqs)
         try:
-            sources = [self._tool_stream(r, p, arrival) if p.tools is not None else
-                       self._run(r, p, arrival) if p.max_tokens != 0 else _nothing() for r in reqs]
+            sources = [self.tool_stream(r, p, arrival) if p.tools is not None else
+                       self.generate(r, p, arrival) if p.max_tokens != 0 else _nothing() for r in reqs]
             async for i, x in _merged(sources):
                 if isinstance(x, Outcome):
                     used[i] = x.completion_tokens
@@ -393,7 +397,7 @@ class OpenAIServer:
             yield _sse(e.body())
         yield "data: [DONE]\n\n"
 
-    async def _body(self, request) -> Any:
+    async def read_body(self, request) -> Any:
         """The JSON body, refused (after draining it) when larger than max_body_bytes."""
         limit = self.settings.max_body_bytes
         declared = request.headers.get("content-length")
@@ -488,6 +492,19 @@ async def _nothing() -> AsyncIterator[Outcome]:
 
 def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def until_done(request, work) -> Any:
+    """`work`'s result, or None when the client leaves first (cancelling the work frees its
+    slots)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnect(request))
+    await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if not task.done():
+        task.cancel()
+        return None
+    gone.cancel()
+    return task.result()
 
 
 async def _disconnect(request) -> None:

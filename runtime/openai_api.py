@@ -77,7 +77,7 @@ class GenParams:
 def parse_completion(body: Any) -> GenParams:
     """`POST /v1/completions`: `prompt` is a string or token ids, or a batch (a list) of
     either; the choices come prompt by prompt, `n` for each."""
-    body = _object(body)
+    body = request_object(body)
     prompts = _prompts(body.get("prompt"))
     echo = _bool(body, "echo")
     top = None if body.get("logprobs") is False else _int(body, "logprobs", default=None, low=0, nullable=True)
@@ -114,7 +114,7 @@ def _prompts(prompt: Any) -> tuple[str | tuple[int, ...], ...]:
 
 def parse_chat(body: Any) -> GenParams:
     """`POST /v1/chat/completions`: `messages` with text content (a string or text parts)."""
-    body = _object(body)
+    body = request_object(body)
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise ApiError("'messages' is required: a non-empty list of {role, content}",
@@ -197,7 +197,7 @@ class TokenizeParams:
 
 
 def parse_tokenize(body: Any) -> TokenizeParams:
-    body = _object(body)
+    body = request_object(body)
     prompt, msgs = body.get("prompt"), body.get("messages")
     if (prompt is None) == (msgs is None) or (prompt is not None and not isinstance(prompt, str)) \
             or (msgs is not None and (not isinstance(msgs, list) or not msgs)):
@@ -210,7 +210,7 @@ def parse_tokenize(body: Any) -> TokenizeParams:
 
 def parse_detokenize(body: Any, vocab: int) -> tuple[str | None, list[int]]:
     """vLLM's `POST /detokenize`: (model, token ids)."""
-    body = _object(body)
+    body = request_object(body)
     ids = body.get("tokens")
     if not isinstance(ids, list) or not all(_is_int(t) and 0 <= t < vocab for t in ids):
         raise ApiError(f"'tokens' must be a list of token ids in [0, {vocab})", param="tokens")
@@ -333,7 +333,7 @@ def _checked(structure: Structure, param: str) -> Structure:
     return structure
 
 
-def _object(body: Any) -> dict:
+def request_object(body: Any) -> dict:
     if not isinstance(body, dict):
         raise ApiError("the request body must be a JSON object")
     return body
