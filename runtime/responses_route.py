@@ -55,6 +55,8 @@ class ResponsesRoute:
 
     async def _events(self, r: rs.ResponsesRequest, req: Request, rid: str, created: int,
                       arrival: float) -> AsyncIterator[str]:
+        from sandwich.runtime.http_server import Outcome
+
         srv, p, ev = self.server, r.params, rs.Events()
         model = srv.settings.model_name
         yield ev("response.created", response=rs.response_body(r, rid, model, created, [], status="in_progress"))
@@ -65,7 +67,7 @@ class ResponsesRoute:
             async for x in source:
                 if isinstance(x, api.Choice):
                     calls = x.tool_calls
-                elif hasattr(x, "completion_tokens"):  # the Outcome
+                elif isinstance(x, Outcome):
                     finish, tokens = x.finish, x.completion_tokens
                 elif x.text:
                     if not opened:
