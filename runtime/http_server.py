@@ -79,13 +79,17 @@ class OpenAIServer:
 
         from sandwich.runtime.responses_route import ResponsesRoute
 
+        responses = ResponsesRoute(self)
+
         routes = [Route("/health", self.health, methods=["GET"]),
                   Route("/metrics", self.prometheus, methods=["GET"]),
                   Route("/v1/models", self.models, methods=["GET"]),
                   Route("/v1/models/{model:path}", self.model, methods=["GET"]),
                   Route("/v1/completions", self.completions, methods=["POST"]),
                   Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
-                  Route("/v1/responses", ResponsesRoute(self).handle, methods=["POST"]),
+                  Route("/v1/responses", responses.handle, methods=["POST"]),
+                  Route("/v1/responses/{rid}", responses.retrieve, methods=["GET"]),
+                  Route("/v1/responses/{rid}", responses.delete, methods=["DELETE"]),
                   Route("/tokenize", self.tokenize, methods=["POST"]),
                   Route("/detokenize", self.detokenize, methods=["POST"])]
         app = Starlette(routes=routes, exception_handlers={

@@ -151,19 +151,29 @@ def _format(text: Any) -> dict | None:
 
 
 class ResponseStore:
-    """Each stored response's conversation, its reply included (the last STORE_LIMIT)."""
+    """Each stored response: its conversation, its reply included, and its Response object
+    (the last STORE_LIMIT)."""
 
     def __init__(self, limit: int = STORE_LIMIT) -> None:
         self.limit = limit
-        self._kept: OrderedDict[str, tuple[dict, ...]] = OrderedDict()
+        self._kept: OrderedDict[str, tuple[tuple[dict, ...], dict]] = OrderedDict()
 
     def get(self, rid: str) -> tuple[dict, ...] | None:
-        return self._kept.get(rid)
+        """The conversation a continuation of `rid` starts from."""
+        kept = self._kept.get(rid)
+        return None if kept is None else kept[0]
 
-    def put(self, rid: str, conversation: Sequence[dict]) -> None:
-        self._kept[rid] = tuple(conversation)
+    def body(self, rid: str) -> dict | None:
+        kept = self._kept.get(rid)
+        return None if kept is None else kept[1]
+
+    def put(self, rid: str, conversation: Sequence[dict], body: dict) -> None:
+        self._kept[rid] = (tuple(conversation), body)
         while len(self._kept) > self.limit:
             self._kept.popitem(last=False)
+
+    def delete(self, rid: str) -> bool:
+        return self._kept.pop(rid, None) is not None
 
 
 def new_id(prefix: str) -> str:

@@ -46,12 +46,37 @@ class ResponsesRoute:
 
     def _finish(self, r: rs.ResponsesRequest, req: Request, rid: str, created: int, c: api.Choice,
                 output: list[dict], tokens: int) -> dict:
-        """The finished Response; its conversation kept for a continuation unless store is false."""
-        if r.store:
-            self.store.put(rid, [*r.conversation, rs.reply_message(c)])
+        """The finished Response; kept, with its conversation for a continuation, unless store
+        is false."""
         status = "incomplete" if c.finish == "length" else "completed"
-        return rs.response_body(r, rid, self.server.settings.model_name, created, output,
+        body = rs.response_body(r, rid, self.server.settings.model_name, created, output,
                                 status=status, usage=(len(req.prompt), tokens))
+        if r.store:
+            self.store.put(rid, [*r.conversation, rs.reply_message(c)], body)
+        return body
+
+    async def retrieve(self, request):
+        """`GET /v1/responses/{id}`: a stored Response, or a 404."""
+        from starlette.responses import JSONResponse
+
+        return JSONResponse(self._stored(request.path_params["rid"]))
+
+    async def delete(self, request):
+        """`DELETE /v1/responses/{id}`: forget a stored response (a continuation then fails)."""
+        from starlette.responses import JSONResponse
+
+        rid = request.path_params["rid"]
+        self._stored(rid)
+        self.store.delete(rid)
+        return JSONResponse({"id": rid, "object": "response", "deleted": True})
+
+    def _stored(self, rid: str) -> dict:
+        body = self.store.body(rid)
+        if body is None:
+            raise ApiError(f"no stored response {rid!r} (responses are kept in memory, the last "
+                           f"{rs.STORE_LIMIT}, unless sent with store: false)", status=404,
+                           kind="not_found_error", param="response_id")
+        return body
 
     async def _events(self, r: rs.ResponsesRequest, req: Request, rid: str, created: int,
                       arrival: float) -> AsyncIterator[str]:

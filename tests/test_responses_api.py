@@ -50,6 +50,15 @@ def test_a_reply_is_the_chat_apis_and_a_stored_one_continues(tok):
         with pytest.raises(openai.BadRequestError, match="not stored") as e:
             c.responses.create(model="tiny", input="x", previous_response_id=unstored.id)
         assert e.value.body["param"] == "previous_response_id"
+        got = c.responses.retrieve(r2.id)
+        assert (got.id, got.output_text, got.usage.output_tokens) == (r2.id, r2.output_text, r2.usage.output_tokens)
+        with pytest.raises(openai.NotFoundError):
+            c.responses.retrieve(unstored.id)
+        c.responses.delete(r.id)
+        with pytest.raises(openai.BadRequestError, match="not stored"):  # its continuation is gone too
+            c.responses.create(model="tiny", input="x", previous_response_id=r.id)
+        with pytest.raises(openai.NotFoundError):
+            c.responses.delete(r.id)
 
 
 def test_streamed_events_come_in_order_and_add_up_to_the_reply(tok):
