@@ -1,6 +1,6 @@
 """The server's Prometheus metrics (`GET /metrics`, as vLLM's and llama.cpp's servers expose
 them): choices by API and outcome, error responses by status, prompt and generated tokens, the
-prompt tokens prefix reuse spared, and latency histograms as the client sees them (from the
+prompt tokens prefix reuse spared, speculative decoding's guessed and taken tokens, and latency histograms as the client sees them (from the
 request's arrival at the server, tokenizing included); the engine's running and waiting
 sequences are read at each scrape. One registry per server, so servers in one process (tests)
 keep their own counts."""
@@ -77,3 +77,8 @@ class _EngineState:
                                  ("prefix_copied_tokens", "copied_tokens", "Of those, copied "
                                   "from a running sequence's slot")):
             yield CounterMetricFamily(f"sandwichc_{name}", what, value=getattr(kv, attr, 0))
+        for name, attr, what in (("spec_decode_draft_tokens", "drafted", "Tokens speculative "
+                                  "decoding guessed (--speculate)"),
+                                 ("spec_decode_accepted_tokens", "accepted", "Of those, tokens "
+                                  "the sampler took")):
+            yield CounterMetricFamily(f"sandwichc_{name}", what, value=getattr(eng.stats, attr))

@@ -39,9 +39,9 @@ def tok(tiny):
 
 
 @contextlib.contextmanager
-def serving(executor, tok, *, max_body=1 << 20, api_key=None):
+def serving(executor, tok, *, max_body=1 << 20, api_key=None, speculation=None):
     """An in-process server on a free 127.0.0.1 port over `executor`; stopped on exit."""
-    loop = EngineLoop(Engine(executor)).start()
+    loop = EngineLoop(Engine(executor, speculation=speculation)).start()
     server = OpenAIServer(loop, tok, ServerSettings("tiny", max_body, api_key))
     sock = bind("127.0.0.1", 0)
     uv = make_uvicorn(server.app())
@@ -372,6 +372,25 @@ def test_metrics_count_choices_tokens_errors_and_latencies(tok):
     assert m[("sandwichc_error_responses_total", (("status", "400"),))] == 1
     assert m[("sandwichc_requests_running", ())] == m[("sandwichc_requests_waiting", ())] == 0
     assert ("sandwichc_prefix_reused_tokens_total", ()) in m
+    assert m[("sandwichc_spec_decode_draft_tokens_total", ())] == 0  # speculation is off
+
+
+def test_a_speculating_server_replies_the_same_and_counts_its_drafts(tok):
+    from engine_fakes import SpeculatingExecutor
+
+    from sandwich.runtime.speculate import Speculation
+
+    def reply(url):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        return client.completions.create(model="tiny", prompt=[5, 6, 7, 8, 9, 5, 6], max_tokens=8,
+                                         temperature=0).choices[0].text
+    with serving(FakeExecutor(max_batch=2, max_seq=64, vocab=CONFIG["vocab"]), tok) as (url, _):
+        plain = reply(url)
+    with serving(SpeculatingExecutor(max_batch=2, max_seq=64, vocab=CONFIG["vocab"]), tok,
+                 speculation=Speculation(draft=4)) as (url, server):
+        assert reply(url) == plain
+        m = server.metrics.registry.get_sample_value
+        assert m("sandwichc_spec_decode_draft_tokens_total") > m("sandwichc_spec_decode_accepted_tokens_total") > 0
 
 
 def test_structured_output_fields_are_read_as_openai_and_vllm_send_them():
