@@ -224,7 +224,10 @@ class OpenAIServer:
         reason the engine would refuse a prompt is raised as a 400."""
         eng = self.loop.engine
         msgs = list(p.messages or ()) if p.tools is None else p.tools.messages(p.messages or ())
-        prompts = p.prompts if not p.chat else (self.tok.render_chat(msgs),)
+        try:  # a template that refuses the conversation (roles that do not alternate) is the client's
+            prompts = p.prompts if not p.chat else (self.tok.render_chat(msgs),)
+        except SandwichError as e:
+            raise ApiError(str(e), param="messages") from None
         stop = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.tok.stop_ids))
         out = []
         for x in prompts:

@@ -375,6 +375,22 @@ def test_metrics_count_choices_tokens_errors_and_latencies(tok):
     assert m[("sandwichc_spec_decode_draft_tokens_total", ())] == 0  # speculation is off
 
 
+def test_a_conversation_the_chat_template_refuses_is_a_400(tok):
+    import dataclasses
+
+    strict = dataclasses.replace(tok, chat_template=(
+        "{% for m in messages %}{% if m['role'] == 'system' and not loop.first %}"
+        "{{ raise_exception('a system message must come first') }}{% endif %}{{ m['content'] }}{% endfor %}"))
+    with serving(FakeExecutor(max_batch=2, max_seq=64, vocab=CONFIG["vocab"]), strict) as (url, _):
+        r = httpx.post(url + "/v1/chat/completions", json={"messages": [
+            {"role": "user", "content": "a"}, {"role": "system", "content": "b"}]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+        assert "a system message must come first" in r.json()["error"]["message"]
+        ok = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "a"}],
+                                                            "max_tokens": 2})
+        assert ok.status_code == 200
+
+
 def test_a_speculating_server_replies_the_same_and_counts_its_drafts(tok):
     from engine_fakes import SpeculatingExecutor
 
