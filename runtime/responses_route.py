@@ -88,6 +88,11 @@ class ResponsesRoute:
         msg_id, text, calls, opened = rs.new_id("msg"), [], (), False
         source = srv.tool_stream(req, p, arrival) if p.tools is not None else srv.generate(req, p, arrival)
         where = {"item_id": msg_id, "output_index": 0, "content_index": 0}
+
+        def opening() -> list[str]:  # the message item and its text part, before any text
+            return [ev("response.output_item.added", output_index=0, item=rs.message_item(msg_id, None, "in_progress")),
+                    ev("response.content_part.added", **where, part={"type": "output_text", "text": "",
+                                                                      "annotations": []})]
         try:
             async for x in source:
                 if isinstance(x, api.Choice):
@@ -97,10 +102,8 @@ class ResponsesRoute:
                 elif x.text:
                     if not opened:
                         opened = True
-                        yield ev("response.output_item.added", output_index=0,
-                                 item=rs.message_item(msg_id, None, "in_progress"))
-                        yield ev("response.content_part.added", **where,
-                                 part={"type": "output_text", "text": "", "annotations": []})
+                        for e in opening():
+                            yield e
                     text.append(x.text)
                     yield ev("response.output_text.delta", **where, delta=x.text, logprobs=[])
         except ApiError as e:  # the headers are gone: the error travels as an event
@@ -119,10 +122,8 @@ class ResponsesRoute:
                 yield ev("response.output_item.done", output_index=i, item=item)
         else:
             if not opened:
-                yield ev("response.output_item.added", output_index=0,
-                         item=rs.message_item(msg_id, None, "in_progress"))
-                yield ev("response.content_part.added", **where,
-                         part={"type": "output_text", "text": "", "annotations": []})
+                for e in opening():
+                    yield e
             part = output[0]["content"][0]
             yield ev("response.output_text.done", **where, text=part["text"], logprobs=[])
             yield ev("response.content_part.done", **where, part=part)
