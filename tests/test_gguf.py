@@ -198,16 +198,34 @@ def test_cli_generate_streams_text_and_stops_at_end_of_turn(tiny, cache):
     chat = subprocess.run(cmd + ["--chat", "--json", "--no-prefix-cache"], capture_output=True, text=True,
                           timeout=300)
     assert chat.returncode == 0, chat.stderr
-    fast = subprocess.run(cmd + ["--json", "--speculate", "4"], capture_output=True, text=True, timeout=300)
-    assert fast.returncode == 0, fast.stderr
-    assert json.loads(fast.stdout)["ids"] == out["ids"]  # prompt-lookup drafts keep the tokens
-    shaped = subprocess.run(cmd + ["--json", "--temperature", "1", "--regex", "[a-z]{2,4}-[0-9]"],
-                            capture_output=True, text=True, timeout=300)
-    assert shaped.returncode == 0, shaped.stderr
+    # in process from here (the command's own process is checked above): speculation and a
+    # structured reply through the same flags
+    assert _generate_json(cmd[4:] + ["--speculate", "4"])["ids"] == out["ids"]  # drafts keep the tokens
+    shaped = _generate_json(cmd[4:] + ["--temperature", "1", "--regex", "[a-z]{2,4}-[0-9]"])
     import re
 
-    out = json.loads(shaped.stdout)
-    assert re.fullmatch("[a-z]{2,4}-[0-9]", out["text"]) and out["ids"][-1] not in tok.stop_ids
+    assert re.fullmatch("[a-z]{2,4}-[0-9]", shaped["text"]) and shaped["ids"][-1] not in tok.stop_ids
+
+
+def _generate_json(argv: list[str]) -> dict:
+    """`sandwichc generate ... --json` in this process; its CPU pinning (a plan's phases)
+    is undone after, as later tests need both CPUs."""
+    import contextlib
+    import io
+    import json
+    import os
+
+    from sandwich.cli import main
+    from sandwich.runtime.phases import unpin_process
+
+    cpus = tuple(sorted(os.sched_getaffinity(0)))
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            assert main(["generate", *argv, "--json"]) == 0
+    finally:
+        unpin_process(cpus)
+    return json.loads(out.getvalue())
 
 
 @pytest.mark.parametrize("flags, says", [
