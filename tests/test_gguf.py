@@ -285,14 +285,19 @@ def test_bench_speculate_times_each_task_off_and_on_with_the_same_ids(cache, tmp
     path, _ = write_tiny_gguf(tmp_path / "long.gguf", ctx=1024)  # the tasks' prompts fit
     tune_model(path, cache)
     out = tmp_path / "s.json"
+    peer = importlib.util.find_spec("llama_cpp") is not None  # the serving extra
     assert main(["bench", "speculate", "--model", str(path), "--draft", "3", "--rounds", "1",
                  "--max-new-tokens", "12", "--cache-dir", str(cache.dir), "--threads", "2",
-                 "--json", str(out), "--md", str(tmp_path / "s.md")]) == 0
+                 "--json", str(out), "--md", str(tmp_path / "s.md")]
+                + (["--llama-cpp", "--work", str(tmp_path)] if peer else [])) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["task"] for r in rows] == ["proofread", "edit code", "quote", "story"]
     assert all(r["same_ids"] and r["draft"] == 3 and r["tpot_off_ms"] > 0 and r["tpot_on_ms"] > 0
                and 0 <= r["taken"] <= 1 and 0 < r["passes_per_token"] <= 1 for r in rows)
     assert "| quote | 3 |" in (tmp_path / "s.md").read_text()
+    if peer:  # llama.cpp on the same prompts, a token a step and with its own lookup
+        assert all(r["llama_cpp_off_ms"] > 0 and r["llama_cpp_on_ms"] > 0 for r in rows)
+        assert "llama.cpp TPOT off ms" in (tmp_path / "s.md").read_text()
 
 
 def test_perplexity_windows_and_value():

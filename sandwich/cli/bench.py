@@ -113,6 +113,11 @@ def register(sub) -> None:
     sp.add_argument("--draft", default="4,8", help="comma-separated draft lengths (--speculate's K)")
     sp.add_argument("--max-new-tokens", type=int, default=128)
     sp.add_argument("--rounds", type=int, default=3, help="off/on pairs per task and draft length")
+    sp.add_argument("--llama-cpp", action="store_true", help="also each prompt on llama.cpp "
+                    "(llama-cpp-python, an F32 GGUF of the same weights), a token a step and with "
+                    "its prompt-lookup decoding")
+    sp.add_argument("--work", default=None, help="where the F32 GGUF for llama.cpp is written "
+                    "(default: the kernel cache's models/)")
     sp.add_argument("--json", dest="json_out", default=None,
                     help="default results/cpus/<mcpu>/speculation_<model>.json")
     sp.add_argument("--md", default=None, help="default results/cpus/<mcpu>/speculation_<model>.md")
@@ -532,11 +537,24 @@ def _run_speculate(args) -> int:
         tp=1, ops="dsl", prefill_config=None, decode_config=None, no_warmup=False, no_tune=False,
         tune_budget="quick", threads=threads, schedule="sandwich", plan="off", weights="fp32"))
     max_seq = min(2048, load_model_config(args.model).max_position_embeddings)
+    peers = None
+    if args.llama_cpp:
+        from sandwich.bench.serving import model_dir_for
+        from sandwich.bench.serving_peers import llama_cpp_gguf
+        from sandwich.bench.speculation import LlamaCppLookup
+
+        work = Path(args.work) if args.work else cache.dir / "models"
+        gguf = llama_cpp_gguf(model_dir_for(args.model, work), work, "fp32", threads=threads)
+        peers = {k: LlamaCppLookup(gguf, threads=threads, n_ctx=max_seq, draft=k) for k in (0, *drafts)}
     engine = make_engine(engine_args, max_batch=1, max_seq=max_seq)
-    res = run_speculation_bench(engine, tok, drafts=drafts, max_new_tokens=args.max_new_tokens,
-                                rounds=args.rounds, machine=describe_machine(), model=args.model,
-                                command="sandwichc " + " ".join(map(shlex.quote, sys.argv[1:])),
-                                threads=threads)
+    try:
+        res = run_speculation_bench(engine, tok, drafts=drafts, max_new_tokens=args.max_new_tokens,
+                                    rounds=args.rounds, machine=describe_machine(), model=args.model,
+                                    command="sandwichc " + " ".join(map(shlex.quote, sys.argv[1:])),
+                                    threads=threads, peers=peers)
+    finally:
+        for peer in (peers or {}).values():
+            peer.close()
     base = f"results/cpus/{cache.cpu.mcpu}/speculation_{served_name(args.model)}"
     md, js = Path(args.md or f"{base}.md"), Path(args.json_out or f"{base}.json")
     write_report(res, md, js)
