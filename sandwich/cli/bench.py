@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import platform
-import shlex
-import sys
 from pathlib import Path
 
 from sandwich.cli.common import (
@@ -14,6 +12,7 @@ from sandwich.cli.common import (
     add_threads_arg,
     add_weights_arg,
     cache_dir_arg,
+    command_line,
     int_list,
     read_text,
     threads_of,
@@ -270,7 +269,7 @@ def _run(args) -> int:
 
     ms = int_list(args.m, "--m")
     threads = threads_of(args)
-    command = "sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = command_line()
     # delay: an input error (a shape never tuned, say) prints its one line and no bar
     with tqdm(total=0, unit="timing", dynamic_ncols=True, disable=args.no_progress,
               delay=1) as bar:
@@ -317,8 +316,7 @@ def _write_rows(args, res, write_markdown, **kw) -> None:
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(res.to_json(), indent=1))
     if args.md:
-        write_markdown(res, Path(args.md), "sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-                       **kw)
+        write_markdown(res, Path(args.md), command_line(), **kw)
 
 
 def _run_kernels(args) -> int:
@@ -375,7 +373,7 @@ def _run_formats(args) -> int:
     base = f"results/cpus/{cache.cpu.mcpu}/weight_formats"
     res = run_formats(models=args.model or ["llama-160m"], formats=formats, ms=ms, threads=threads,
                       cache=cache, budget=args.budget, seq_max=args.seq_max,
-                      command="sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+                      command=command_line(),
                       log=lambda msg: print(msg, flush=True), progress=not args.no_progress,
                       passes=args.passes)
     md, js = Path(args.md or f"{base}.md"), Path(args.json_out or f"{base}.json")
@@ -398,7 +396,7 @@ def _run_serving(args) -> int:
                             new_tokens=args.new_tokens, repeats=args.repeats, threads=threads,
                             cache=cache, work=work, peers=[p for p in args.peers.split(",") if p],
                             weights=args.weights,
-                            command="sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+                            command=command_line())
     write_report(res, Path(args.md), Path(args.json_out))
     print(f"wrote {args.json_out}, {args.md}")
     return 0
@@ -417,7 +415,7 @@ def _run_reference(args) -> int:
     res = run_reference_check(model=args.model, cache=KernelCache(cache_dir_arg(args)),
                               threads=threads, new_tokens=args.new_tokens,
                               texts=[Path(t) for t in args.text or ()], ctx=args.ctx,
-                              command="sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+                              command=command_line())
     write_report(res, md, js)
     for name, t in res.tokenizer.items():
         print(f"tokenizer vs {name}: {t['equal']}/{t['strings']} strings equal")
@@ -434,8 +432,6 @@ def _run_reference(args) -> int:
 
 
 def _run_http(args) -> int:
-    import argparse as _argparse
-
     from sandwich.bench.http_serving import run_http_bench, write_report
     from sandwich.cli.engines import make_engine as _engine
     from sandwich.compiler.target import describe_machine
@@ -445,16 +441,14 @@ def _run_http(args) -> int:
         raise ConfigError("--prompt-len, --max-tokens, --repeats, --clients and --max-batch must be >= 1")
     text = read_text(args.text)
     threads = threads_of(args)
-    engine_args = _argparse.Namespace(**vars(args) | dict(
-        tp=1, ops="dsl", prefill_config=None, decode_config=None, no_warmup=False, no_tune=False,
-        tune_budget="quick", threads=threads))
+    engine_args = _engine_args(args, threads)
     name = served_name(args.model)
     md = Path(args.md or f"results/http_{name}.md")
     js = Path(args.json_out or f"results/http_{name}.json")
     res = run_http_bench(
         model=args.model, text=text, prompt_len=args.prompt_len, max_tokens=args.max_tokens,
         repeats=args.repeats, clients=args.clients, max_batch=args.max_batch, threads=threads,
-        cache_dir=cache_dir_arg(args), command="sandwichc " + " ".join(map(shlex.quote, sys.argv[1:])),
+        cache_dir=cache_dir_arg(args), command=command_line(),
         machine=describe_machine() + f", {platform.python_implementation()} {platform.python_version()}",
         make_engine=lambda b, s: _engine(engine_args, max_batch=b, max_seq=s))
     write_report(res, md, js)
@@ -466,35 +460,55 @@ def _run_http(args) -> int:
     return 0
 
 
-def _run_prefix(args) -> int:
-    import argparse as _argparse
+def _engine_args(args, threads: int, **fixed):
+    """A bench's arguments as `make_engine` reads them: one process, the DSL ops, kernels
+    tuned at the quick budget on first use."""
+    import argparse
 
+    return argparse.Namespace(**vars(args) | dict(
+        tp=1, ops="dsl", prefill_config=None, decode_config=None, no_warmup=False, no_tune=False,
+        tune_budget="quick", threads=threads, **fixed))
+
+
+def _chat_bench(args):
+    """What the chat benches (prefix, speculate) start from: (threads, kernel cache,
+    tokenizer, engine arguments (the sandwich schedule, no plan, fp32), max_seq)."""
+    from sandwich.models import load_model_config
+    from sandwich.runtime.tokenizer import load_tokenizer
+    from sandwich.tuner.kernel_cache import KernelCache
+
+    threads = threads_of(args)
+    cache = KernelCache(cache_dir_arg(args))
+    tok = load_tokenizer(args.model)
+    engine_args = _engine_args(args, threads, schedule="sandwich", plan="off", weights="fp32")
+    return threads, cache, tok, engine_args, min(2048, load_model_config(args.model).max_position_embeddings)
+
+
+def _llama_cpp_f32(args, cache, threads: int) -> Path:
+    """An F32 GGUF of the model's weights for a llama.cpp peer, written once under --work (by
+    default the kernel cache's models/)."""
+    from sandwich.bench.serving import model_dir_for
+    from sandwich.bench.serving_peers import llama_cpp_gguf
+
+    work = Path(args.work) if args.work else cache.dir / "models"
+    return llama_cpp_gguf(model_dir_for(args.model, work), work, "fp32", threads=threads)
+
+
+def _run_prefix(args) -> int:
     from sandwich.bench.prefix_reuse import check_turns, run_prefix_bench, write_report
     from sandwich.cli.engines import make_engine
     from sandwich.compiler.target import describe_machine
-    from sandwich.models import load_model_config
     from sandwich.runtime.http_server import served_name
-    from sandwich.runtime.tokenizer import load_tokenizer
-    from sandwich.tuner.kernel_cache import KernelCache
 
     if min(args.max_new_tokens, args.rounds, args.choices) < 1:
         raise ConfigError("--max-new-tokens, --rounds and --choices must be >= 1")
     check_turns(args.turns)  # before anything loads
-    threads = threads_of(args)
-    cache = KernelCache(cache_dir_arg(args))
-    tok = load_tokenizer(args.model)
-    engine_args = _argparse.Namespace(**vars(args) | dict(
-        tp=1, ops="dsl", prefill_config=None, decode_config=None, no_warmup=False, no_tune=False,
-        tune_budget="quick", threads=threads, schedule="sandwich", plan="off", weights="fp32"))
-    max_seq = min(2048, load_model_config(args.model).max_position_embeddings)
+    threads, cache, tok, engine_args, max_seq = _chat_bench(args)
     peers = None
     if args.llama_cpp:
         from sandwich.bench.prefix_reuse import LlamaCppTurns
-        from sandwich.bench.serving import model_dir_for
-        from sandwich.bench.serving_peers import llama_cpp_gguf
 
-        work = Path(args.work) if args.work else cache.dir / "models"
-        gguf = llama_cpp_gguf(model_dir_for(args.model, work), work, "fp32", threads=threads)
+        gguf = _llama_cpp_f32(args, cache, threads)
         peers = tuple(LlamaCppTurns(gguf, threads=threads, n_ctx=max_seq, keep=k) for k in (False, True))
     reuse, whole = (make_engine(engine_args, max_batch=args.choices, max_seq=max_seq)
                     for _ in range(2))
@@ -505,7 +519,7 @@ def _run_prefix(args) -> int:
         res = run_prefix_bench(reuse=reuse, whole=whole, tok=tok, turns=args.turns,
                                max_new_tokens=args.max_new_tokens, rounds=args.rounds,
                                choices=args.choices, peers=peers,
-                               command="sandwichc " + " ".join(map(shlex.quote, sys.argv[1:])),
+                               command=command_line(),
                                machine=describe_machine(), model=args.model, threads=threads)
     finally:
         for peer in peers or ():
@@ -517,40 +531,26 @@ def _run_prefix(args) -> int:
 
 
 def _run_speculate(args) -> int:
-    import argparse as _argparse
-
     from sandwich.bench.speculation import run_speculation_bench, write_report
     from sandwich.cli.engines import make_engine
     from sandwich.compiler.target import describe_machine
-    from sandwich.models import load_model_config
     from sandwich.runtime.http_server import served_name
-    from sandwich.runtime.tokenizer import load_tokenizer
-    from sandwich.tuner.kernel_cache import KernelCache
 
     drafts = int_list(args.draft, "--draft")
     if min(args.max_new_tokens, args.rounds) < 1:
         raise ConfigError("--max-new-tokens and --rounds must be >= 1")
-    threads = threads_of(args)
-    cache = KernelCache(cache_dir_arg(args))
-    tok = load_tokenizer(args.model)
-    engine_args = _argparse.Namespace(**vars(args) | dict(
-        tp=1, ops="dsl", prefill_config=None, decode_config=None, no_warmup=False, no_tune=False,
-        tune_budget="quick", threads=threads, schedule="sandwich", plan="off", weights="fp32"))
-    max_seq = min(2048, load_model_config(args.model).max_position_embeddings)
+    threads, cache, tok, engine_args, max_seq = _chat_bench(args)
     peers = None
     if args.llama_cpp:
-        from sandwich.bench.serving import model_dir_for
-        from sandwich.bench.serving_peers import llama_cpp_gguf
         from sandwich.bench.speculation import LlamaCppLookup
 
-        work = Path(args.work) if args.work else cache.dir / "models"
-        gguf = llama_cpp_gguf(model_dir_for(args.model, work), work, "fp32", threads=threads)
+        gguf = _llama_cpp_f32(args, cache, threads)
         peers = {k: LlamaCppLookup(gguf, threads=threads, n_ctx=max_seq, draft=k) for k in (0, *drafts)}
     engine = make_engine(engine_args, max_batch=1, max_seq=max_seq)
     try:
         res = run_speculation_bench(engine, tok, drafts=drafts, max_new_tokens=args.max_new_tokens,
                                     rounds=args.rounds, machine=describe_machine(), model=args.model,
-                                    command="sandwichc " + " ".join(map(shlex.quote, sys.argv[1:])),
+                                    command=command_line(),
                                     threads=threads, peers=peers)
     finally:
         for peer in (peers or {}).values():
@@ -588,7 +588,7 @@ def _run_plan(args) -> int:
         from sandwich.bench.plan_fixtures import fixture_plans_markdown
 
         fixtures = fixture_plans_markdown()
-    write_report(plans, command="sandwichc " + " ".join(map(shlex.quote, sys.argv[1:])),
+    write_report(plans, command=command_line(),
                  machine=describe_machine() + f", Python {platform.python_version()}", md=Path(args.md),
                  json_out=Path(args.json_out), fixtures_md=fixtures)
     print(f"wrote {args.md} and {args.json_out}")
@@ -622,7 +622,7 @@ def _run_corruption(args) -> int:
     cache.db.close()
     dims = sorted({(op.n, op.k) for _, op in shapes})
     plan = cb.plan(base, args.count, seed=args.seed)
-    report = cb.CorruptionReport(describe_machine(), "sandwichc " + " ".join(map(shlex.quote, sys.argv[1:])),
+    report = cb.CorruptionReport(describe_machine(), command_line(),
                                  args.count, files={str(p.relative_to(base)): p.stat().st_size
                                                     for p in sorted(base.rglob("*")) if p.is_file()})
     t0 = time.perf_counter()

@@ -4,10 +4,9 @@ requests of each trace, in one run (bench/scheduling.py) -> results/scheduling.{
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 from pathlib import Path
 
+from sandwich.cli.common import command_line
 from sandwich.errors import ConfigError
 
 DEFAULT_POLICIES = ("sandwich", "chunked:64", "layered", "layered:4", "splitwise:1,1")
@@ -95,7 +94,7 @@ def cmd_bench_scheduling(args: argparse.Namespace) -> int:
     finally:
         for e in engines.values():
             _close(e)
-    command = "sandwichc " + " ".join(map(shlex.quote, sys.argv[1:]))
+    command = command_line()
     md, js, png = Path(args.md), Path(args.json_out), Path(args.png)
     for path in (md, js, png):
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -85,3 +85,11 @@ def read_text(path: str, what: str | None = None) -> str:
     except (OSError, UnicodeDecodeError) as e:
         where = f"{what} {path}" if what else path
         raise ConfigError(f"{where}: cannot read it as UTF-8 text ({e})") from None
+
+
+def command_line() -> str:
+    """The command as typed, quoted, for a results file's "Regenerate" line."""
+    import shlex
+    import sys
+
+    return "sandwichc " + " ".join(map(shlex.quote, sys.argv[1:]))

@@ -5,10 +5,9 @@ from __future__ import annotations
 import datetime
 import json
 import platform
-import shlex
-import sys
 from pathlib import Path
 
+from sandwich.cli.common import command_line
 from sandwich.errors import ConfigError
 from sandwich.models import DEFAULT_MODEL
 from sandwich.tuner.budget import BUDGETS
@@ -64,7 +63,7 @@ def cmd_compare(args) -> int:
 
         res = cmp.run_compare(cfg, cache=cache, step=step, log=tqdm.write)
     res["summary"] = cmp.summary(res)
-    command = "sandwichc " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = command_line()
     machine = (f"{cache.cpu.model} ({cache.cpu.mcpu}, {cache.cpu.isa}, {cache.cpu.cores} cores), "
                f"{platform.python_implementation()} {platform.python_version()}")
     date = datetime.date.today().isoformat()
