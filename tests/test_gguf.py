@@ -300,6 +300,19 @@ def test_bench_speculate_times_each_task_off_and_on_with_the_same_ids(cache, tmp
         assert "llama.cpp TPOT off ms" in (tmp_path / "s.md").read_text()
 
 
+@pytest.mark.parametrize("flags, says", [
+    (["--draft", "0"], "--draft values must be >= 1"), (["--draft", "x"], "--draft must be comma-separated"),
+    (["--rounds", "0"], "--rounds must be >= 1"),
+])
+def test_bad_bench_speculate_flags_are_one_line_before_anything_loads(tiny, tmp_path, capsys, flags, says):
+    from sandwich.cli import main
+
+    code = main(["bench", "speculate", "--model", str(tiny[0]), "--cache-dir", str(tmp_path), *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and says in err[0], err
+    assert not any(tmp_path.iterdir())  # nothing tuned or loaded
+
+
 def test_perplexity_windows_and_value():
     from sandwich.runtime.perplexity import perplexity, windows
 
