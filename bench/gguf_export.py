@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from sandwich.errors import ConfigError
-from sandwich.runtime.gguf_file import LAYER_NAMES, rope_permute
+from sandwich.gguf_config import ROPE_PERMUTED
+from sandwich.runtime.gguf_file import gguf_arch, layer_names, rope_permute
 from sandwich.runtime.loader import open_checkpoint
 from sandwich.runtime.rope_tables import RopeSpec, inv_freq
 
@@ -66,7 +67,8 @@ def write_gguf(model_dir: str | Path, out_path: str | Path) -> Path:
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    w = gguf.GGUFWriter(str(tmp), "llama")
+    arch = gguf_arch(cfg)
+    w = gguf.GGUFWriter(str(tmp), arch)
     w.add_name(cfg.name)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
@@ -90,11 +92,11 @@ def write_gguf(model_dir: str | Path, out_path: str | Path) -> Path:
     if rope.kind != "default":
         w.add_tensor("rope_freqs.weight", rope_freq_divisors(rope))
     for i in range(cfg.num_hidden_layers):
-        for hf, gg in LAYER_NAMES.items():
+        for hf, gg in layer_names(arch).items():
             t = f32(f"model.layers.{i}.{hf}")
-            if hf.endswith("q_proj.weight"):
+            if arch in ROPE_PERMUTED and hf.endswith("q_proj.weight"):
                 t = rope_permute(t, cfg.num_attention_heads)
-            elif hf.endswith("k_proj.weight"):
+            elif arch in ROPE_PERMUTED and hf.endswith("k_proj.weight"):
                 t = rope_permute(t, cfg.num_key_value_heads)
             w.add_tensor(f"blk.{i}.{gg}", t)
     w.add_tensor("output_norm.weight", f32("model.norm.weight"))

@@ -71,6 +71,15 @@ class _Builder:
         """x @ W.T with W (out, in) as stored: the layout the CPU FullyConnected fusion expects."""
         return self.ops.matmul(x, self.weight(name), transpose_a=False, transpose_b=True)
 
+    def qkv(self, x, prefix: str):
+        """A q, k or v projection, plus its bias where the model has them (Qwen2)."""
+        y = self.linear(x, prefix + ".weight")
+        return self.ops.add(y, self.w(prefix + ".bias")) if self.cfg.qkv_bias else y
+
+    def head_norm(self, x, name: str):
+        """Qwen3's RMSNorm of each head (1, n, L, D) over D; other models: x."""
+        return self.rmsnorm(x, name) if self.cfg.qk_norm else x
+
     def rmsnorm(self, x, name: str):
         """x / sqrt(mean(x^2) + eps) * w, in the op order the CPU RMS fusion matches."""
         o = self.ops
@@ -107,9 +116,11 @@ class _Builder:
         """Self-attention of layer i over [past | current] K/V; returns (out, present k, v)."""
         o, c = self.ops, self.cfg
         p = f"model.layers.{i}.self_attn."
-        q = self.rope(self.heads(self.linear(h, p + "q_proj.weight"), c.num_attention_heads), *io["rope"])
-        k = self.rope(self.heads(self.linear(h, p + "k_proj.weight"), c.num_key_value_heads), *io["rope"])
-        v = self.heads(self.linear(h, p + "v_proj.weight"), c.num_key_value_heads)
+        q = self.rope(self.head_norm(self.heads(self.qkv(h, p + "q_proj"), c.num_attention_heads),
+                                     p + "q_norm.weight"), *io["rope"])
+        k = self.rope(self.head_norm(self.heads(self.qkv(h, p + "k_proj"), c.num_key_value_heads),
+                                     p + "k_norm.weight"), *io["rope"])
+        v = self.heads(self.qkv(h, p + "v_proj"), c.num_key_value_heads)
         present = []
         for kind, cur in (("key", k), ("value", v)):
             past = o.parameter([1, c.num_key_value_heads, -1, c.head_dim], np.float32,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sandwich.bench.serving_peers import hf_model
 from sandwich.compiler.target import describe_machine
 from sandwich.errors import ConfigError
 
@@ -172,7 +173,7 @@ def run_reference_check(*, model: str, cache, threads: int, command: str,
     _tokenizer_check(path, tok, varied_strings(), report)
     try:
         import torch
-        import transformers
+        import transformers  # noqa: F401  (hf_model needs it: checked here)
     except ImportError:
         report.notes.append("transformers is not installed: no logits or greedy check")
         return report
@@ -180,8 +181,7 @@ def run_reference_check(*, model: str, cache, threads: int, command: str,
     log("loading the model (ours, then HF transformers in fp32)")
     ours = load_model(model, cache)
     t0 = time.perf_counter()
-    hf = transformers.LlamaForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                       dtype=torch.float32).eval()
+    hf = hf_model(path)
     log(f"HF loaded in {time.perf_counter() - t0:.0f} s; greedy {new_tokens} tokens x 5 prompts")
     prompts = PROMPTS + ([tok.render_chat([{"role": "user", "content": CHAT}])]
                          if tok.chat_template else [])

@@ -69,22 +69,36 @@ class SandwichPeer:
         self.engine = None
 
 
+def hf_model(path: Path):
+    """HF transformers' fp32 model of an HF directory or a GGUF file (transformers
+    dequantizes it itself). A Qwen3 GGUF's head_dim is given from the file's metadata:
+    transformers leaves it at its default (128) whatever the file says."""
+    import torch
+    import transformers
+
+    extra = {}
+    if path.suffix == ".gguf":
+        from sandwich.models import load_model_config
+
+        cfg = load_model_config(path)
+        extra = {"gguf_file": path.name} | ({"head_dim": cfg.head_dim} if cfg.qk_norm else {})
+        path = path.parent
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                             **extra).eval()
+
+
 class HfPeer:
-    """HF transformers' LlamaForCausalLM on torch (eager), with its KV cache."""
+    """HF transformers' model (LlamaForCausalLM, Qwen2's, ...) on torch (eager), with its KV
+    cache."""
 
     name = "hf-transformers"
 
     def __init__(self, model_dir: Path, *, threads: int) -> None:
         import torch
-        import transformers
 
         torch.set_num_threads(threads)
         self.torch = torch
-        path, extra = Path(model_dir), {}
-        if path.suffix == ".gguf":  # transformers dequantizes a GGUF file itself
-            path, extra = path.parent, {"gguf_file": path.name}
-        self.model = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                                   **extra).eval()
+        self.model = hf_model(Path(model_dir))
         with torch.no_grad():  # own memory, not pages mapped from the file (see bench_serving)
             for p in self.model.parameters():
                 p.data = p.data.clone()

@@ -13,6 +13,10 @@ from sandwich.errors import ConfigError
 from sandwich.models import ModelConfig, parse_model_config, read_raw_config
 from sandwich.runtime.safetensors_io import SINGLE_NAME, save_file, save_sharded
 
+# the transformers class of each model_type (the rest load as LlamaForCausalLM)
+ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM"}
+
 
 def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every HF tensor of a Llama model with its (out, in) shape, in save_pretrained's order;
@@ -28,6 +32,12 @@ def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             p + "self_attn.v_proj.weight": (cfg.num_key_value_heads * d, h),
             p + "self_attn.o_proj.weight": (h, cfg.num_attention_heads * d),
         })
+        if cfg.qkv_bias:
+            shapes.update({p + "self_attn.q_proj.bias": (cfg.num_attention_heads * d,),
+                           p + "self_attn.k_proj.bias": (cfg.num_key_value_heads * d,),
+                           p + "self_attn.v_proj.bias": (cfg.num_key_value_heads * d,)})
+        if cfg.qk_norm:
+            shapes.update({p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
         if cfg.is_moe:
             shapes[p + "block_sparse_moe.gate.weight"] = (cfg.num_local_experts, h)
             for e in range(cfg.num_local_experts):
@@ -49,11 +59,14 @@ def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 def random_weights(cfg: ModelConfig, *, seed: int, std: float = 0.02,
                    norm_std: float = 0.0) -> dict[str, np.ndarray]:
     """HF's initializer: matrices ~ N(0, std), norm weights 1 (plus N(0, norm_std) when a test
-    wants the norm weights to matter)."""
+    wants the norm weights to matter); biases ~ N(0, 0.5) (HF's are 0, which would hide a
+    bias the executor forgot)."""
     rng = np.random.default_rng(seed)
     out = {}
     for name, shape in tensor_shapes(cfg).items():
-        if len(shape) == 1:
+        if name.endswith(".bias"):
+            w = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.5)
+        elif len(shape) == 1:
             w = np.ones(shape, np.float32)
             if norm_std:
                 w += rng.standard_normal(shape, dtype=np.float32) * np.float32(norm_std)
@@ -77,7 +90,7 @@ def write_checkpoint(config: str | Path, out_dir: str | Path, *, seed: int = 0,
     cfg = parse_model_config(raw, source=source, name=Path(str(config)).stem)
     std = float(raw.get("initializer_range", 0.02))
     weights = random_weights(cfg, seed=seed, std=std, norm_std=norm_std)
-    raw.setdefault("architectures", ["MixtralForCausalLM" if cfg.is_moe else "LlamaForCausalLM"])
+    raw.setdefault("architectures", [ARCHITECTURES.get(raw["model_type"], "LlamaForCausalLM")])
     raw["torch_dtype"] = "bfloat16" if bf16 else "float32"
     raw["initializer_range"] = std
     out = Path(out_dir)

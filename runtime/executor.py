@@ -26,7 +26,7 @@ from sandwich.runtime.kv_cache import CapacityError, KVCache
 from sandwich.runtime.loader import LlamaModel
 from sandwich.runtime.logprobs import TokenLogprob, token_logprob
 from sandwich.runtime.moe import MoeFfn
-from sandwich.runtime.ops_fallback import NumpyOps, Segment
+from sandwich.runtime.ops_fallback import HeadNorms, NumpyOps, Segment
 from sandwich.runtime.perplexity import next_token_logprobs
 from sandwich.runtime.prefill_work import PrefillWork
 from sandwich.runtime.rope_tables import cos_sin
@@ -47,7 +47,7 @@ def make_ops(kind: str | object, model: LlamaModel, *, max_tokens: int, max_batc
                       kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
                       hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, max_seq=max_seq,
                       cpu=model.gemms.qkv.cache.cpu,
-                      threads=threads or len(os.sched_getaffinity(0)))
+                      threads=threads or len(os.sched_getaffinity(0)), qk_norm=cfg.qk_norm)
     if isinstance(kind, str):
         raise ConfigError(f"unknown ops kind {kind!r} (choose 'numpy' or 'dsl')")
     return kind
@@ -364,10 +364,13 @@ class Executor:
         run = self._run
         run(layer, "norm1", n_tok, lambda: ops.bind("rmsnorm", x, w.input_norm, eps, out=h))
         run(layer, "qkv", n_tok, lambda: g.qkv.bind(h, w.qkv, qkv))
+        if w.qkv_bias is not None:
+            np.add(qkv, w.qkv_bias, out=qkv)
         q = qkv[:, : self.n_q].reshape(n_tok, -1, d)
         k = qkv[:, self.n_q: self.n_q + self.n_kv].reshape(n_tok, -1, d)
         v = qkv[:, self.n_q + self.n_kv:].reshape(n_tok, -1, d)
-        run(layer, "rope", n_tok, lambda: ops.bind("rope", q, k, pos, self.cos, self.sin))
+        norms = None if w.q_norm is None else HeadNorms(w.q_norm, w.k_norm, eps)
+        run(layer, "rope", n_tok, lambda: ops.bind("rope", q, k, pos, self.cos, self.sin, norms))
         kc, vc = self.kv.k(layer), self.kv.v(layer)
         t0 = 0
         for slot, start, n in segments:

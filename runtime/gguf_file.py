@@ -1,4 +1,4 @@
-"""The tensors of a llama-architecture GGUF file under their HF names, as the loader reads
+"""The tensors of a Llama-family GGUF file (llama, qwen2, qwen3) under their HF names, as the loader reads
 a safetensors checkpoint: each dequantized to float32 when read (the `gguf` package's own
 dequantizers: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K and the rest), with the
 q/k rows put back from llama.cpp's RoPE order. The quantized blocks stay reachable
@@ -12,7 +12,8 @@ import numpy as np
 
 from sandwich.errors import ConfigError
 from sandwich.gguf_blocks import from_gguf_blocks
-from sandwich.gguf_config import GGUFError, hf_config, metadata, open_reader
+from sandwich.gguf_config import ROPE_PERMUTED, GGUFError, hf_config, metadata, open_reader
+from sandwich.models import ModelConfig
 from sandwich.runtime.safetensors_io import CheckpointError
 from sandwich.weight_formats import QuantizedWeight, WeightFormat, take_columns
 
@@ -28,11 +29,29 @@ LAYER_NAMES = {
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
+# the layer tensors an architecture has beyond Llama's
+ARCH_LAYER_NAMES = {
+    "qwen2": {"self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
+              "self_attn.v_proj.bias": "attn_v.bias"},
+    "qwen3": {"self_attn.q_norm.weight": "attn_q_norm.weight",
+              "self_attn.k_norm.weight": "attn_k_norm.weight"},
+}
 GLOBAL_NAMES = {
     "model.embed_tokens.weight": "token_embd.weight",
     "model.norm.weight": "output_norm.weight",
     "lm_head.weight": "output.weight",
 }
+
+
+def gguf_arch(cfg: ModelConfig) -> str:
+    """The GGUF architecture llama.cpp runs a model as: qwen2 (q/k/v biases), qwen3 (q/k head
+    norms) or llama."""
+    return "qwen2" if cfg.qkv_bias else "qwen3" if cfg.qk_norm else "llama"
+
+
+def layer_names(arch: str) -> dict[str, str]:
+    """HF name inside a decoder layer -> GGUF name inside `blk.{i}.`, for `arch`."""
+    return LAYER_NAMES | ARCH_LAYER_NAMES.get(arch, {})
 
 
 def rope_permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -93,15 +112,17 @@ class GGUFCheckpoint:
         tensors = {t.name: t for t in reader.tensors}
         self.config = hf_config(self.metadata, set(tensors), source=str(self.path))
         heads, kv = self.config["num_attention_heads"], self.config["num_key_value_heads"]
+        permuted = self.config["model_type"] in ROPE_PERMUTED
         self._where: dict[str, GGUFTensor] = {}
         for hf, gg in GLOBAL_NAMES.items():
             if gg in tensors:
                 self._where[hf] = GGUFTensor(tensors[gg], self.path)
         for i in range(self.config["num_hidden_layers"]):
-            for hf, gg in LAYER_NAMES.items():
+            for hf, gg in layer_names(self.config["model_type"]).items():
                 t = tensors.get(f"blk.{i}.{gg}")
                 if t is not None:
-                    rope = heads if "q_proj" in hf else kv if "k_proj" in hf else None
+                    rope = (heads if "q_proj.weight" in hf else kv if "k_proj.weight" in hf
+                            else None) if permuted else None
                     self._where[f"model.layers.{i}.{hf}"] = GGUFTensor(t, self.path, rope)
         self.rope_freqs = tensors.get("rope_freqs.weight")
 

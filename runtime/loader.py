@@ -60,6 +60,9 @@ class LayerWeights:
     gate_up: PackedWeight | None = None  # K=hidden, N=2 inter (None in an MoE layer)
     down: PackedWeight | None = None  # K=inter, N=hidden
     moe: MoeWeights | None = None  # router and experts in place of the MLP
+    qkv_bias: np.ndarray | None = None  # Qwen2: ((H + 2 KVH) D,), [q | k | v] as the GEMM's N
+    q_norm: np.ndarray | None = None  # Qwen3: (D,), every q head's RMSNorm weight
+    k_norm: np.ndarray | None = None  # Qwen3: (D,), every k head's
 
 
 @dataclass(frozen=True)
@@ -93,8 +96,8 @@ def open_checkpoint(model: str | Path) -> tuple[ModelConfig, RopeSpec, Checkpoin
 
 
 def read_config(model_dir: str | Path) -> tuple[ModelConfig, RopeSpec]:
-    """Validate config.json: Llama family, SiLU, no biases, a supported RoPE (a GGUF file's
-    config comes from its metadata)."""
+    """Validate config.json: Llama family (Qwen2's q/k/v biases and Qwen3's q/k norms
+    included), SiLU, a supported RoPE (a GGUF file's config comes from its metadata)."""
     if is_gguf(model_dir):
         cfg, rope, _ = open_checkpoint(model_dir)
         return cfg, rope
@@ -105,11 +108,6 @@ def read_config(model_dir: str | Path) -> tuple[ModelConfig, RopeSpec]:
         raise ConfigError(f"{d}: no config.json; an HF model directory needs one")
     raw, source = read_raw_config(d)
     cfg = parse_model_config(raw, source=source, name=d.name)
-    act = raw.get("hidden_act", "silu")
-    if act != "silu":
-        raise ConfigError(f"{source}: hidden_act {act!r} is not supported (Llama uses 'silu')")
-    if raw.get("attention_bias") or raw.get("mlp_bias") or raw.get("model_type") == "qwen2":
-        raise ConfigError(f"{source}: projection biases are not supported yet (Llama has none)")
     return cfg, rope_spec(raw, head_dim=cfg.head_dim, source=source)
 
 
@@ -230,14 +228,16 @@ def pack_model(read: WeightReader, cfg: ModelConfig, rope: RopeSpec, gemms: Mode
     layers = []
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
-        qkv = read.projection([(p + "self_attn.q_proj.weight", q), (p + "self_attn.k_proj.weight", kv),
-                               (p + "self_attn.v_proj.weight", kv)], fmt)
+        parts = [(p + "self_attn.q_proj.", q), (p + "self_attn.k_proj.", kv),
+                 (p + "self_attn.v_proj.", kv)]
+        qkv = read.projection([(name + "weight", rows) for name, rows in parts], fmt)
         layers.append(LayerWeights(
             input_norm=aligned_copy(read(p + "input_layernorm.weight")),
             qkv=gemms.qkv.pack(qkv),
             o=gemms.o.pack(read.projection([(p + "self_attn.o_proj.weight", slice(None))], fmt, q)),
             post_norm=aligned_copy(read(p + "post_attention_layernorm.weight")),
             **_ffn(read, p, cfg, gemms, mlp, fmt),
+            **_attention_extras(read, p, cfg, parts),
         ))
     embed = read("model.embed_tokens.weight")
     head_name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
@@ -246,6 +246,19 @@ def pack_model(read: WeightReader, cfg: ModelConfig, rope: RopeSpec, gemms: Mode
                       norm=aligned_copy(read("model.norm.weight")),
                       lm_head=gemms.lm_head.pack(read.projection([(head_name, rows)], fmt)),
                       gemms=gemms)
+
+
+def _attention_extras(read: WeightReader, p: str, cfg: ModelConfig,
+                      parts: list[tuple[str, slice]]) -> dict[str, np.ndarray]:
+    """Qwen2's q/k/v biases (the rows `parts` keep, fused as the QKV GEMM's columns) and
+    Qwen3's q/k head norms; nothing for Llama."""
+    out = {}
+    if cfg.qkv_bias:
+        out["qkv_bias"] = aligned_copy(np.concatenate([read(name + "bias")[rows] for name, rows in parts]))
+    if cfg.qk_norm:
+        out["q_norm"] = aligned_copy(read(p + "self_attn.q_norm.weight"))
+        out["k_norm"] = aligned_copy(read(p + "self_attn.k_norm.weight"))
+    return out
 
 
 def _ffn(read: WeightReader, p: str, cfg: ModelConfig, gemms: ModelGemms,

@@ -16,7 +16,7 @@ from sandwich.compiler.buffers import aligned_zeros
 from sandwich.compiler.target import CpuInfo
 from sandwich.errors import BuildError
 from sandwich.runtime.dsl_attention import DecodeAttention, PrefillAttention, Segment, kernel_arg
-from sandwich.runtime.ops_fallback import NumpyOps
+from sandwich.runtime.ops_fallback import HeadNorms, NumpyOps
 
 
 def _build(name: str, cpu: CpuInfo, threads: int, fixed: dict, tunables: dict | None = None):
@@ -45,10 +45,12 @@ class DslOps(NumpyOps):
 
     def __init__(self, *, max_tokens: int, max_batch: int, heads: int, kv_heads: int,
                  head_dim: int, hidden: int, intermediate: int, max_seq: int, cpu: CpuInfo,
-                 threads: int) -> None:
+                 threads: int, qk_norm: bool = False) -> None:
         super().__init__(max_tokens=max_tokens, heads=heads, head_dim=head_dim, max_seq=max_seq)
         self.dims = (heads, kv_heads, head_dim)
         self._rms = _build("rmsnorm", cpu, threads, {"N": hidden})
+        # RMSNorm with N = head_dim, each head a row: Qwen3's q/k norms
+        self._rms_head = _build("rmsnorm", cpu, threads, {"N": head_dim}) if qk_norm else None
         self._silu = _build("silu_mul", cpu, threads, {"N": intermediate})
         self._rope = _build("rope", cpu, threads, {"H": heads, "KVH": kv_heads, "D": head_dim})
         self._decode = DecodeAttention(lambda n, f, t: _build(n, cpu, threads, f, t), heads=heads,
@@ -74,8 +76,8 @@ class DslOps(NumpyOps):
         self._bind_silu_mul(gate_up, out)()
 
     def rope(self, q: np.ndarray, k: np.ndarray, positions: np.ndarray,
-             cos: np.ndarray, sin: np.ndarray) -> None:
-        self._bind_rope(q, k, positions, cos, sin)()
+             cos: np.ndarray, sin: np.ndarray, norms: HeadNorms | None = None) -> None:
+        self._bind_rope(q, k, positions, cos, sin, norms)()
 
     def bind(self, name: str, *args, **kwargs) -> Callable[[], None]:
         """Wrapping a kernel argument costs ~3 us, more than a one-row norm: bound calls wrap
@@ -91,23 +93,39 @@ class DslOps(NumpyOps):
         f, args = self._silu, (out.shape[0], out.shape[1], kernel_arg(gate_up), kernel_arg(out))
         return lambda: f(*args)
 
-    def _bind_rope(self, q, k, positions, cos, sin):
+    def _bind_rope(self, q, k, positions, cos, sin, norms=None):
         """RoPE reads q and k as compact arrays; the fused QKV rows interleave them (glue copies
-        in and out around the kernel)."""
+        in and out around the kernel). Qwen3's head norms run on the compact copies first (the
+        RMSNorm kernel at N = head_dim, each head a row)."""
         t = q.shape[0]
         h, kvh, d = self.dims
         qc, kc, pos = self._q[:t], self._k[:t], self._pos[:t]
         f, args = self._rope, (t, h, kvh, d, cos.shape[0], *map(kernel_arg, (pos, cos, sin, qc, kc)))
+        norm_q = norm_k = None
+        if norms is not None:
+            rows_q, rows_k = qc.reshape(t * h, d), kc.reshape(t * kvh, d)
+            norm_q = self._bind_head_norm(rows_q, norms.q, norms.eps)
+            norm_k = self._bind_head_norm(rows_k, norms.k, norms.eps)
 
         def call() -> None:
             qc[...] = q
             kc[...] = k
             pos[...] = positions
+            if norm_q is not None:
+                norm_q()
+                norm_k()
             f(*args)
             q[...] = qc
             k[...] = kc
 
         return call
+
+    def _bind_head_norm(self, rows, w, eps):
+        """RMSNorm in place over rows of head_dim."""
+        if self._rms_head is None:
+            raise BuildError("q/k head norms need DslOps(qk_norm=True)")
+        f, args = self._rms_head, (rows.shape[0], rows.shape[1], eps, *map(kernel_arg, (rows, w, rows)))
+        return lambda: f(*args)
 
     def attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                   segments: Sequence[Segment], scale: float, out: np.ndarray) -> None:
@@ -140,6 +158,7 @@ class DslOps(NumpyOps):
         cos, sin = aligned_zeros(ang.shape), aligned_zeros(ang.shape)
         cos[...], sin[...] = np.cos(ang), np.sin(ang)
         pos = np.array([0, 7, 3])
+        norms = HeadNorms(rand(d), rand(d), 1e-6) if self._rms_head is not None else None
         checks = {}
         for ops in (self, ref):
             y = aligned_zeros(x.shape)
@@ -147,7 +166,7 @@ class DslOps(NumpyOps):
             s = aligned_zeros((3, intermediate))
             ops.silu_mul(gu, out=s)
             r = qk.copy()
-            ops.rope(r[:, :h], r[:, h:], pos, cos, sin)
+            ops.rope(r[:, :h], r[:, h:], pos, cos, sin, norms)
             checks[ops is self] = (y, s, r)
         kv = aligned_zeros((2, 9, 2, kvh, d))
         kv[...] = rng.standard_normal(kv.shape, dtype=np.float32)

@@ -10,12 +10,22 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from sandwich.compiler.buffers import aligned_zeros
 
 Segment = tuple[int, int, int]  # (batch slot, first position, token count)
+
+
+@dataclass(frozen=True)
+class HeadNorms:
+    """Qwen3's per-head RMSNorm weights of q and k (each (D,)), applied before RoPE."""
+
+    q: np.ndarray
+    k: np.ndarray
+    eps: float
 
 
 class NumpyOps:
@@ -56,9 +66,21 @@ class NumpyOps:
         np.divide(gate, out, out=out)
         np.multiply(out, up, out=out)
 
+    def head_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> None:
+        """In place on x (T, heads, D): each head's vector RMS-normalized and scaled by w (D,),
+        Qwen3's q/k norm."""
+        var = np.mean(np.square(x), axis=-1, keepdims=True)
+        var += np.float32(eps)
+        x /= np.sqrt(var)
+        x *= w
+
     def rope(self, q: np.ndarray, k: np.ndarray, positions: np.ndarray,
-             cos: np.ndarray, sin: np.ndarray) -> None:
-        """Rotate-half RoPE in place on q (T, H, D) and k (T, KVH, D)."""
+             cos: np.ndarray, sin: np.ndarray, norms: HeadNorms | None = None) -> None:
+        """Rotate-half RoPE in place on q (T, H, D) and k (T, KVH, D), after the heads' RMSNorm
+        when the model has one (`norms`)."""
+        if norms is not None:
+            self.head_norm(q, norms.q, norms.eps)
+            self.head_norm(k, norms.k, norms.eps)
         t = q.shape[0]
         c, s = self._cs[0, :t], self._cs[1, :t]
         np.take(cos, positions, axis=0, out=c[:, 0])

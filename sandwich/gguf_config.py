@@ -20,6 +20,12 @@ INSTALLED_MODELS = {
 }
 
 
+# GGUF `general.architecture` values that load (each is its HF model_type); llama.cpp's
+# converter stores only llama's q/k rows in GGML's interleaved RoPE order (ROPE_PERMUTED)
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+ROPE_PERMUTED = {"llama"}
+
+
 class GGUFError(ConfigError):
     """A GGUF file that cannot be read: truncated, altered, or not GGUF at all."""
 
@@ -89,26 +95,28 @@ def metadata(reader, *, vocabulary: bool = True) -> dict[str, Any]:
 
 
 def hf_config(meta: dict[str, Any], tensor_names: set[str], *, source: str) -> dict[str, Any]:
-    """The HF config dict of a llama-architecture GGUF file."""
+    """The HF config dict of a GGUF file of a Llama-family architecture (GGUF_ARCHITECTURES;
+    its metadata keys are prefixed with the architecture's name)."""
     arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise ConfigError(f"{source}: GGUF architecture {arch!r} is not supported (llama only)")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ConfigError(f"{source}: GGUF architecture {arch!r} is not supported "
+                          f"({', '.join(GGUF_ARCHITECTURES)})")
 
     def get(key: str, default: Any = None) -> Any:
-        v = meta.get(f"llama.{key}", default)
+        v = meta.get(f"{arch}.{key}", default)
         if v is None:
-            raise ConfigError(f"{source}: GGUF metadata lacks llama.{key}")
+            raise ConfigError(f"{source}: GGUF metadata lacks {arch}.{key}")
         return v
 
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
-    head_dim = int(meta.get("llama.attention.key_length") or hidden // max(heads, 1))
-    rotary = int(meta.get("llama.rope.dimension_count") or head_dim)
+    head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // max(heads, 1))
+    rotary = int(meta.get(f"{arch}.rope.dimension_count") or head_dim)
     if rotary != head_dim:
         raise ConfigError(f"{source}: RoPE over {rotary} of {head_dim} head dimensions (partial "
                           f"rotary) is not supported")
     tokens = meta.get("tokenizer.ggml.tokens.count") or len(meta.get("tokenizer.ggml.tokens") or ())
     raw = {
-        "model_type": "llama",
+        "model_type": arch,
         "_name_or_path": meta.get("general.name") or Path(source).stem,
         "hidden_size": hidden,
         "intermediate_size": int(get("feed_forward_length")),
@@ -116,14 +124,14 @@ def hf_config(meta: dict[str, Any], tensor_names: set[str], *, source: str) -> d
         "num_attention_heads": heads,
         "num_key_value_heads": int(get("attention.head_count_kv", heads)),
         "head_dim": head_dim,
-        "vocab_size": int(meta.get("llama.vocab_size") or tokens),
+        "vocab_size": int(meta.get(f"{arch}.vocab_size") or tokens),
         "max_position_embeddings": int(get("context_length", 2048)),
         "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-5)),
         "rope_theta": float(get("rope.freq_base", 10000.0)),
         "tie_word_embeddings": "output.weight" not in tensor_names,
         "hidden_act": "silu",
     }
-    scaling = meta.get("llama.rope.scaling.type")
+    scaling = meta.get(f"{arch}.rope.scaling.type")
     if scaling not in (None, "none"):
         if scaling != "linear":
             raise ConfigError(f"{source}: GGUF rope scaling {scaling!r} is not supported "

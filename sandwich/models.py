@@ -14,8 +14,11 @@ from sandwich.errors import ConfigError
 from sandwich.gguf_config import INSTALLED_MODELS, is_gguf, read_gguf_config
 
 DEFAULT_MODEL = "llama-160m"
-LLAMA_FAMILY = {"llama", "mistral", "qwen2", "mixtral"}
+LLAMA_FAMILY = {"llama", "mistral", "qwen2", "qwen3", "mixtral"}
 MOE_TYPES = {"mixtral"}  # a router and top-k SwiGLU experts in place of the MLP
+QKV_BIAS_TYPES = {"qwen2"}  # biases on q, k and v (none on o): HF's Qwen2Attention
+QK_NORM_TYPES = {"qwen3"}  # RMSNorm over each q and k head before RoPE: Qwen3Attention
+HEAD_DIM_DEFAULTS = {"qwen3": 128}  # transformers' default where config.json has no head_dim
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,8 @@ class ModelConfig:
     # intermediate_size, `num_experts_per_tok` of them per token; 0 = a dense model
     num_local_experts: int = 0
     num_experts_per_tok: int = 0
+    qkv_bias: bool = False  # Qwen2: q, k and v projections add a bias
+    qk_norm: bool = False  # Qwen3: each q and k head is RMS-normalized (weights of head_dim)
 
     @property
     def is_moe(self) -> bool:
@@ -144,10 +149,12 @@ def parse_model_config(raw: dict[str, Any], *, source: str, name: str) -> ModelC
     kv_heads = _int(raw, "num_key_value_heads", source, default=heads)
     if heads % kv_heads:
         raise ConfigError(f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
-    head_dim = raw.get("head_dim") or (hidden // heads if hidden % heads == 0 else None)
+    head_dim = (raw.get("head_dim") or HEAD_DIM_DEFAULTS.get(model_type)
+                or (hidden // heads if hidden % heads == 0 else None))
     if head_dim is None:
         raise ConfigError(f"{source}: hidden_size {hidden} is not divisible by num_attention_heads {heads}; set head_dim")
     experts, top_k = _experts(raw, model_type, source)
+    _check_unsupported(raw, model_type, source)
     return ModelConfig(
         name=str(raw.get("_name_or_path") or name),
         hidden_size=hidden,
@@ -165,7 +172,25 @@ def parse_model_config(raw: dict[str, Any], *, source: str, name: str) -> ModelC
         rope_scaling=_dict(raw, "rope_scaling", source) or None,
         num_local_experts=experts,
         num_experts_per_tok=top_k,
+        qkv_bias=model_type in QKV_BIAS_TYPES,
+        qk_norm=model_type in QK_NORM_TYPES,
     )
+
+
+def _check_unsupported(raw: dict[str, Any], model_type: str, source: str) -> None:
+    """Refuse the variants of the family the executor does not run, in one line each."""
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"{source}: hidden_act {raw['hidden_act']!r} is not supported (the "
+                          f"Llama family uses 'silu')")
+    if raw.get("mlp_bias"):
+        raise ConfigError(f"{source}: MLP biases (mlp_bias) are not supported")
+    if raw.get("attention_bias") and model_type not in QKV_BIAS_TYPES:
+        raise ConfigError(f"{source}: attention_bias (biases on q, k, v and o) is not supported "
+                          f"for {model_type}; Qwen2's q/k/v biases are")
+    window = raw.get("sliding_window")
+    if raw.get("use_sliding_window") and window and window < raw.get("max_position_embeddings", 2048):
+        raise ConfigError(f"{source}: sliding-window attention (use_sliding_window, window "
+                          f"{window}) is not supported; every layer attends to every position")
 
 
 def _experts(raw: dict[str, Any], model_type: str, source: str) -> tuple[int, int]:

@@ -1,7 +1,8 @@
-"""A tiny llama GGUF file written the way llama.cpp's converter writes one: a byte-level BPE
-vocabulary trained here with `tokenizers` (gpt2 type, control tokens, a chat template) or a
-SentencePiece one (llama type: pieces with scores, byte tokens),
-q/k rows permuted to GGML's RoPE order, and tensors in several of GGUF's types."""
+"""A tiny llama (or qwen2, qwen3) GGUF file written the way llama.cpp's converter writes one:
+a byte-level BPE vocabulary trained here with `tokenizers` (gpt2 type, control tokens, a chat
+template) or a SentencePiece one (llama type: pieces with scores, byte tokens), llama's q/k
+rows permuted to GGML's RoPE order, Qwen2's q/k/v biases or Qwen3's q/k head norms, and
+tensors in several of GGUF's types."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sandwich.runtime.gguf_file import LAYER_NAMES, rope_permute
+from sandwich.runtime.gguf_file import layer_names, rope_permute
 
 CORPUS = ["the quick brown fox jumps over the lazy dog", "def main():\n    return 42",
           "hello world, hello tokens", "numbers 0123456789 and more", "    indented\tand\ttabbed"]
@@ -125,6 +126,9 @@ def write_tiny_gguf(path: Path, *, seed: int = 0, arch: str = "llama", vocab: st
     w.add_head_count(c["heads"])
     w.add_head_count_kv(c["kv"])
     w.add_rope_dimension_count(c["hidden"] // c["heads"])
+    if arch == "qwen3":  # llama.cpp's converter writes a config's head_dim (Qwen3 has one)
+        w.add_key_length(c["hidden"] // c["heads"])
+        w.add_value_length(c["hidden"] // c["heads"])
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(c["theta"])
     w.add_vocab_size(c["vocab"])
@@ -141,15 +145,23 @@ def write_tiny_gguf(path: Path, *, seed: int = 0, arch: str = "llama", vocab: st
               "attn_v.weight": (c["kv"] * d, h), "attn_output.weight": (h, c["heads"] * d),
               "ffn_gate.weight": (c["ffn"], h), "ffn_up.weight": (c["ffn"], h),
               "ffn_down.weight": (h, c["ffn"])}
+    extras = {"qwen2": {"attn_q.bias": (c["heads"] * d,), "attn_k.bias": (c["kv"] * d,),
+                        "attn_v.bias": (c["kv"] * d,)},
+              "qwen3": {"attn_q_norm.weight": (d,), "attn_k_norm.weight": (d,)}}.get(arch, {})
     for i in range(c["layers"]):
-        for gg in LAYER_NAMES.values():
-            if gg.endswith("norm.weight"):
+        for gg in layer_names(arch).values():
+            if gg in ("attn_norm.weight", "ffn_norm.weight"):
                 w.add_tensor(f"blk.{i}.{gg}", 1 + rand(h))
                 continue
+            if gg in extras:  # in F32, as llama.cpp writes them
+                norm = gg.endswith("norm.weight")  # around 1; biases N(0, 0.5)
+                w.add_tensor(f"blk.{i}.{gg}", 1 + rand(*extras[gg]) if norm
+                             else rand(*extras[gg], std=0.5))
+                continue
             t = rand(*shapes[gg])
-            if gg == "attn_q.weight":
+            if arch == "llama" and gg == "attn_q.weight":  # llama.cpp permutes llama's q/k only
                 t = rope_permute(t, c["heads"])
-            elif gg == "attn_k.weight":
+            elif arch == "llama" and gg == "attn_k.weight":
                 t = rope_permute(t, c["kv"])
             data, raw = _tensor(t, types[gg])
             w.add_tensor(f"blk.{i}.{gg}", data, raw_dtype=raw)

@@ -104,9 +104,19 @@ def test_tensors_read_under_hf_names_and_shapes(tiny):
 
 
 @pytest.mark.tvm
-def test_gguf_weights_give_transformers_logits(tiny, cache, tmp_path_factory):
-    path = tiny[0]
-    hf, torch = _hf_model(path)
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_gguf_weights_give_transformers_logits(arch, tiny, cache, tmp_path_factory):
+    """llama's q/k rows come back from GGML's RoPE order, qwen2's and qwen3's are stored as
+    HF has them (llama.cpp permutes llama's only); qwen2's biases and qwen3's head norms
+    load from their GGUF names. Against transformers reading the same file."""
+    path = tiny[0] if arch == "llama" else write_tiny_gguf(
+        tmp_path_factory.mktemp(arch) / f"{arch}.gguf", arch=arch)[0]
+    # transformers' GGUF reader leaves Qwen3's head_dim at its default (128), whatever the
+    # file's attention.key_length says: given here
+    hf, torch = _hf_model(path, **({"head_dim": CONFIG["hidden"] // CONFIG["heads"]}
+                                   if arch == "qwen3" else {}))
+    assert type(hf).__name__ == {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                                 "qwen3": "Qwen3ForCausalLM"}[arch]
     ex = _executor(path, cache, max_seq=64, ops="dsl")
     prompt = [5, 9, 200, 17, 33, 100, 250, 7]
     with torch.no_grad():
@@ -369,14 +379,15 @@ def test_scores_equal_transformers_and_cli_perplexity(tiny, cache, tmp_path):
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1, bad.stderr
 
 
-def _hf_model(path):
-    """HF transformers' model from the same GGUF file, in fp32 (skips without transformers)."""
+def _hf_model(path, **config):
+    """HF transformers' model from the same GGUF file, in fp32 (skips without transformers);
+    `config` overrides fields of the config it reads."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     import torch
 
-    hf = transformers.LlamaForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                       dtype=torch.float32).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                           dtype=torch.float32, **config).eval()
     return hf, torch
 
 

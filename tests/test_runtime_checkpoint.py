@@ -78,6 +78,10 @@ def test_read_config_accepts_llama_and_rejects_others(tmp_path):
     for i, (over, pattern) in enumerate([({"model_type": "gpt2"}, "not Llama-family"),
                           ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
                           ({"attention_bias": True}, "biases"),
+                          ({"model_type": "qwen3", "attention_bias": True}, "attention_bias"),
+                          ({"mlp_bias": True}, "MLP biases"),
+                          ({"model_type": "qwen2", "use_sliding_window": True,
+                            "sliding_window": 64}, "sliding-window"),
                           ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, "rope_type 'yarn'")]):
         bad = tmp_path / f"bad{i}"
         bad.mkdir()

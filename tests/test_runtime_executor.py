@@ -314,3 +314,32 @@ def test_int_weights_run_with_per_phase_thread_counts(small_two_thread_counts, c
     int8 = ("--weights", "int8-g32")
     assert _greedy_ids(d, cache, *int8, "--prefill-config", pre, "--decode-config", dec) == \
         _greedy_ids(d, cache, *int8)
+
+
+@pytest.fixture(scope="module", params=["qwen2", "qwen3"])
+def qwen(request, tmp_path_factory, cache):
+    """llama-160m's shapes (its kernels) as Qwen2 (q/k/v biases) and Qwen3 (q/k head norms)."""
+    kind = request.param
+    arch = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[kind]
+    d = tuned_checkpoint(tmp_path_factory, cache, "llama-160m", model_type=kind, head_dim=64,
+                         architectures=[arch])
+    hf = None
+    if transformers is not None:
+        hf = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+        assert type(hf).__name__ == arch
+    return kind, load_model(d, cache), hf
+
+
+@pytest.mark.parametrize("ops", ["numpy", "dsl"])
+def test_qwen_logits_equal_transformers(qwen, ops):
+    """Qwen2's biases and Qwen3's head norms change every logit (the random biases are
+    N(0, 0.5), the norm weights 1 + N(0, 0.1)): a model that skipped them would not match."""
+    kind, model, hf = qwen
+    layer = model.layers[0]
+    if kind == "qwen2":
+        assert layer.qkv_bias is not None and layer.qkv_bias.shape == (3 * 768,)
+        assert layer.q_norm is None
+    else:
+        assert layer.qkv_bias is None and layer.q_norm.shape == layer.k_norm.shape == (64,)
+    errors = _compare_with_hf(model, hf, ops)
+    assert max(errors) <= 1e-3, errors

@@ -205,17 +205,48 @@ def test_gguf_export_names_shapes_and_vocab(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
+@pytest.mark.skipif(not HAS_GGUF, reason="gguf is not installed (pip install -e .[dev])")
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+def test_gguf_export_reads_back_every_tensor(kind, tmp_path):
+    """The F32 GGUF llama.cpp runs holds the checkpoint's tensors under the architecture's
+    names (Qwen2's biases, Qwen3's head norms), llama's q/k rows permuted and only those: read
+    back through the GGUF loader, every tensor equals the safetensors one."""
+    import gguf
+
+    from sandwich.bench.gguf_export import write_gguf
+    from sandwich.runtime.checkpoint import tensor_shapes, write_checkpoint
+    from sandwich.runtime.loader import open_checkpoint
+
+    small = tmp_path / "config.json"
+    small.write_text(json.dumps({"model_type": kind, "hidden_size": 64, "num_attention_heads": 4,
+                                 "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 96,
+                                 "num_hidden_layers": 2, "vocab_size": 300}))
+    ck = write_checkpoint(small, tmp_path / "ck", seed=3, norm_std=0.1)
+    out = write_gguf(ck, tmp_path / "m.gguf")
+    assert gguf.GGUFReader(str(out)).fields["general.architecture"].contents() == kind
+    cfg, _, src = open_checkpoint(ck)
+    cfg2, _, back = open_checkpoint(out)
+    assert (cfg2.qkv_bias, cfg2.qk_norm) == (kind == "qwen2", kind == "qwen3")
+    names = tensor_shapes(cfg)
+    assert any(n.endswith(".bias") for n in names) == (kind == "qwen2")
+    assert any("q_norm" in n for n in names) == (kind == "qwen3")
+    for name in names:
+        np.testing.assert_array_equal(back.get(name).to_f32(), src.get(name).to_f32(), err_msg=name)
+
+
 @pytest.mark.tvm
-def test_every_peer_runs_a_gguf_model_and_emits_the_same_greedy_tokens(tmp_path, cache):
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_every_peer_runs_a_gguf_model_and_emits_the_same_greedy_tokens(arch, tmp_path, cache):
     """`bench serving --model X.gguf`: sandwichc, HF (gguf_file=), OpenVINO (dequantized by
     our loader) and llama.cpp (an F32 GGUF written from the same tensors) on one tiny GGUF
-    with mixed quant types; llama.cpp only where llama-cpp-python is installed."""
+    with mixed quant types, of each architecture; llama.cpp only where llama-cpp-python is
+    installed."""
     from conftest import tune_model
     from gguf_tiny import write_tiny_gguf
 
     from sandwich.bench.serving import _make_peer, model_dir_for, weights_fit
 
-    path, _ = write_tiny_gguf(tmp_path / "tiny.gguf")
+    path, _ = write_tiny_gguf(tmp_path / "tiny.gguf", arch=arch)
     assert model_dir_for(str(path), tmp_path) == path
     assert weights_fit(path, 1) and not weights_fit(path, 10**7)
     tune_model(path, cache)

@@ -179,6 +179,23 @@ def test_tp2_equals_tp1_gqa(gqa1b, cache):
 
 
 @pytest.mark.tvm
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_tp2_equals_tp1_qwen(kind, tmp_path_factory, cache):
+    """Each rank adds its own heads' share of Qwen2's q/k/v biases, and norms its heads with
+    Qwen3's (whole) head-norm weights: llama-160m's shapes, so its tuned kernels."""
+    d = _checkpoint(tmp_path_factory, cache, "llama-160m", model_type=kind, head_dim=64)
+    _, ref, _ = _greedy(_tp1(d, cache, "numpy"), steps=3)
+    with TPExecutor(d, cache, tp=2, max_batch=2, max_seq=64, max_tokens=16, ops="numpy") as tp:
+        assert (tp.ex.cfg.qkv_bias, tp.ex.cfg.qk_norm) == (kind == "qwen2", kind == "qwen3")
+        if kind == "qwen2":  # rank 0 holds the first half of the q, k and v biases
+            bias = tp.ex.model.layers[0].qkv_bias
+            assert bias.shape == (3 * 384,)
+        _, got, _ = _greedy(tp, steps=3)
+    errors = [_rel(g, r) for g, r in zip(got, ref, strict=True)]
+    assert max(errors) <= 1e-4, errors
+
+
+@pytest.mark.tvm
 def test_tp2_int_weights_equal_tp1(tmp_path, cache):
     """Int weights under TP: each rank's share of K is cut from the GGUF's Q4_1 blocks as
     stored (re-quantizing the dequantized share moves the logits by about 2e-2), so TP=2
