@@ -27,7 +27,7 @@ from sandwich.runtime.server_metrics import ServerMetrics
 from sandwich.runtime.structured import Grammars
 from sandwich.runtime.text_stream import TextStream
 from sandwich.runtime.tokenizer import TextTokenizer
-from sandwich.runtime.tool_calls import ReplyStream
+from sandwich.runtime.tool_calls import CallDelta, ReplyStream
 
 log = logging.getLogger("sandwichc.server")
 DRAIN_LIMIT = 64 << 20  # an oversized body is read (and dropped) up to this, then cut off
@@ -59,6 +59,15 @@ class Piece:
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()
     offset: int = 0
+
+
+@dataclass(frozen=True)
+class CallPieces:
+    """Pieces of a streamed choice's tool calls (starts, argument text), and the logprobs of
+    the tokens that made them (a logprobs body, or None)."""
+
+    deltas: tuple[CallDelta, ...]
+    logprobs: dict | None = None
 
 
 class OpenAIServer:
@@ -319,23 +328,26 @@ class OpenAIServer:
                                 tokens=n, arrival=arrival, first=first, last=time.perf_counter())
 
     async def tool_stream(self, req: Request, p: GenParams, arrival: float
-                           ) -> AsyncIterator[Piece | api.Choice | Outcome]:
+                           ) -> AsyncIterator[Piece | CallPieces | api.Choice | Outcome]:
         """A choice that may call tools, streamed: once its JSON shows it answers, the
-        answer's text as it comes; its calls whole when it ends (then finish 'tool_calls'); a
-        reply cut before either shows, as its raw text."""
+        answer's text as it comes; once it shows it calls, each call's start and its
+        arguments' text as they come (CallPieces), and at the end every call (a Choice;
+        finish 'tool_calls'); a reply cut before either shows, as its raw text."""
         reply, lps = ReplyStream(p.tools), []  # type: ignore[arg-type]
         async for x in self.generate(req, p, arrival):
             if isinstance(x, Piece):
                 lps.extend(x.logprobs)
-                text = reply.push(x.text)
+                text, deltas = reply.push(x.text)
                 if text:
                     yield Piece(text, tuple(lps))
+                    lps.clear()
+                elif deltas:
+                    yield CallPieces(tuple(deltas), self._logprobs(p, lps))
                     lps.clear()
                 continue
             content, calls = reply.end()
             if calls:
-                body = api.logprobs_body(p, lps, self.tok.token_bytes, [0] * len(lps))
-                yield api.Choice(None, "tool_calls", body, calls)
+                yield api.Choice(None, "tool_calls", self._logprobs(p, lps), calls)
                 yield Outcome("tool_calls", x.completion_tokens)
                 return
             if reply.mode != "answer" and content:  # neither shown: the raw text
@@ -344,6 +356,9 @@ class OpenAIServer:
                 yield Piece("", tuple(lps))
             yield x
             return
+
+    def _logprobs(self, p: GenParams, lps: list[TokenLogprob]) -> dict | None:
+        return api.logprobs_body(p, lps, self.tok.token_bytes, [0] * len(lps)) if lps else None
 
     async def collect(self, req: Request, p: GenParams, arrival: float
                        ) -> tuple[str, Outcome, list[TokenLogprob | int], list[int]]:
@@ -377,14 +392,15 @@ class OpenAIServer:
                       arrival: float) -> AsyncIterator[str]:
         """Server-sent events: each choice's text deltas and finish reason as they come (the
         choices interleave, each chunk naming its index), then the usage if asked, [DONE]. A
-        reply that may call tools streams its answer's text, or its calls whole at the end."""
+        reply that may call tools streams its answer's text, or its calls as they come (any
+        call whose start was not streamed comes whole at the end)."""
         model = self.settings.model_name
         for i, req in enumerate(reqs):
             if p.chat:
                 yield _sse(api.chunk(p, rid, model, None, first=True, index=i))
             if p.echo:  # without logprobs (parse_completion refuses streaming both)
                 yield _sse(api.chunk(p, rid, model, self.tok.decode(req.prompt), index=i))
-        used = [0] * len(reqs)
+        used, streamed = [0] * len(reqs), [0] * len(reqs)  # tokens; calls started, per choice
         try:
             sources = [self.tool_stream(r, p, arrival) if p.tools is not None else
                        self.generate(r, p, arrival) if p.max_tokens != 0 else _nothing() for r in reqs]
@@ -392,8 +408,14 @@ class OpenAIServer:
                 if isinstance(x, Outcome):
                     used[i] = x.completion_tokens
                     yield _sse(api.chunk(p, rid, model, None, x.finish, index=i))
-                elif isinstance(x, api.Choice):  # a tool-calling choice's calls, whole
-                    yield _sse(api.tool_chunk(p, rid, model, x, i))
+                elif isinstance(x, CallPieces):
+                    streamed[i] += sum(d.id is not None for d in x.deltas)
+                    yield _sse(api.tool_chunk(p, rid, model, [d.body() for d in x.deltas],
+                                              x.logprobs, i))
+                elif isinstance(x, api.Choice):  # the calls not streamed, and the last logprobs
+                    rest = [t.body(j) for j, t in enumerate(x.tool_calls) if j >= streamed[i]]
+                    if rest or x.logprobs:
+                        yield _sse(api.tool_chunk(p, rid, model, rest, x.logprobs, i))
                 else:
                     lps = api.logprobs_body(p, x.logprobs, self.tok.token_bytes,
                                             [x.offset] * len(x.logprobs))

@@ -498,11 +498,13 @@ def _message_body(c: Choice) -> dict[str, Any]:
     return out
 
 
-def tool_chunk(p: GenParams, rid: str, model: str, c: Choice, index: int) -> dict[str, Any]:
-    """A choice's tool calls as one stream delta (read once its JSON is complete)."""
-    delta = {"tool_calls": [t.body(j) for j, t in enumerate(c.tool_calls)]}
+def tool_chunk(p: GenParams, rid: str, model: str, calls: list[dict[str, Any]],
+               logprobs: dict[str, Any] | None, index: int) -> dict[str, Any]:
+    """Pieces of a choice's tool calls as one stream delta: a call's start (index, id, type,
+    name, empty arguments), or more of its arguments' text (index, arguments)."""
+    delta = {"tool_calls": calls} if calls else {}
     return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-            "choices": [{"index": index, "delta": delta, "logprobs": c.logprobs, "finish_reason": None}],
+            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}],
             **({"usage": None} if p.include_usage else {})}
 
 

@@ -80,7 +80,7 @@ class ResponsesRoute:
 
     async def _events(self, r: rs.ResponsesRequest, req: Request, rid: str, created: int,
                       arrival: float) -> AsyncIterator[str]:
-        from sandwich.runtime.http_server import Outcome
+        from sandwich.runtime.http_server import CallPieces, Outcome
 
         srv, p, ev = self.server, r.params, rs.Events()
         model = srv.settings.model_name
@@ -97,6 +97,8 @@ class ResponsesRoute:
             async for x in source:
                 if isinstance(x, api.Choice):
                     calls = x.tool_calls
+                elif isinstance(x, CallPieces):  # its calls' events come whole, at the end
+                    continue
                 elif isinstance(x, Outcome):
                     finish, tokens = x.finish, x.completion_tokens
                 elif x.text:

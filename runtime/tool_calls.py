@@ -11,7 +11,7 @@ import json
 import re
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sandwich.runtime.structured import Structure
@@ -139,31 +139,152 @@ def earlier_calls(calls: Sequence[dict]) -> str:
     return json.dumps({"tool_calls": out}, ensure_ascii=False)
 
 
+@dataclass(frozen=True)
+class CallDelta:
+    """A streamed piece of tool call `index`: its start (`id` and `name`, no arguments yet)
+    or a piece of its arguments' JSON text, as OpenAI streams them."""
+
+    index: int
+    arguments: str = ""
+    id: str | None = None
+    name: str | None = None
+
+    def body(self) -> dict[str, Any]:
+        if self.id is None:
+            return {"index": self.index, "function": {"arguments": self.arguments}}
+        return {"index": self.index, "id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
 class ReplyStream:
     """A tool-calling reply as it is generated: once its JSON shows that it answers
-    (`{"response": "...`), the answer's text as it comes, unescaped; calls are read whole
-    when the reply ends."""
+    (`{"response": "...`), the answer's text as it comes, unescaped; once it shows that it
+    calls tools, each call's start as soon as its name is complete, then its arguments' text
+    as it comes (CallScanner)."""
 
     def __init__(self, use: ToolUse) -> None:
         self.use, self.raw, self.mode = use, "", ""  # mode: "", "answer" or "calls"
         self._answer = JsonString()
+        self._calls = CallScanner()
 
-    def push(self, delta: str) -> str:
-        """The answer text that `delta` adds ("" while undecided, or calling tools)."""
+    def push(self, delta: str) -> tuple[str, list[CallDelta]]:
+        """The answer text that `delta` adds ("" while undecided, or calling tools), and the
+        pieces of calls it adds."""
         self.raw += delta
         if self.mode == "answer":
-            return self._answer.feed(delta)
-        if not self.mode:
-            if m := _ANSWERS.match(self.raw):
-                self.mode = "answer"
-                return self._answer.feed(self.raw[m.end():])
-            if _CALLS.match(self.raw):
-                self.mode = "calls"
-        return ""
+            return self._answer.feed(delta), []
+        if self.mode == "calls":
+            return "", self._calls.feed(delta)
+        if m := _ANSWERS.match(self.raw):
+            self.mode = "answer"
+            return self._answer.feed(self.raw[m.end():]), []
+        if _CALLS.match(self.raw):
+            self.mode = "calls"
+            return "", self._calls.feed(self.raw)
+        return "", []
+
+    @property
+    def started(self) -> tuple[str, ...]:
+        """The ids of the calls streamed so far (their starts sent)."""
+        return tuple(self._calls.ids)
 
     def end(self) -> tuple[str | None, tuple[ToolCall, ...]]:
-        """(content, calls) of the whole reply, as `ToolUse.reply` reads it."""
-        return self.use.reply(self.raw)
+        """(content, calls) of the whole reply, as `ToolUse.reply` reads it; the calls whose
+        starts were streamed keep the ids the stream gave them."""
+        content, calls = self.use.reply(self.raw)
+        ids = self._calls.ids
+        return content, tuple(replace(c, id=ids[i]) if i < len(ids) else c
+                              for i, c in enumerate(calls))
+
+
+class CallScanner:
+    """The protocol's `{"tool_calls": [{"name": ..., "arguments": ...}, ...]}` read character
+    by character as it arrives (the grammar fixes its shape and key order): a call starts
+    once its name's string is closed; its arguments' text is passed on as it comes, from the
+    value's first character to its last."""
+
+    CALL_DEPTH = 3  # the reply object, the tool_calls array, a call object
+
+    def __init__(self) -> None:
+        self.stack: list[str] = []
+        self.in_string = self.escape = False
+        self.ids: list[str] = []
+        self._key, self._string = "", ""  # the call-level key read last; a string being read
+        self._reading = ""  # what the call-level string being read is: "key", "name" or ""
+        self._expect = "key"  # at call level: "key", then "value" after its colon
+        self._args = ""  # the arguments' value: "" (not reached), "on" (inside), "closed"
+
+    def feed(self, text: str) -> list[CallDelta]:
+        """The starts and argument pieces that `text` adds."""
+        out: list[CallDelta] = []
+        piece: list[str] = []
+        for c in text:
+            started, take = self._step(c)
+            if take:
+                piece.append(c)
+            elif started:
+                if piece:
+                    out.append(self._piece(piece))
+                out.append(CallDelta(len(self.ids), id=started[0], name=started[1]))
+                self.ids.append(started[0])
+        if piece:
+            out.append(self._piece(piece))
+        return out
+
+    def _piece(self, piece: list[str]) -> CallDelta:
+        text, piece[:] = "".join(piece), []
+        return CallDelta(len(self.ids) - 1, text)
+
+    def _step(self, c: str) -> tuple[tuple[str, str] | None, bool]:
+        """Advance by one character: a call's (id, name) when its name has just closed, and
+        whether the character is part of the arguments' value."""
+        at_call = len(self.stack) == self.CALL_DEPTH
+        if self.in_string:
+            if self._reading:
+                self._string += c
+            if self.escape:
+                self.escape = False
+            elif c == "\\":
+                self.escape = True
+            elif c == '"':
+                self.in_string = False
+                return self._string_closed(), self._args == "on"
+            return None, self._args == "on"
+        if at_call and self._expect == "value" and self._key == "arguments" and not self._args \
+                and not c.isspace():
+            self._args = "on"
+        take = self._args == "on"
+        if c == '"':
+            self.in_string = True
+            if at_call and self._expect == "key":
+                self._reading, self._string = "key", '"'
+            elif at_call and self._key == "name" and self._expect == "value":
+                self._reading, self._string = "name", '"'
+        elif c in "{[":
+            self.stack.append(c)
+            if len(self.stack) == self.CALL_DEPTH:  # a new call object
+                self._key, self._expect, self._args = "", "key", ""
+        elif c in "}]":
+            if self.stack:
+                self.stack.pop()
+            if take and len(self.stack) <= self.CALL_DEPTH:  # the value's end
+                self._args = "closed"
+                take = len(self.stack) == self.CALL_DEPTH  # its own bracket, not the call's
+        elif take and at_call and (c == "," or c.isspace()):  # a scalar value's end
+            self._args, take = "closed", False
+        if at_call and c == ":":
+            self._expect = "value"
+        elif at_call and c == ",":
+            self._expect = "key"
+        return None, take
+
+    def _string_closed(self) -> tuple[str, str] | None:
+        reading, self._reading = self._reading, ""
+        if reading == "key":
+            self._key = json.loads(self._string)
+        elif reading == "name":
+            return f"call_{uuid.uuid4().hex[:24]}", json.loads(self._string)
+        return None
 
 
 class JsonString:

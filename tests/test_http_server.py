@@ -496,7 +496,8 @@ def test_tools_are_read_into_the_calls_json_and_earlier_calls_into_the_conversat
 def test_tool_calls_through_the_openai_client(tok):
     """Random logits: 'required' always calls, with arguments that fit the tool's parameters;
     a named tool is the only one called; without parallel calls there is one; 'auto' calls or
-    answers; streamed, the calls come in one delta; 'none' is the plain reply; the prompt
+    answers; streamed, each call's start comes first, then its arguments in pieces (and the
+    SDK's stream helper puts them together); 'none' is the plain reply; the prompt
     carries the tools; a conversation with earlier calls and their results goes through."""
     with serving(RandomExecutor(max_batch=4, max_seq=4096, vocab=CONFIG["vocab"]), tok) as (url, server):
         client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
@@ -524,11 +525,25 @@ def test_tool_calls_through_the_openai_client(tok):
         assert "tool_calls" in kinds and kinds <= {"tool_calls", "stop", "length"}
         assert all(c.message.content is None and all(map(fits, c.message.tool_calls)) if c.finish_reason == "tool_calls"
                    else c.message.content and c.message.tool_calls is None for c in auto)
-        calls = {}
+        calls, pieces = {}, 0  # streamed: each call's start, then its arguments' text in pieces
         for ch in chat(tools=[WEATHER, CLOCK], tool_choice="required", seed=5, stream=True):
             for t in ch.choices[0].delta.tool_calls or []:
-                calls[t.index] = (t.function.name, t.function.arguments)
-        assert list(calls.values()) == [(t.function.name, t.function.arguments) for t in r.choices[0].message.tool_calls]
+                if t.id:
+                    assert t.index == len(calls) and t.function.name and t.function.arguments == ""
+                    calls[t.index] = [t.id, t.function.name, ""]
+                else:
+                    calls[t.index][2] += t.function.arguments
+                    pieces += 1
+        want = r.choices[0].message.tool_calls
+        assert [(n, json.loads(a)) for _, n, a in calls.values()] == \
+            [(t.function.name, json.loads(t.function.arguments)) for t in want]
+        assert pieces > 2 * len(calls) and all(i.startswith("call_") for i, _, _ in calls.values())
+        with client.chat.completions.stream(model="tiny", messages=msgs, max_tokens=1000, seed=5,
+                                            tools=[WEATHER, CLOCK], tool_choice="required") as s:
+            final = s.get_final_completion().choices[0]  # the SDK's own accumulation of the deltas
+        assert final.finish_reason == "tool_calls" and [
+            (t.function.name, json.loads(t.function.arguments)) for t in final.message.tool_calls] == \
+            [(t.function.name, json.loads(t.function.arguments)) for t in want]
         seed, answer = next((s, c) for s in range(40)  # a seed whose reply answers, not calls
                             if (c := chat(tools=[WEATHER], seed=s, max_tokens=400).choices[0]).finish_reason == "stop")
         deltas = [c.choices[0] for c in chat(tools=[WEATHER], seed=seed, max_tokens=400, stream=True)]

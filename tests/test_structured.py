@@ -183,9 +183,48 @@ def test_a_reply_stream_tells_an_answer_from_calls():
     use = ToolUse((Tool("now"),))
     answer = ReplyStream(use)
     got = [answer.push(x) for x in ['{\n ', ' "respon', 'se": "Hel', 'lo \\', 'n there', '"}']]
-    assert got == ["", "", "Hel", "lo ", "\n there", ""] and answer.mode == "answer"
+    assert got == [(t, []) for t in ["", "", "Hel", "lo ", "\n there", ""]] and answer.mode == "answer"
     assert answer.end() == ("Hello \n there", ())
     calls = ReplyStream(use)
-    assert [calls.push(x) for x in ['{"tool_', 'calls": [{"name": "now", ', '"arguments": {}}]}']] == ["", "", ""]
+    got = [calls.push(x) for x in ['{"tool_', 'calls": [{"name": "n', 'ow", ', '"arguments": {', '}}]}']]
+    assert [t for t, _ in got] == [""] * 5 and [len(d) for _, d in got] == [0, 0, 1, 1, 1]
+    start, args = got[2][1][0], got[3][1] + got[4][1]
+    assert (start.index, start.name, start.arguments) == (0, "now", "") and start.id.startswith("call_")
+    assert [(d.index, d.id, d.arguments) for d in args] == [(0, None, "{"), (0, None, "}")]
     content, made = calls.end()
     assert calls.mode == "calls" and content is None and [(c.name, c.arguments) for c in made] == [("now", "{}")]
+    assert made[0].id == start.id  # the id the stream gave
+
+
+CALLS = [
+    '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Pa\\"ris]}", "n": [1, {"a": 2}]}},'
+    ' {"name": "f2", "arguments": {}}]}',
+    '{\n  "tool_calls": [\n    {\n      "name": "x\\u00e9\\"",\n      "arguments": {\n        "q": "}]\\\\"'
+    '\n      }\n    }\n  ]\n}',
+    '{"tool_calls":[{"name":"s","arguments":"str,ing"},{"name":"n","arguments":42 },{"name":"m","arguments":true}]}',
+]
+
+
+@pytest.mark.parametrize("text", CALLS)
+def test_calls_split_anywhere_stream_their_starts_then_their_arguments(text):
+    """Every split of a calls reply into pieces: each call starts (its id, its name as JSON
+    reads it) before any of its arguments, and its argument pieces join to the value's JSON
+    text, whatever braces, brackets, commas or escapes sit in its strings."""
+    import random
+
+    from sandwich.runtime.tool_calls import CallScanner
+
+    rng = random.Random(1)
+    want = [(c["name"], c["arguments"]) for c in json.loads(text)["tool_calls"]]
+    for _ in range(100):
+        cuts = sorted(rng.sample(range(len(text) + 1), 6))
+        scanner, calls = CallScanner(), []
+        for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True):
+            for d in scanner.feed(text[a:b]):
+                if d.id is not None:
+                    assert d.index == len(calls) and d.arguments == ""
+                    calls.append([d.name, ""])
+                else:
+                    assert d.index == len(calls) - 1 and d.arguments
+                    calls[-1][1] += d.arguments
+        assert [(n, json.loads(a)) for n, a in calls] == want
