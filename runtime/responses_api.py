@@ -187,10 +187,13 @@ def reply_message(c: Choice) -> dict:
     return {"role": "assistant", "content": c.text or ""}
 
 
-def output_items(c: Choice, msg_id: str) -> list[dict]:
-    """A reply's output items: its function calls, or one message with its text."""
+def output_items(c: Choice, msg_id: str, call_items: Sequence[str] = ()) -> list[dict]:
+    """A reply's output items: its function calls (the first with the item ids
+    `call_items`, the ids a stream gave them), or one message with its text."""
     if c.tool_calls:
-        return [function_item(t.id, t.name, t.arguments, new_id("fc")) for t in c.tool_calls]
+        return [function_item(t.id, t.name, t.arguments,
+                              call_items[i] if i < len(call_items) else new_id("fc"))
+                for i, t in enumerate(c.tool_calls)]
     return [message_item(msg_id, c.text or "", "incomplete" if c.finish == "length" else "completed")]
 
 

@@ -86,6 +86,7 @@ class ResponsesRoute:
         model = srv.settings.model_name
         yield ev("response.created", response=rs.response_body(r, rid, model, created, [], status="in_progress"))
         msg_id, text, calls, opened = rs.new_id("msg"), [], (), False
+        items: list[str] = []  # the item ids of the calls streamed
         source = srv.tool_stream(req, p, arrival) if p.tools is not None else srv.generate(req, p, arrival)
         where = {"item_id": msg_id, "output_index": 0, "content_index": 0}
 
@@ -97,8 +98,15 @@ class ResponsesRoute:
             async for x in source:
                 if isinstance(x, api.Choice):
                     calls = x.tool_calls
-                elif isinstance(x, CallPieces):  # its calls' events come whole, at the end
-                    continue
+                elif isinstance(x, CallPieces):  # a call's item, then its arguments as they come
+                    for d in x.deltas:
+                        if d.id is not None:
+                            items.append(rs.new_id("fc"))
+                            yield ev("response.output_item.added", output_index=d.index, item=rs.function_item(
+                                d.id, d.name or "", "", items[-1], "in_progress"))
+                        else:
+                            yield ev("response.function_call_arguments.delta", item_id=items[d.index],
+                                     output_index=d.index, delta=d.arguments)
                 elif isinstance(x, Outcome):
                     finish, tokens = x.finish, x.completion_tokens
                 elif x.text:
@@ -112,13 +120,14 @@ class ResponsesRoute:
             yield ev("error", code=e.code or e.kind, message=e.message, param=e.param)
             return
         c = api.Choice(None if calls else "".join(text), "tool_calls" if calls else finish, None, calls)
-        output = rs.output_items(c, msg_id)
+        output = rs.output_items(c, msg_id, items)
         if calls:
             for i, item in enumerate(output):
-                yield ev("response.output_item.added", output_index=i, item={**item, "arguments": "",
-                                                                             "status": "in_progress"})
-                yield ev("response.function_call_arguments.delta", item_id=item["id"], output_index=i,
-                         delta=item["arguments"])
+                if i >= len(items):  # not streamed: its item and arguments whole
+                    yield ev("response.output_item.added", output_index=i,
+                             item={**item, "arguments": "", "status": "in_progress"})
+                    yield ev("response.function_call_arguments.delta", item_id=item["id"],
+                             output_index=i, delta=item["arguments"])
                 yield ev("response.function_call_arguments.done", item_id=item["id"], output_index=i,
                          arguments=item["arguments"])
                 yield ev("response.output_item.done", output_index=i, item=item)

@@ -190,10 +190,11 @@ class ReplyStream:
 
     def end(self) -> tuple[str | None, tuple[ToolCall, ...]]:
         """(content, calls) of the whole reply, as `ToolUse.reply` reads it; the calls whose
-        starts were streamed keep the ids the stream gave them."""
+        starts were streamed keep the id and the arguments' text (the model's own, which the
+        pieces sent add up to) the stream gave them."""
         content, calls = self.use.reply(self.raw)
-        ids = self._calls.ids
-        return content, tuple(replace(c, id=ids[i]) if i < len(ids) else c
+        ids, args = self._calls.ids, self._calls.arguments
+        return content, tuple(replace(c, id=ids[i], arguments=args[i]) if i < len(ids) else c
                               for i, c in enumerate(calls))
 
 
@@ -209,6 +210,7 @@ class CallScanner:
         self.stack: list[str] = []
         self.in_string = self.escape = False
         self.ids: list[str] = []
+        self.arguments: list[str] = []  # each started call's arguments' text so far
         self._key, self._string = "", ""  # the call-level key read last; a string being read
         self._reading = ""  # what the call-level string being read is: "key", "name" or ""
         self._expect = "key"  # at call level: "key", then "value" after its colon
@@ -227,12 +229,14 @@ class CallScanner:
                     out.append(self._piece(piece))
                 out.append(CallDelta(len(self.ids), id=started[0], name=started[1]))
                 self.ids.append(started[0])
+                self.arguments.append("")
         if piece:
             out.append(self._piece(piece))
         return out
 
     def _piece(self, piece: list[str]) -> CallDelta:
         text, piece[:] = "".join(piece), []
+        self.arguments[-1] += text
         return CallDelta(len(self.ids) - 1, text)
 
     def _step(self, c: str) -> tuple[tuple[str, str] | None, bool]:

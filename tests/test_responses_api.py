@@ -89,6 +89,12 @@ def test_function_tools_call_and_their_results_continue_the_conversation(tok):
                                                   tool_choice="required", max_output_tokens=600, stream=True)]
         done = [e.item for e in streamed if e.type == "response.output_item.done"]
         assert done and all(i.type == "function_call" for i in done) and streamed[-1].type == "response.completed"
+        for k, item in enumerate(done):  # each call's item first, then its arguments in pieces
+            mine = [e for e in streamed if getattr(e, "output_index", None) == k]
+            assert [e.type for e in mine][0] == "response.output_item.added" and mine[0].item.id == item.id
+            pieces = [e.delta for e in mine if e.type == "response.function_call_arguments.delta"]
+            assert len(pieces) > 2 and "".join(pieces) == item.arguments and json.loads(item.arguments)
+            assert streamed[-1].response.output[k].arguments == item.arguments
         later = c.responses.create(model="tiny", previous_response_id=r.id, tools=[NOW], max_output_tokens=200,
                                    input=[{"type": "function_call_output", "call_id": calls[0].call_id,
                                            "output": "12:00"}])
