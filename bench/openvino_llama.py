@@ -221,7 +221,7 @@ class OpenVinoLlamaPeer:
     name = "openvino"
 
     def __init__(self, model_dir: Path, *, threads: int, max_seq: int, weights: str = "fp32",
-                 dynamic_quantization: bool = True) -> None:
+                 dynamic_quantization: bool = True, kv_dtype: str = "f32") -> None:
         ov, _, _ = _ov()
         weights = check_format(weights).name  # a bad format before any tensor is read
         model_dir = Path(model_dir)
@@ -234,7 +234,7 @@ class OpenVinoLlamaPeer:
         make_stateful(model, pairs)
         config = {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32",
                   "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
-                  "KV_CACHE_PRECISION": "f32"}  # the plugin's default is u8 on x86; peers keep f32
+                  "KV_CACHE_PRECISION": kv_dtype}  # the plugin's default is u8 on x86: peers keep one type
         if not dynamic_quantization:
             config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
         self.compiled = ov.Core().compile_model(model, "CPU", config)

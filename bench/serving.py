@@ -55,6 +55,7 @@ class ServingResult:
     other_load: tuple[float, float] = (0.0, 0.0)
     per_round_load: dict[str, bool] = field(default_factory=dict)  # model -> loaded per round
     weights: str = "fp32"  # the weight format of sandwichc's GEMMs, llama.cpp's GGUF and OpenVINO's
+    kv_dtype: str = "f32"  # every system's KV cache element type
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -213,23 +214,29 @@ def weights_fit(model_dir: Path, systems: int, *, meminfo: Path = Path("/proc/me
 
 
 def _make_peer(name: str, model_dir: Path, *, threads: int, max_seq: int, cache, work: Path,
-               weights: str = "fp32"):
+               weights: str = "fp32", kv_dtype: str = "f32"):
+    """Peer `name` on the model, each with its KV cache in `kv_dtype` (f32 or bf16)."""
     from sandwich.bench import serving_peers as sp
 
     if name == "sandwichc":
-        return sp.SandwichPeer(model_dir, cache, threads=threads, max_seq=max_seq, weights=weights)
+        return sp.SandwichPeer(model_dir, cache, threads=threads, max_seq=max_seq, weights=weights,
+                               kv_dtype=kv_dtype)
     if name == "hf-transformers":
         if weights != "fp32":
             raise ConfigError(f"runs fp32 weights only here (--weights {weights} compares sandwichc "
                               "with llama.cpp and OpenVINO)")
+        if kv_dtype != "f32":
+            raise ConfigError(f"runs an f32 KV cache only here (--kv-cache-dtype {kv_dtype} "
+                              "compares sandwichc with llama.cpp and OpenVINO)")
         return sp.HfPeer(model_dir, threads=threads)
     if name == "llama.cpp":
         gguf = sp.llama_cpp_gguf(model_dir, work, weights, threads=threads)
-        return sp.LlamaCppPeer(gguf, threads=threads, max_seq=max_seq)
+        return sp.LlamaCppPeer(gguf, threads=threads, max_seq=max_seq, kv_dtype=kv_dtype)
     if name == "openvino":
         from sandwich.bench.openvino_llama import OpenVinoLlamaPeer
 
-        return OpenVinoLlamaPeer(model_dir, threads=threads, max_seq=max_seq, weights=weights)
+        return OpenVinoLlamaPeer(model_dir, threads=threads, max_seq=max_seq, weights=weights,
+                                 kv_dtype=kv_dtype)
     raise AssertionError(name)  # run_serving_bench checked the names
 
 
@@ -238,7 +245,7 @@ PEERS = ("sandwichc", "hf-transformers", "llama.cpp", "openvino")
 
 def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: int, repeats: int,
                       threads: int, cache, work: Path, command: str, peers=PEERS,
-                      weights: str = "fp32", log=print) -> ServingResult:
+                      weights: str = "fp32", kv_dtype: str = "f32", log=print) -> ServingResult:
     from sandwich.compiler.target import describe_machine
     from sandwich.models import load_model_config
     from sandwich.tuner.machine_bench import read_bandwidth_gbs
@@ -249,7 +256,7 @@ def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: 
         raise ConfigError(f"unknown serving peer(s) {', '.join(unknown)}; choose from {', '.join(PEERS)}")
     load0 = warn_if_busy("the serving benchmark", log)
     res = ServingResult(command, datetime.date.today().isoformat(), describe_machine(), threads,
-                        repeats, weights=weights)
+                        repeats, weights=weights, kv_dtype=kv_dtype)
     max_seq = max(prompt_lens) + new_tokens
     for model in models:
         model_dir = model_dir_for(model, work)
@@ -262,7 +269,8 @@ def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: 
                 "up, timed and closed per round)")
         res.per_round_load[model] = not resident
         makers = {name: functools.partial(_make_peer, name, model_dir, threads=threads,
-                                          max_seq=max_seq, cache=cache, work=work, weights=weights)
+                                          max_seq=max_seq, cache=cache, work=work, weights=weights,
+                                          kv_dtype=kv_dtype)
                   for name in peers}
         t = time_peers(makers, ids, new_tokens, repeats, anchor="sandwichc", resident=resident,
                        read_probe=lambda: read_bandwidth_gbs(threads), log=log)
@@ -317,7 +325,8 @@ def write_report(res: ServingResult, md: Path, js: Path) -> None:
         f"Regenerate: `{res.command}`",
         "",
         f"- machine: {res.machine}; {res.threads} threads for every system; {weights}"
-        f"fp32 KV caches everywhere (llama.cpp's and OpenVINO's default to f16 / u8); date {res.date}",
+        f"{res.kv_dtype.replace('f32', 'fp32')} KV caches everywhere (llama.cpp's and OpenVINO's "
+        f"default to f16 / u8); date {res.date}",
         "- one request at a time, greedy, the same checkpoint and prompt ids (random) for every "
         f"system ({_gguf_words(res.weights)}; llama.cpp reads an F32 GGUF written "
         "from the same tensors; OpenVINO a graph built from them); the median of "

@@ -48,13 +48,13 @@ class SandwichPeer:
     name = "sandwichc"
 
     def __init__(self, model_dir: Path, cache, *, threads: int, max_seq: int,
-                 weights: str = "fp32") -> None:
+                 weights: str = "fp32", kv_dtype: str = "f32") -> None:
         from sandwich.runtime.engine import Engine
         from sandwich.runtime.executor import Executor
         from sandwich.runtime.loader import load_model
 
         ex = Executor(load_model(model_dir, cache, threads=threads, weights=weights), max_batch=1,
-                      max_seq=max_seq, threads=threads, prefix_cache=False)
+                      max_seq=max_seq, threads=threads, prefix_cache=False, kv_dtype=kv_dtype)
         self.engine = Engine(ex)
 
     def generate(self, prompt: list[int], max_new_tokens: int) -> GenTiming:
@@ -177,14 +177,16 @@ def llama_cpp_quantized(f32_gguf: Path, ggml: str, *, threads: int) -> Path:
     return out
 
 
-def _llama(gguf_path: Path, *, threads: int, n_ctx: int, **extra):
-    """llama.cpp on a GGUF with an f32 KV cache (its default f16 halves the bytes a decode
-    step reads from it: the other systems keep theirs in f32), weights in its own memory."""
+def _llama(gguf_path: Path, *, threads: int, n_ctx: int, kv_dtype: str = "f32", **extra):
+    """llama.cpp on a GGUF with a KV cache of the other systems' type, f32 or bf16 (its
+    default f16 would halve the bytes a decode step reads of an f32 one), weights in its own
+    memory."""
     llama_cpp = _llama_cpp()
+    # ggml's BF16 is type 30; llama-cpp-python names no constant for it
+    kv = {"f32": llama_cpp.GGML_TYPE_F32, "bf16": getattr(llama_cpp, "GGML_TYPE_BF16", 30)}[kv_dtype]
     return llama_cpp.Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=threads,
                            n_threads_batch=threads, n_batch=n_ctx, n_ubatch=n_ctx,
-                           type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32,
-                           use_mmap=False, verbose=False, **extra)
+                           type_k=kv, type_v=kv, use_mmap=False, verbose=False, **extra)
 
 
 class LlamaCppScorer:
@@ -212,8 +214,8 @@ class LlamaCppPeer:
 
     name = "llama.cpp"
 
-    def __init__(self, gguf_path: Path, *, threads: int, max_seq: int) -> None:
-        self.llm = _llama(gguf_path, threads=threads, n_ctx=max_seq)
+    def __init__(self, gguf_path: Path, *, threads: int, max_seq: int, kv_dtype: str = "f32") -> None:
+        self.llm = _llama(gguf_path, threads=threads, n_ctx=max_seq, kv_dtype=kv_dtype)
 
     def generate(self, prompt: list[int], max_new_tokens: int) -> GenTiming:
         ids, stamps = [], []

@@ -3,8 +3,10 @@ KV cache: one call per layer and decode step for the whole ragged batch."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
+import ml_dtypes
 import numpy as np
 
 from sandwich.compiler.buffers import aligned_zeros
@@ -12,31 +14,48 @@ from sandwich.compiler.gemm_runner import wrap
 from sandwich.errors import BuildError, ShapeError
 
 Segment = tuple[int, int, int]
+BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 def kernel_arg(x: np.ndarray):
     """Zero-copy argument; TVM's kernels assume 64-byte aligned, compact buffers and do not
-    check it (a misaligned numpy array faults in aligned vector loads), so we do."""
+    check it (a misaligned numpy array faults in aligned vector loads), so we do. A bf16
+    array (ml_dtypes) goes as its 16-bit words, viewed as TVM's bfloat16 (DLPack has no
+    ml_dtypes type)."""
     if x.ctypes.data % 64 or not x.flags.c_contiguous:
         raise ShapeError(f"DSL kernel argument of shape {x.shape} must be C-contiguous and "
                          f"64-byte aligned (allocate it with aligned_zeros)")
+    if x.dtype == BF16:
+        return wrap(x.view(np.uint16))._create_view(x.shape, "bfloat16")
     return wrap(x)
+
+
+def retyped(kernel, types: dict[str, str]):
+    """The kernel with the element type of its array parameters `types` changed (e.g. a bf16
+    KV cache): the DSL loads any float type into f32 arithmetic, so the body is the same."""
+    params = tuple(dataclasses.replace(p, dtype=types[p.name]) if p.name in types else p
+                   for p in kernel.params)
+    return dataclasses.replace(kernel, params=params)
 
 
 class DecodeAttention:
     """Split-KV decode attention for one token per sequence; buffers sized for max_batch."""
 
     def __init__(self, build, *, heads: int, kv_heads: int, head_dim: int, max_batch: int,
-                 vlen: int, n_split: int = 2, b_kv: int = 16) -> None:
+                 vlen: int, n_split: int = 2, b_kv: int = 16, kv_dtype: str = "f32") -> None:
+        """`build(kernel, fixed, tunables)` compiles; `kv_dtype`: the cache's element type
+        (f32, or bf16: the kernel widens each K/V row as it copies the block)."""
         from sandwich.dsl.interp import Interpreter
         from sandwich.dsl.load import load_kernel
 
         self.dims, self.max_batch = (heads, kv_heads, head_dim), max_batch
         tunables = {"b_kv": b_kv, "n_split": n_split, "n_d": vlen}
         fixed = {"H": heads, "KVH": kv_heads, "D": head_dim}
-        self._f = build("decode_attention", fixed, tunables)
-        # the scratch shape is whatever the kernel source declares, evaluated at max_batch
         kernel = load_kernel("decode_attention")
+        if kv_dtype != "f32":
+            kernel = retyped(kernel, {"k_cache": kv_dtype, "v_cache": kv_dtype})
+        self._f = build(kernel, fixed, tunables)
+        # the scratch shape is whatever the kernel source declares, evaluated at max_batch
         work = next((p for p in kernel.params if p.name == "work"), None)
         if work is None:
             raise BuildError("DSL kernel decode_attention has no 'work' parameter; update "
@@ -80,9 +99,12 @@ class PrefillAttention:
 
     def __init__(self, build, *, heads: int, kv_heads: int, head_dim: int, max_tokens: int,
                  max_seq: int, vlen: int) -> None:
+        from sandwich.dsl.load import load_kernel
+
         self.dims = (heads, kv_heads, head_dim)
         tunables = {"b_q": vlen, "b_kv": 16, "mu_k": 4, "mu_q": 2, "n_d": vlen}
-        self._f = build("flash_prefill", {"H": heads, "KVH": kv_heads, "D": head_dim}, tunables)
+        self._f = build(load_kernel("flash_prefill"), {"H": heads, "KVH": kv_heads, "D": head_dim},
+                        tunables)
         self._q = aligned_zeros((max_tokens, heads, head_dim))
         rows = max(max_seq, 8)  # DslOps' self-check attends over 5 positions, whatever max_seq
         self._k = aligned_zeros((rows, kv_heads, head_dim))
@@ -91,8 +113,8 @@ class PrefillAttention:
     def __call__(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
                  out: np.ndarray) -> None:
         """q (S, H, D): strided rows of the fused QKV buffer; k/v (L, KVH, D), L >= S: the
-        slot's cache column up to the chunk's last position; both copied compact (glue);
-        out (S, H * D)."""
+        slot's cache column up to the chunk's last position; both copied compact (glue; a
+        bf16 cache is widened to f32 as it is copied); out (S, H * D)."""
         s, n_kv = q.shape[0], k.shape[0]
         if n_kv < s:
             raise ShapeError(f"prefill attention of {s} queries over {n_kv} keys: the chunk's "

@@ -33,7 +33,7 @@ from sandwich.runtime.rope_tables import cos_sin
 
 
 def make_ops(kind: str | object, model: LlamaModel, *, max_tokens: int, max_batch: int,
-             max_seq: int, threads: int | None = None):
+             max_seq: int, threads: int | None = None, kv_dtype: str = "f32"):
     """'numpy' (the marked fallback), 'dsl' (compiled DSL kernels), or an object with the
     methods of NumpyOps (`bind` included)."""
     cfg = model.config
@@ -47,7 +47,8 @@ def make_ops(kind: str | object, model: LlamaModel, *, max_tokens: int, max_batc
                       kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
                       hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, max_seq=max_seq,
                       cpu=model.gemms.qkv.cache.cpu,
-                      threads=threads or len(os.sched_getaffinity(0)), qk_norm=cfg.qk_norm)
+                      threads=threads or len(os.sched_getaffinity(0)), qk_norm=cfg.qk_norm,
+                      kv_dtype=kv_dtype)
     if isinstance(kind, str):
         raise ConfigError(f"unknown ops kind {kind!r} (choose 'numpy' or 'dsl')")
     return kind
@@ -79,14 +80,15 @@ class Executor:
                  gather: Callable[[np.ndarray], np.ndarray] | None = None,
                  kv_hook: Callable[[int, KVCache, Sequence[Segment]], None] | None = None,
                  kv_source: Callable[[KVCache, int, int], None] | None = None,
-                 prefix_cache: bool = True) -> None:
+                 prefix_cache: bool = True, kv_dtype: str = "f32") -> None:
         """`allreduce(x)` sums x in place across TP ranks; `gather(logits)` returns the full
         logits rows from this rank's vocabulary shard (both None: one process). For a KV
         hand-off between process layouts (runtime/kv_handoff.py), `kv_hook(layer, kv,
         segments)` runs as each layer's K/V is written, and `kv_source(kv, slot, n)` fills a
         slot that `adopt` takes. `prefix_cache`: a prompt prefills only what a freed slot
         does not already hold of it (runtime/kv_cache.py); off where K/V is handed off, as
-        the hand-off sends what a forward pass writes."""
+        the hand-off sends what a forward pass writes. `kv_dtype`: the KV cache's element type
+        (f32, or bf16: half the bytes a decode step reads of it)."""
         cfg = model.config
         self.allreduce, self.gather = allreduce, gather
         self.kv_hook, self.kv_source = kv_hook, kv_source
@@ -94,7 +96,8 @@ class Executor:
         self.max_tokens = max(max_tokens or max_seq, max_batch)
         self.kv = KVCache(layers=cfg.num_hidden_layers, max_batch=max_batch, max_seq=max_seq,
                           kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-                          reuse=prefix_cache and kv_hook is None and kv_source is None)
+                          reuse=prefix_cache and kv_hook is None and kv_source is None,
+                          dtype=kv_dtype)
         h, d = cfg.hidden_size, cfg.head_dim
         self.n_q, self.n_kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
         t = self.max_tokens
@@ -113,7 +116,7 @@ class Executor:
         }
         self.cos, self.sin = (aligned_copy(tab) for tab in cos_sin(model.rope, max_seq))
         self.ops = make_ops(ops, model, max_tokens=t, max_batch=max_batch, max_seq=max_seq,
-                            threads=threads)
+                            threads=threads, kv_dtype=kv_dtype)
         self.scale = float(d) ** -0.5
         self._bound: dict[tuple[bool, int, str, int], Callable[[], object]] = {}  # see _run
         self._decode = False  # whether the forward pass running is a decode step

@@ -1,9 +1,10 @@
 """The permanent KV cache (eLLM): one contiguous tensor per layer at (max_seq, max_batch).
 
-Layer l holds K and V as `kv[l][0]` and `kv[l][1]`, each [max_seq, max_batch, KVH, D], the
-layout of the DSL decode-attention kernel: a sequence lives in one batch slot for its whole
-life, its positions never move, and decode never allocates. Pages that are never written are
-never touched (np.zeros maps them lazily), so an oversized max_seq costs address space only.
+Layer l holds K and V as `kv[l][0]` and `kv[l][1]`, each [max_seq, max_batch, KVH, D] of
+f32 or bf16 (`dtype`), the layout of the DSL decode-attention kernel: a sequence lives in one
+batch slot for its whole life, its positions never move, and decode never allocates. Pages
+that are never written are never touched (np.zeros maps them lazily), so an oversized max_seq
+costs address space only.
 
 Prefix reuse (llama.cpp's server keeps a slot's cache the same way): a freed slot keeps its
 K/V and the token ids they came from until the slot is taken again. A prompt that starts
@@ -19,12 +20,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import ml_dtypes
 import numpy as np
 
 from sandwich.compiler.buffers import aligned_zeros
-from sandwich.errors import SandwichError
+from sandwich.errors import ConfigError, SandwichError
 
 COPY_MIN = 16  # positions a running slot must hold beyond a free slot's match to be copied
+# element types of the cache (`--kv-cache-dtype`): bf16 halves the bytes a decode step reads
+# of it and the memory it takes; a K/V value is rounded to bf16 (nearest even) when written
+KV_DTYPES = {"f32": np.dtype(np.float32), "bf16": np.dtype(ml_dtypes.bfloat16)}
+
+
+def kv_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a KV cache type name; ConfigError names the choices."""
+    if name not in KV_DTYPES:
+        raise ConfigError(f"KV cache type {name!r} is not supported (choose {', '.join(KV_DTYPES)})")
+    return KV_DTYPES[name]
 
 
 class CapacityError(SandwichError):
@@ -35,13 +47,13 @@ class KVCache:
     """Per-layer K/V tensors, per-slot lengths, and slot allocation."""
 
     def __init__(self, *, layers: int, max_batch: int, max_seq: int, kv_heads: int,
-                 head_dim: int, reuse: bool = True) -> None:
+                 head_dim: int, reuse: bool = True, dtype: str = "f32") -> None:
         if min(layers, max_batch, max_seq, kv_heads, head_dim) < 1:
             raise CapacityError(f"KV cache sizes must be >= 1 (layers={layers}, max_batch="
                                 f"{max_batch}, max_seq={max_seq}, kv_heads={kv_heads}, head_dim={head_dim})")
-        self.max_batch, self.max_seq = max_batch, max_seq
+        self.max_batch, self.max_seq, self.dtype = max_batch, max_seq, dtype
         shape = (2, max_seq, max_batch, kv_heads, head_dim)
-        self.kv = tuple(aligned_zeros(shape) for _ in range(layers))
+        self.kv = tuple(aligned_zeros(shape, kv_dtype(dtype)) for _ in range(layers))
         self.lens = np.zeros(max_batch, np.int32)  # valid positions per slot
         self.reuse = reuse  # whether alloc(prefix) may hand out a slot's kept positions
         # the token id of each position written to a slot (None: not known), kept once freed

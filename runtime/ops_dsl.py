@@ -16,15 +16,19 @@ from sandwich.compiler.buffers import aligned_zeros
 from sandwich.compiler.target import CpuInfo
 from sandwich.errors import BuildError
 from sandwich.runtime.dsl_attention import DecodeAttention, PrefillAttention, Segment, kernel_arg
+from sandwich.runtime.kv_cache import kv_dtype
 from sandwich.runtime.ops_fallback import HeadNorms, NumpyOps
 
 
-def _build(name: str, cpu: CpuInfo, threads: int, fixed: dict, tunables: dict | None = None):
+def _build(kernel, cpu: CpuInfo, threads: int, fixed: dict, tunables: dict | None = None):
+    """A shipped kernel (by name) or a kernel object, compiled; one BuildError line."""
     from sandwich.compiler.lower_build import build_kernel
     from sandwich.dsl.load import load_kernel
 
+    name = kernel if isinstance(kernel, str) else kernel.name
     try:
-        return build_kernel(load_kernel(name), tunables=tunables or {}, fixed=fixed, cpu=cpu,
+        kernel = load_kernel(kernel) if isinstance(kernel, str) else kernel
+        return build_kernel(kernel, tunables=tunables or {}, fixed=fixed, cpu=cpu,
                             threads=threads)["main"]
     except Exception as e:  # DSL or TVM: the user sees one line naming the kernel
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -45,9 +49,9 @@ class DslOps(NumpyOps):
 
     def __init__(self, *, max_tokens: int, max_batch: int, heads: int, kv_heads: int,
                  head_dim: int, hidden: int, intermediate: int, max_seq: int, cpu: CpuInfo,
-                 threads: int, qk_norm: bool = False) -> None:
+                 threads: int, qk_norm: bool = False, kv_dtype: str = "f32") -> None:
         super().__init__(max_tokens=max_tokens, heads=heads, head_dim=head_dim, max_seq=max_seq)
-        self.dims = (heads, kv_heads, head_dim)
+        self.dims, self.kv_dtype = (heads, kv_heads, head_dim), kv_dtype
         self._rms = _build("rmsnorm", cpu, threads, {"N": hidden})
         # RMSNorm with N = head_dim, each head a row: Qwen3's q/k norms
         self._rms_head = _build("rmsnorm", cpu, threads, {"N": head_dim}) if qk_norm else None
@@ -55,7 +59,8 @@ class DslOps(NumpyOps):
         self._rope = _build("rope", cpu, threads, {"H": heads, "KVH": kv_heads, "D": head_dim})
         self._decode = DecodeAttention(lambda n, f, t: _build(n, cpu, threads, f, t), heads=heads,
                                        kv_heads=kv_heads, head_dim=head_dim, max_batch=max_batch,
-                                       vlen=cpu.lanes_f32, n_split=_pow2_at_most(threads, 16))
+                                       vlen=cpu.lanes_f32, n_split=_pow2_at_most(threads, 16),
+                                       kv_dtype=kv_dtype)
         rows = max(max_tokens, 3)  # the self-check below runs 3 tokens, whatever max_tokens
         self._prefill = PrefillAttention(lambda n, f, t: _build(n, cpu, threads, f, t),
                                          heads=heads, kv_heads=kv_heads, head_dim=head_dim,
@@ -142,7 +147,7 @@ class DslOps(NumpyOps):
     def _self_check(self, hidden: int, intermediate: int) -> None:
         """Run each kernel once against the numpy fallback on random data (3 tokens; a
         2-slot, 9-position KV cache for decode attention; a 3-token chunk after 2 cached
-        positions for prefill attention)."""
+        positions for prefill attention), the caches of the executor's KV type."""
         rng = np.random.default_rng(0)
         ref = NumpyOps(max_tokens=3, heads=self.dims[0], head_dim=self.dims[2], max_seq=9)
 
@@ -168,7 +173,7 @@ class DslOps(NumpyOps):
             r = qk.copy()
             ops.rope(r[:, :h], r[:, h:], pos, cos, sin, norms)
             checks[ops is self] = (y, s, r)
-        kv = aligned_zeros((2, 9, 2, kvh, d))
+        kv = aligned_zeros((2, 9, 2, kvh, d), kv_dtype(self.kv_dtype))
         kv[...] = rng.standard_normal(kv.shape, dtype=np.float32)
         segs = [(1, 8, 1), (0, 2, 1)][: self._decode.max_batch]
         for ops in (self, ref):
@@ -176,7 +181,7 @@ class DslOps(NumpyOps):
             ops.attention(qk[: len(segs), :h], kv[0], kv[1], segs, 0.125, out=a)
             checks[ops is self] += (a,)
         qkv3 = rand(3, h + 2 * kvh, d)
-        pre = aligned_zeros((2, 6, 1, kvh, d))  # a chunk of 3 after 2 cached positions
+        pre = aligned_zeros((2, 6, 1, kvh, d), kv_dtype(self.kv_dtype))  # a chunk of 3 after 2 cached positions
         pre[...] = rng.standard_normal(pre.shape, dtype=np.float32)
         pre[:, 2:5, 0] = qkv3[:, h:].reshape(3, 2, kvh, d).transpose(1, 0, 2, 3)
         for ops in (self, ref):

@@ -108,10 +108,14 @@ class NumpyOps:
         kvh = k_cache.shape[2]
         g = heads // kvh
         t0 = 0
+        wide = k_cache.dtype != np.float32  # a bf16 cache: read as f32
         for slot, start, n in segments:
             length = start + n
-            keys = k_cache[:length, slot].transpose(1, 2, 0)  # (KVH, D, L)
-            vals = v_cache[:length, slot].transpose(1, 0, 2)  # (KVH, L, D)
+            keys, vals = k_cache[:length, slot], v_cache[:length, slot]
+            if wide:
+                keys, vals = keys.astype(np.float32), vals.astype(np.float32)
+            keys = keys.transpose(1, 2, 0)  # (KVH, D, L)
+            vals = vals.transpose(1, 0, 2)  # (KVH, L, D)
             qg = q[t0: t0 + n].reshape(n, kvh, g, d).transpose(1, 2, 0, 3)  # (KVH, g, n, D)
             dst = out[t0: t0 + n].reshape(n, kvh, g, d).transpose(1, 2, 0, 3)
             if n == 1:

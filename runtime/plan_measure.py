@@ -81,9 +81,11 @@ class RunnerFactory:
     """Builds engines for pairs of placements of one model on one kernel cache."""
 
     def __init__(self, model: str | Path, cache: KernelCache, *, max_seq: int,
-                 max_batch: int = 1, ops: str = "dsl", weights: str = "fp32") -> None:
+                 max_batch: int = 1, ops: str = "dsl", weights: str = "fp32",
+                 kv_dtype: str = "f32") -> None:
         self.model, self.cache, self.max_seq, self.max_batch, self.ops = model, cache, max_seq, max_batch, ops
         self.weights = weights  # the GEMMs' weight format, every layout alike
+        self.kv_dtype = kv_dtype  # the KV caches' element type, every layout alike
         self._base: LlamaModel | None = None  # the first TP = 1 load: its weights are shared
         self._cpus = process_cpus()  # an engine built later may find the process pinned
 
@@ -115,7 +117,7 @@ class RunnerFactory:
         if len(p_sets) == len(d_sets) == 1:
             pre, dec = len(p_sets[0]), len(d_sets[0])
             ex = Executor(self._tp1_model(pre, dec), max_batch=self.max_batch, max_seq=self.max_seq,
-                          ops=self.ops, threads=max(pre, dec))
+                          ops=self.ops, threads=max(pre, dec), kv_dtype=self.kv_dtype)
             phases = PhaseSwitcher(PhasePlan(p_sets[0], pre), PhasePlan(d_sets[0], dec))
             run = Runner(Engine(ex, phases=phases, **kw))
         elif p_sets == d_sets:
@@ -123,7 +125,7 @@ class RunnerFactory:
 
             ex = TPExecutor(self.model, self.cache, tp=len(p_sets), max_batch=self.max_batch,
                             max_seq=self.max_seq, ops=self.ops, cpu_sets=p_sets, pin_caller=False,
-                            weights=self.weights)
+                            weights=self.weights, kv_dtype=self.kv_dtype)
             rank0 = PhasePlan(p_sets[0], len(p_sets[0]))  # the ranks stay where they were spawned
             run = Runner(Engine(ex, phases=PhaseSwitcher(rank0, rank0), **kw), on_close=ex.close)
         else:
@@ -164,12 +166,14 @@ class RunnerFactory:
 
             t = len(sets[0])
             return Executor(self._tp1_model(t, t), max_batch=max_batch, max_seq=self.max_seq,
-                            ops=self.ops, threads=t, **local_handoff(handoff, role))
+                            ops=self.ops, threads=t, kv_dtype=self.kv_dtype,
+                            **local_handoff(handoff, role))
         from sandwich.runtime.tp import TPExecutor
 
         return TPExecutor(self.model, self.cache, tp=len(sets), max_batch=max_batch,
                           max_seq=self.max_seq, ops=self.ops, cpu_sets=sets, pin_caller=False,
-                          handoff=handoff.spec, handoff_role=role, weights=self.weights)
+                          handoff=handoff.spec, handoff_role=role, weights=self.weights,
+                          kv_dtype=self.kv_dtype)
 
 
 def trace_prompt(vocab: int, length: int, seed: int = 0) -> tuple[int, ...]:

@@ -250,9 +250,9 @@ def settings_of(plan: Plan, **over) -> PlanSettings:
 
 
 def plan_engine(plan: Plan, model: str, cache: KernelCache, *, max_batch: int, max_seq: int,
-                ops: str = "dsl", warm_up: bool = True, clock=None) -> Runner:
+                ops: str = "dsl", warm_up: bool = True, clock=None, kv_dtype: str = "f32") -> Runner:
     """An engine that runs the plan: prefill on its configuration and kernels, decode on its,
-    in the weight format it was measured with."""
+    in the weight format it was measured with (its KV cache of `kv_dtype`)."""
     factory = RunnerFactory(model, cache, max_seq=max_seq, max_batch=max_batch, ops=ops,
-                            weights=plan_weights(plan))
+                            weights=plan_weights(plan), kv_dtype=kv_dtype)
     return factory.build(plan.prefill, plan.decode, warm_up=warm_up, clock=clock)

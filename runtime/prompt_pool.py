@@ -34,6 +34,7 @@ class PoolSpec:
     ops: str
     handoff: HandoffSpec
     weights: str = "fp32"  # the GEMMs' weight format
+    kv_dtype: str = "f32"  # the pool's KV cache (the token pool's type: the same rounding)
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def _pool_main(conn, spec: PoolSpec) -> None:
         model = load_model(spec.model, KernelCache(spec.cache_dir), threads=threads,
                            weights=spec.weights)
         ex = Executor(model, max_batch=1, max_seq=spec.max_seq, ops=spec.ops, threads=threads,
-                      kv_hook=seg.writer(0, 1))
+                      kv_hook=seg.writer(0, 1), kv_dtype=spec.kv_dtype)
     except BaseException as e:
         conn.send(("error", one_line(e)))
         return
@@ -83,13 +84,13 @@ class PromptPool:
 
     def __init__(self, model: str | Path, cache_dir: str | Path, *, cpus: Sequence[int],
                  layers: int, kv_heads: int, head_dim: int, max_seq: int, ops: str = "dsl",
-                 buffers: int = 2, weights: str = "fp32") -> None:
+                 buffers: int = 2, weights: str = "fp32", kv_dtype: str = "f32") -> None:
         self.handoff = KVHandoff.create(layers=layers, max_seq=max_seq, kv_heads=kv_heads,
                                         head_dim=head_dim, count=buffers)
         self.free = list(range(buffers - 1, -1, -1))
         self.cpus = tuple(cpus)
         spec = PoolSpec(str(model), str(cache_dir), self.cpus, max_seq, ops, self.handoff.spec,
-                        weights)
+                        weights, kv_dtype)
         self._proc, self._conn = spawn_worker(_pool_main, (spec,), threads=len(self.cpus),
                                               name="sandwichc-prompt-pool")
         self._closed = False

@@ -25,6 +25,7 @@ from sandwich.errors import ConfigError, SandwichError, ShapeError
 from sandwich.payload import make_payload
 from sandwich.runtime.allreduce import AllReduceError, SegmentSpec, ShmAllReduce
 from sandwich.runtime.executor import Executor
+from sandwich.runtime.kv_cache import kv_dtype as kv_dtype_of
 from sandwich.runtime.kv_handoff import HandoffSpec, KVHandoff
 from sandwich.runtime.loader import read_config
 from sandwich.runtime.prefill_work import PrefillWork
@@ -57,6 +58,7 @@ class RankSpec:
     handoff_role: str = ""  # "write" (prefill layout) or "read" (decode layout)
     weights: str = "fp32"  # the GEMMs' weight format
     prefix_cache: bool = True  # every rank reuses kept slots alike: they see the same calls
+    kv_dtype: str = "f32"  # each rank's KV cache (its heads) in this element type
 
 
 def default_cpu_sets(tp: int, cpus: Sequence[int] | None = None) -> list[tuple[int, ...]]:
@@ -103,7 +105,7 @@ def _build_rank(spec: RankSpec, comm: ShmAllReduce, logits: np.ndarray | None) -
     return Executor(model, max_batch=spec.max_batch, max_seq=spec.max_seq,
                     max_tokens=spec.max_tokens, ops=spec.ops, threads=threads,
                     allreduce=comm, gather=gather, kv_hook=hook, kv_source=source,
-                    prefix_cache=spec.prefix_cache)
+                    prefix_cache=spec.prefix_cache, kv_dtype=spec.kv_dtype)
 
 
 def _worker_main(conn, spec: RankSpec) -> None:
@@ -154,8 +156,9 @@ class TPExecutor:
                  ops: str = "dsl", cpu_sets: ServiceConfig | Sequence[Sequence[int]] | None = None,
                  timeout: float = 60.0, pin_caller: bool = True,
                  handoff: HandoffSpec | None = None, handoff_role: str = "",
-                 weights: str = "fp32", prefix_cache: bool = True) -> None:
+                 weights: str = "fp32", prefix_cache: bool = True, kv_dtype: str = "f32") -> None:
         cfg, _ = read_config(model_dir)
+        kv_dtype_of(kv_dtype)  # a bad name fails here, before any worker starts
         check_tp(cfg, tp)
         make_payload(cfg, tp=tp, seq_max=1, weights=weights)  # each rank's K fits the format
         self.cfg, self.tp = cfg, tp
@@ -172,7 +175,8 @@ class TPExecutor:
         try:
             specs = [RankSpec(str(model_dir), str(cache.dir if isinstance(cache, KernelCache) else cache),
                               r, tp, sets[r], max_batch, max_seq, self.max_tokens, ops,
-                              self.comm.spec, timeout, handoff, handoff_role, weights, prefix_cache)
+                              self.comm.spec, timeout, handoff, handoff_role, weights, prefix_cache,
+                              kv_dtype)
                      for r in range(tp)]
             self._spawn(specs[1:])
             if pin_caller:

@@ -211,6 +211,8 @@ def test_cli_generate_streams_text_and_stops_at_end_of_turn(tiny, cache):
     # in process from here (the command's own process is checked above): speculation and a
     # structured reply through the same flags
     assert _generate_json(cmd[4:] + ["--speculate", "4"])["ids"] == out["ids"]  # drafts keep the tokens
+    half = _generate_json(cmd[4:] + ["--kv-cache-dtype", "bf16"])  # K/V rounded: the text may differ
+    assert half["text"] == tok.decode(half["ids"]) and 1 <= len(half["ids"]) <= 12
     shaped = _generate_json(cmd[4:] + ["--temperature", "1", "--regex", "[a-z]{2,4}-[0-9]"])
     import re
 

@@ -343,3 +343,25 @@ def test_qwen_logits_equal_transformers(qwen, ops):
         assert layer.qkv_bias is None and layer.q_norm.shape == layer.k_norm.shape == (64,)
     errors = _compare_with_hf(model, hf, ops)
     assert max(errors) <= 1e-3, errors
+
+
+def test_a_bf16_kv_cache_halves_the_cache_and_keeps_the_logits(llama160m):
+    """--kv-cache-dtype bf16: K/V rounded to bf16 as they are written, half the bytes. The DSL
+    decode kernel (retyped to read bf16) and the numpy fallback give the same logits on the
+    same rounded cache; against the f32 cache they differ by bf16's rounding only."""
+    _, model, _ = llama160m
+    runs = {}
+    for ops, dtype in [("dsl", "f32"), ("dsl", "bf16"), ("numpy", "bf16")]:
+        ex = Executor(model, max_batch=2, max_seq=64, max_tokens=16, ops=ops, threads=2, kv_dtype=dtype)
+        slot, logits = ex.start(PROMPT)
+        logits = logits.copy()  # (the executor's buffer: the next call writes over it)
+        other, _ = ex.start(PROMPT[:3])  # a ragged batch: 2 slots of different lengths
+        out = [ex.decode([slot, other], [tok, 5]).copy() for tok in (3, 7, 11, 200, 13, 1000, 17, 5)]
+        runs[ops, dtype] = (np.array([logits, *(o[0] for o in out)]), ex.kv)
+    f32, bf16, ref = runs["dsl", "f32"], runs["dsl", "bf16"], runs["numpy", "bf16"]
+    assert bf16[1].nbytes * 2 == f32[1].nbytes and str(bf16[1].k(0).dtype) == "bfloat16"
+    assert _rel(bf16[0], ref[0]) <= 1e-4  # one rounded cache, two implementations
+    err = _rel(bf16[0], f32[0])
+    assert 1e-6 < err <= 3e-2, err  # bf16's rounding shows, and no more than that
+    with pytest.raises(ConfigError, match="KV cache type 'f16'"):
+        Executor(model, max_batch=1, max_seq=8, kv_dtype="f16")

@@ -182,11 +182,17 @@ def test_tp2_equals_tp1_gqa(gqa1b, cache):
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
 def test_tp2_equals_tp1_qwen(kind, tmp_path_factory, cache):
     """Each rank adds its own heads' share of Qwen2's q/k/v biases, and norms its heads with
-    Qwen3's (whole) head-norm weights: llama-160m's shapes, so its tuned kernels."""
+    Qwen3's (whole) head-norm weights: llama-160m's shapes, so its tuned kernels. The Qwen3
+    run keeps bf16 KV caches (every rank rounds its own heads' K/V as TP = 1 does)."""
     d = _checkpoint(tmp_path_factory, cache, "llama-160m", model_type=kind, head_dim=64)
-    _, ref, _ = _greedy(_tp1(d, cache, "numpy"), steps=3)
-    with TPExecutor(d, cache, tp=2, max_batch=2, max_seq=64, max_tokens=16, ops="numpy") as tp:
+    kv = "bf16" if kind == "qwen3" else "f32"
+    ex = Executor(load_model(d, cache, threads=2), max_batch=2, max_seq=64, max_tokens=16,
+                  ops="numpy", threads=2, kv_dtype=kv)
+    _, ref, _ = _greedy(ex, steps=3)
+    with TPExecutor(d, cache, tp=2, max_batch=2, max_seq=64, max_tokens=16, ops="numpy",
+                    kv_dtype=kv) as tp:
         assert (tp.ex.cfg.qkv_bias, tp.ex.cfg.qk_norm) == (kind == "qwen2", kind == "qwen3")
+        assert tp.ex.kv.dtype == kv
         if kind == "qwen2":  # rank 0 holds the first half of the q, k and v biases
             bias = tp.ex.model.layers[0].qkv_bias
             assert bias.shape == (3 * 384,)

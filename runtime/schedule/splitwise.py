@@ -109,21 +109,22 @@ def pool_cpus(cpus: list[int], prompt_cores: int, token_cores: int) -> tuple[lis
 
 def splitwise_engine_parts(model: str | Path, cache: KernelCache, *, cpus: list[int],
                            prompt_cores: int, token_cores: int, max_batch: int, max_seq: int,
-                           ops: str = "dsl", weights: str = "fp32"
+                           ops: str = "dsl", weights: str = "fp32", kv_dtype: str = "f32"
                            ) -> tuple[Executor, SplitwiseSchedule, PhaseSwitcher]:
     """The token pool's executor (this process, on its cores), the schedule that owns the
     prompt pool, and the phase plan that pins this process to the token pool's cores. `cpus`
     are the machine's cores in topology order, one PU each (topology/pools.py). Both pools
-    read the weights in the format `weights`."""
+    read the weights in the format `weights` and keep K/V as `kv_dtype`."""
     pre, tok = pool_cpus(cpus, prompt_cores, token_cores)
     model_w = load_model(model, cache, threads=len(tok), weights=weights)
     cfg = model_w.config
     pool = PromptPool(model, cache.dir, cpus=pre, layers=cfg.num_hidden_layers,
                       kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, max_seq=max_seq,
-                      ops=ops, weights=weights)
+                      ops=ops, weights=weights, kv_dtype=kv_dtype)
     try:
         ex = Executor(model_w, max_batch=max_batch, max_seq=max_seq, ops=ops, threads=len(tok),
-                      kv_source=functools.partial(pool.handoff.read_into, rank=0, tp=1))
+                      kv_source=functools.partial(pool.handoff.read_into, rank=0, tp=1),
+                      kv_dtype=kv_dtype)
         plan = PhasePlan(tuple(tok), len(tok))
         phases = PhaseSwitcher(plan, plan)
     except BaseException:

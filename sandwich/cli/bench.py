@@ -9,6 +9,7 @@ from pathlib import Path
 
 from sandwich.cli.common import (
     add_cache_arg,
+    add_kv_cache_dtype_arg,
     add_threads_arg,
     add_weights_arg,
     cache_dir_arg,
@@ -63,6 +64,7 @@ def register(sub) -> None:
     s.add_argument("--json", dest="json_out", default="results/serving.json")
     s.add_argument("--md", default="results/serving.md")
     add_weights_arg(s)
+    add_kv_cache_dtype_arg(s)
     add_threads_arg(s)
     add_cache_arg(s)
     s.set_defaults(func=_run_serving)
@@ -395,7 +397,7 @@ def _run_serving(args) -> int:
     res = run_serving_bench(models=args.model or ["llama-160m"], prompt_lens=lens,
                             new_tokens=args.new_tokens, repeats=args.repeats, threads=threads,
                             cache=cache, work=work, peers=[p for p in args.peers.split(",") if p],
-                            weights=args.weights,
+                            weights=args.weights, kv_dtype=args.kv_cache_dtype,
                             command=command_line())
     write_report(res, Path(args.md), Path(args.json_out))
     print(f"wrote {args.json_out}, {args.md}")

@@ -29,6 +29,12 @@ def add_weights_arg(p: argparse.ArgumentParser) -> None:
                    "int4-g128, int4-g32-asym (Q4_1), ...; int formats dequantize in the kernel")
 
 
+def add_kv_cache_dtype_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kv-cache-dtype", choices=("f32", "bf16"), default="f32",
+                   help="element type of the KV cache: f32, or bf16 (K/V rounded to bf16 as they "
+                   "are written: half the memory, and half the bytes a decode step reads of it)")
+
+
 def _weights_format(name: str) -> str:
     """argparse type: the canonical format name, or argparse's one-line error."""
     from sandwich.errors import ConfigError

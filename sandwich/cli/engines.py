@@ -46,6 +46,11 @@ def weights_arg(args) -> str:
     return getattr(args, "weights", "fp32")
 
 
+def kv_dtype_arg(args) -> str:
+    """--kv-cache-dtype of a command that runs a model (f32 where a Namespace lacks it)."""
+    return getattr(args, "kv_cache_dtype", "f32")
+
+
 def make_engine(args, *, max_batch: int, max_seq: int, clock=None):
     """Load the model on the kernel cache and wrap an executor in an engine (speculating
     with --speculate's drafts where the executor can check them)."""
@@ -105,7 +110,7 @@ def _engine(args, *, max_batch: int, max_seq: int, clock=None):
                               "phases (give it with --decode-config)")
         sets = load_service_config(args.decode_config, "decode") if args.decode_config else None
         ex = TPExecutor(args.model, cache, tp=args.tp, max_batch=max_batch, max_seq=max_seq,
-                        ops=args.ops, cpu_sets=sets, weights=weights)
+                        ops=args.ops, cpu_sets=sets, weights=weights, kv_dtype=kv_dtype_arg(args))
         atexit.register(ex.close)  # stop the workers however the command ends
         phases = PhaseSwitcher()  # both phases as the ranks were pinned: no switching
     else:
@@ -121,7 +126,8 @@ def _engine(args, *, max_batch: int, max_seq: int, clock=None):
             ensure_tuned(args, cache, t)
         model = load_model(args.model, cache, threads=pre if per_phase else threads,
                            decode_threads=dec if per_phase else None, weights=weights)
-        ex = Executor(model, max_batch=max_batch, max_seq=max_seq, ops=args.ops, threads=threads)
+        ex = Executor(model, max_batch=max_batch, max_seq=max_seq, ops=args.ops, threads=threads,
+                      kv_dtype=kv_dtype_arg(args))
     engine = _scheduled(Engine(ex, phases=phases, clock=clock or time.perf_counter), spec)
     _prefix_cache(args, engine)
     if not args.no_warmup:
@@ -170,7 +176,7 @@ def _splitwise_engine(args, cache, spec, *, max_batch: int, max_seq: int, clock=
     ex, sched, phases = splitwise_engine_parts(args.model, cache, cpus=cpus, prompt_cores=prompt,
                                                token_cores=token, max_batch=max_batch,
                                                max_seq=max_seq, ops=args.ops,
-                                               weights=weights_arg(args))
+                                               weights=weights_arg(args), kv_dtype=kv_dtype_arg(args))
     atexit.register(sched.close)
     engine = Engine(ex, phases=phases, schedule=sched, clock=clock or time.perf_counter)
     if not args.no_warmup:
@@ -206,6 +212,7 @@ def _planned_engine(args, cache, *, max_batch: int, max_seq: int, clock=None):
         plan = make_plan(args.model, cache, settings_of(plan),
                          log=lambda msg: print(msg, file=sys.stderr))
     runner = plan_engine(plan, args.model, cache, max_batch=max_batch, max_seq=max_seq,
-                         ops=args.ops, warm_up=not args.no_warmup, clock=clock)
+                         ops=args.ops, warm_up=not args.no_warmup, clock=clock,
+                         kv_dtype=kv_dtype_arg(args))
     atexit.register(runner.close)
     return runner.engine

@@ -114,11 +114,17 @@ def sampling_of(args: argparse.Namespace) -> dict:
 
 def _model_run_args(p: argparse.ArgumentParser) -> None:
     """Where the kernels come from and how they run: every command that runs a model."""
-    from sandwich.cli.common import add_cache_arg, add_threads_arg, add_weights_arg
+    from sandwich.cli.common import (
+        add_cache_arg,
+        add_kv_cache_dtype_arg,
+        add_threads_arg,
+        add_weights_arg,
+    )
 
     add_cache_arg(p)
     add_threads_arg(p)
     add_weights_arg(p)
+    add_kv_cache_dtype_arg(p)
     p.add_argument("--ops", choices=("dsl", "numpy"), default="dsl",
                    help="non-GEMM ops: compiled DSL kernels, or the numpy fallback")
 
@@ -313,7 +319,7 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
         raise ConfigError(f"--ctx {args.ctx} is beyond the model's context of "
                           f"{model.config.max_position_embeddings} tokens")
     ex = Executor(model, max_batch=1, max_seq=args.ctx, max_tokens=args.ctx, ops=args.ops,
-                  threads=threads)
+                  threads=threads, kv_dtype=args.kv_cache_dtype)
     with tqdm(total=len(spans), unit="window", desc="perplexity", disable=args.no_progress,
               file=sys.stderr) as bar:
         res = perplexity(ids, args.ctx, ex.score, on_window=bar.update)
