@@ -45,17 +45,17 @@ def tuned_checkpoint(tmp_path_factory, cache, name: str, *, tp_threads=((1, 2),)
     return d
 
 
-def tune_model(model, cache, *, tp=1, threads=2, budget="tiny", weights="fp32"):
-    """Tune every GEMM of a model (directory or GGUF file) at seq_max=2 for one weight
-    format: larger M reuse the M=2 schedule."""
+def tune_model(model, cache, *, tp=1, threads=2, budget="tiny", weights="fp32", seq_max=2):
+    """Tune every GEMM of a model (directory or GGUF file) at seq_max=2 (or 1: half the
+    tuning) for one weight format: larger M reuse the largest M's schedule."""
     from sandwich.models import load_model_config
     from sandwich.payload import make_payload
     from sandwich.tuner.budget import get_budget
     from sandwich.tuner.tune import tune_op, unique_shapes
 
-    payload = make_payload(load_model_config(model), tp=tp, seq_max=2, weights=weights)
+    payload = make_payload(load_model_config(model), tp=tp, seq_max=seq_max, weights=weights)
     for names, op in unique_shapes(payload):
-        tune_op(names=names, op=op, seq_max=2, threads=threads, budget=get_budget(budget),
+        tune_op(names=names, op=op, seq_max=seq_max, threads=threads, budget=get_budget(budget),
                 cache=cache)
 
 

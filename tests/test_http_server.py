@@ -847,22 +847,17 @@ def _wait(cond, timeout=10.0):
 # -- the real path: tuned kernels, `sandwichc serve` as a process, the openai client ---------
 @pytest.mark.tvm
 def test_sandwichc_serve_answers_as_generate_does(tiny, cache):
-    import subprocess
-    import sys
-
     from conftest import tune_model
+    from test_gguf import _generate_json
 
     from sandwich.bench.http_serving import ServerProcess
 
     tune_model(tiny, cache)
     common = ["--model", str(tiny), "--cache-dir", str(cache.dir), "--no-tune"]
 
-    def generate(*extra):
-        r = subprocess.run([sys.executable, "-m", "sandwich.cli", "generate", *common, "--prompt",
-                            "hello world", "--max-new-tokens", "8", "--json", *extra],
-                           capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr
-        return json.loads(r.stdout)["text"]
+    def generate(*extra):  # the command in this process (test_gguf runs it as its own)
+        return _generate_json([*common, "--prompt", "hello world", "--max-new-tokens", "8",
+                               *extra])["text"]
 
     plain, chat = generate(), generate("--chat")
     msgs = [{"role": "user", "content": "hello world"}]

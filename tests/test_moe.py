@@ -165,8 +165,8 @@ def test_int8_experts_pack_in_the_format_and_tp2_equals_tp1(moe, cache):
 
     d, fp32 = moe
     fmt = "int8"
-    tune_model(d, cache, tp=1, threads=2, weights=fmt)
-    tune_model(d, cache, tp=2, threads=1, weights=fmt)
+    tune_model(d, cache, tp=1, threads=2, weights=fmt, seq_max=1)
+    tune_model(d, cache, tp=2, threads=1, weights=fmt, seq_max=1)
     model = load_model(d, cache, threads=2, weights=fmt)
     assert model.gemms.gate_up.dtype == model.gemms.router.dtype == fmt
     ckpt = Checkpoint(d)

@@ -298,7 +298,7 @@ def test_splitwise_reads_the_weight_format_in_both_pools(model, cache, sandwich_
 
     fmt = "int8-g32"
     for threads in (2, 1):  # this process's engine, and each pool's one core
-        tune_model(model, cache, threads=threads, weights=fmt)
+        tune_model(model, cache, threads=threads, weights=fmt, seq_max=1)
     one = Executor(load_model(model, cache, threads=2, weights=fmt), max_batch=3, max_seq=96,
                    max_tokens=40)
     want = _staggered(Engine(one))

@@ -179,23 +179,19 @@ def test_tp2_equals_tp1_gqa(gqa1b, cache):
 
 
 @pytest.mark.tvm
-@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
-def test_tp2_equals_tp1_qwen(kind, tmp_path_factory, cache):
-    """Each rank adds its own heads' share of Qwen2's q/k/v biases, and norms its heads with
-    Qwen3's (whole) head-norm weights: llama-160m's shapes, so its tuned kernels. The Qwen3
-    run keeps bf16 KV caches (every rank rounds its own heads' K/V as TP = 1 does)."""
-    d = _checkpoint(tmp_path_factory, cache, "llama-160m", model_type=kind, head_dim=64)
-    kv = "bf16" if kind == "qwen3" else "f32"
+def test_tp2_equals_tp1_qwen2_with_bf16_kv_caches(tmp_path_factory, cache):
+    """Each rank adds its own heads' share of Qwen2's q/k/v biases and keeps a bf16 KV cache
+    of its heads (rounded as TP = 1 rounds them): llama-160m's shapes, so its tuned kernels."""
+    d = _checkpoint(tmp_path_factory, cache, "llama-160m", model_type="qwen2")
     ex = Executor(load_model(d, cache, threads=2), max_batch=2, max_seq=64, max_tokens=16,
-                  ops="numpy", threads=2, kv_dtype=kv)
+                  ops="numpy", threads=2, kv_dtype="bf16")
     _, ref, _ = _greedy(ex, steps=3)
     with TPExecutor(d, cache, tp=2, max_batch=2, max_seq=64, max_tokens=16, ops="numpy",
-                    kv_dtype=kv) as tp:
-        assert (tp.ex.cfg.qkv_bias, tp.ex.cfg.qk_norm) == (kind == "qwen2", kind == "qwen3")
-        assert tp.ex.kv.dtype == kv
-        if kind == "qwen2":  # rank 0 holds the first half of the q, k and v biases
-            bias = tp.ex.model.layers[0].qkv_bias
-            assert bias.shape == (3 * 384,)
+                    kv_dtype="bf16") as tp:
+        assert tp.ex.cfg.qkv_bias and tp.ex.kv.dtype == "bf16"
+        full = ex.model.layers[0].qkv_bias  # rank 0 keeps the first half of q's, k's and v's
+        want = np.concatenate([full[:384], full[768:768 + 384], full[1536:1536 + 384]])
+        np.testing.assert_array_equal(tp.ex.model.layers[0].qkv_bias, want)
         _, got, _ = _greedy(tp, steps=3)
     errors = [_rel(g, r) for g, r in zip(got, ref, strict=True)]
     assert max(errors) <= 1e-4, errors
@@ -211,8 +207,8 @@ def test_tp2_int_weights_equal_tp1(tmp_path, cache):
 
     weights = "int4-g32-asym"
     path = write_tiny_gguf(tmp_path / "tiny.gguf", types=dict.fromkeys(TYPES, "Q4_1"))[0]
-    tune_model(path, cache, tp=1, threads=2, weights=weights)
-    tune_model(path, cache, tp=2, threads=1, weights=weights)
+    tune_model(path, cache, tp=1, threads=2, weights=weights, seq_max=1)
+    tune_model(path, cache, tp=2, threads=1, weights=weights, seq_max=1)
     prompt = [1, 5, 9, 200, 100, 7, 11, 13]
     ex = Executor(load_model(path, cache, threads=2, weights=weights), max_batch=1, max_seq=32,
                   max_tokens=16, threads=2)
