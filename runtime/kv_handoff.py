@@ -3,7 +3,7 @@
 
 The segment holds `count` sequences (Splitwise's prompt pool fills one while the token pool
 adopts another; `index` says which one a writer fills or a reader copies): per layer, K and V
-at [max_seq, all KV heads, head_dim].
+at [max_seq, all KV heads, head_dim], of the caches' element type (f32 or bf16).
 Each prefill rank writes its own heads of a layer right after computing them (layer by layer,
 as they are produced: the ranks pass every layer's all-reduce only after all of them wrote),
 and each decode rank then copies its own heads into a slot of its cache. The prompt is never
@@ -22,7 +22,7 @@ import numpy as np
 
 from sandwich.errors import ShapeError
 from sandwich.runtime.allreduce import new_segment, unlink_quietly
-from sandwich.runtime.kv_cache import KVCache
+from sandwich.runtime.kv_cache import KVCache, kv_dtype
 
 Segment = tuple[int, int, int]  # (slot, first position, count)
 
@@ -37,6 +37,7 @@ class HandoffSpec:
     kv_heads: int  # all of the model's KV heads
     head_dim: int
     count: int = 1  # sequences the segment holds
+    dtype: str = "f32"  # the KV caches' element type (runtime/kv_cache.py): copies stay exact
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -44,7 +45,7 @@ class HandoffSpec:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape)) * 4
+        return int(np.prod(self.shape)) * kv_dtype(self.dtype).itemsize
 
 
 class KVHandoff:
@@ -60,14 +61,14 @@ class KVHandoff:
             self._mm = mmap.mmap(fd, spec.nbytes)
         finally:
             os.close(fd)
-        self.kv = np.ndarray(spec.shape, np.float32, buffer=self._mm)
+        self.kv = np.ndarray(spec.shape, kv_dtype(spec.dtype), buffer=self._mm)
         self.index = 0  # the sequence that writers fill and readers copy
         self._finalizer = weakref.finalize(self, unlink_quietly, spec.path) if owner else None
 
     @classmethod
     def create(cls, *, layers: int, max_seq: int, kv_heads: int, head_dim: int,
-               count: int = 1) -> KVHandoff:
-        shape = (layers, max_seq, kv_heads, head_dim, count)
+               count: int = 1, dtype: str = "f32") -> KVHandoff:
+        shape = (layers, max_seq, kv_heads, head_dim, count, dtype)
         spec = HandoffSpec(new_segment("kv", HandoffSpec("", *shape).nbytes), *shape)
         try:
             return cls(spec, owner=True)

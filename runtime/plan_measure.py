@@ -145,7 +145,8 @@ class RunnerFactory:
 
         cfg, _ = read_config(self.model)
         handoff = KVHandoff.create(layers=cfg.num_hidden_layers, max_seq=self.max_seq,
-                                   kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
+                                   kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+                                   dtype=self.kv_dtype)
         made: list = []
         try:
             made.append(self._layout(p_sets, max_batch=1, handoff=handoff, role="write"))

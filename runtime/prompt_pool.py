@@ -86,7 +86,7 @@ class PromptPool:
                  layers: int, kv_heads: int, head_dim: int, max_seq: int, ops: str = "dsl",
                  buffers: int = 2, weights: str = "fp32", kv_dtype: str = "f32") -> None:
         self.handoff = KVHandoff.create(layers=layers, max_seq=max_seq, kv_heads=kv_heads,
-                                        head_dim=head_dim, count=buffers)
+                                        head_dim=head_dim, count=buffers, dtype=kv_dtype)
         self.free = list(range(buffers - 1, -1, -1))
         self.cpus = tuple(cpus)
         spec = PoolSpec(str(model), str(cache_dir), self.cpus, max_seq, ops, self.handoff.spec,

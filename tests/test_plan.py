@@ -84,14 +84,17 @@ def test_tp_change_between_phases_keeps_the_greedy_tokens(factory, reference_ids
     assert _ids(split) == reference_ids
 
 
-def test_handoff_moves_each_ranks_heads_to_the_other_layout():
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_handoff_moves_each_ranks_heads_to_the_other_layout(dtype):
     """Two prefill ranks (one KV head each) write as each layer is produced; one decode rank
-    holding both heads reads the sequence back exactly, and the reverse split works too."""
+    holding both heads reads the sequence back exactly, and the reverse split works too. The
+    segment holds the caches' own type (bf16: half the bytes)."""
     rng = np.random.default_rng(0)
     layers, seq, heads, d = 3, 16, 2, 8
-    h = KVHandoff.create(layers=layers, max_seq=seq, kv_heads=heads, head_dim=d)
+    h = KVHandoff.create(layers=layers, max_seq=seq, kv_heads=heads, head_dim=d, dtype=dtype)
+    assert h.spec.nbytes == 2 * layers * seq * heads * d * (2 if dtype == "bf16" else 4)
     try:
-        ranks = [KVCache(layers=layers, max_batch=1, max_seq=seq, kv_heads=1, head_dim=d)
+        ranks = [KVCache(layers=layers, max_batch=1, max_seq=seq, kv_heads=1, head_dim=d, dtype=dtype)
                  for _ in range(2)]
         for r, kv in enumerate(ranks):
             slot = kv.alloc()
@@ -100,7 +103,7 @@ def test_handoff_moves_each_ranks_heads_to_the_other_layout():
                 kv.kv[layer][:] = rng.standard_normal(kv.kv[layer].shape)
                 write(layer, kv, [(slot, 0, 5)])  # a 5-token prompt, then a 4-token chunk
                 write(layer, kv, [(slot, 5, 4)])
-        whole = KVCache(layers=layers, max_batch=2, max_seq=seq, kv_heads=heads, head_dim=d)
+        whole = KVCache(layers=layers, max_batch=2, max_seq=seq, kv_heads=heads, head_dim=d, dtype=dtype)
         slot = whole.alloc()
         slot = whole.alloc()  # slot 1: the decode layout's slot need not be the prefill's
         h.read_into(whole, slot, 9, rank=0, tp=1)
@@ -109,7 +112,7 @@ def test_handoff_moves_each_ranks_heads_to_the_other_layout():
             want = np.concatenate([kv.kv[layer][:, :9, 0] for kv in ranks], axis=2)
             np.testing.assert_array_equal(whole.kv[layer][:, :9, slot], want)
             assert not whole.kv[layer][:, 9:, slot].any()  # nothing beyond the prompt
-        back = KVCache(layers=layers, max_batch=1, max_seq=seq, kv_heads=1, head_dim=d)
+        back = KVCache(layers=layers, max_batch=1, max_seq=seq, kv_heads=1, head_dim=d, dtype=dtype)
         h.read_into(back, back.alloc(), 9, rank=1, tp=2)
         np.testing.assert_array_equal(back.kv[0][:, :9], ranks[1].kv[0][:, :9])
     finally:
