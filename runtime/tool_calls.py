@@ -183,11 +183,6 @@ class ReplyStream:
             return "", self._calls.feed(self.raw)
         return "", []
 
-    @property
-    def started(self) -> tuple[str, ...]:
-        """The ids of the calls streamed so far (their starts sent)."""
-        return tuple(self._calls.ids)
-
     def end(self) -> tuple[str | None, tuple[ToolCall, ...]]:
         """(content, calls) of the whole reply, as `ToolUse.reply` reads it; the calls whose
         starts were streamed keep the id and the arguments' text (the model's own, which the
