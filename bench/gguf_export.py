@@ -94,10 +94,9 @@ def write_gguf(model_dir: str | Path, out_path: str | Path) -> Path:
     for i in range(cfg.num_hidden_layers):
         for hf, gg in layer_names(arch).items():
             t = f32(f"model.layers.{i}.{hf}")
-            if arch in ROPE_PERMUTED and hf.endswith("q_proj.weight"):
-                t = rope_permute(t, cfg.num_attention_heads)
-            elif arch in ROPE_PERMUTED and hf.endswith("k_proj.weight"):
-                t = rope_permute(t, cfg.num_key_value_heads)
+            if arch in ROPE_PERMUTED and hf.endswith(("q_proj.weight", "k_proj.weight")):
+                heads = cfg.num_attention_heads if "q_proj" in hf else cfg.num_key_value_heads
+                t = rope_permute(t, heads)
             w.add_tensor(f"blk.{i}.{gg}", t)
     w.add_tensor("output_norm.weight", f32("model.norm.weight"))
     if not cfg.tie_word_embeddings:

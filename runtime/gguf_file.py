@@ -1,7 +1,7 @@
-"""The tensors of a Llama-family GGUF file (llama, qwen2, qwen3) under their HF names, as the loader reads
-a safetensors checkpoint: each dequantized to float32 when read (the `gguf` package's own
-dequantizers: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K and the rest), with the
-q/k rows put back from llama.cpp's RoPE order. The quantized blocks stay reachable
+"""The tensors of a Llama-family GGUF file (llama, qwen2, qwen3) under their HF names, as the
+loader reads a safetensors checkpoint: each dequantized to float32 when read (the `gguf`
+package's own dequantizers: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K and the rest),
+with llama's q/k rows put back from llama.cpp's RoPE order. The quantized blocks stay reachable
 (`GGUFTensor.raw`) for kernels that run on them without a round trip through fp32."""
 
 from __future__ import annotations

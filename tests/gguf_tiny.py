@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sandwich.gguf_config import ROPE_PERMUTED
 from sandwich.runtime.gguf_file import layer_names, rope_permute
 
 CORPUS = ["the quick brown fox jumps over the lazy dog", "def main():\n    return 42",
@@ -159,10 +160,8 @@ def write_tiny_gguf(path: Path, *, seed: int = 0, arch: str = "llama", vocab: st
                              else rand(*extras[gg], std=0.5))
                 continue
             t = rand(*shapes[gg])
-            if arch == "llama" and gg == "attn_q.weight":  # llama.cpp permutes llama's q/k only
-                t = rope_permute(t, c["heads"])
-            elif arch == "llama" and gg == "attn_k.weight":
-                t = rope_permute(t, c["kv"])
+            if arch in ROPE_PERMUTED and gg in ("attn_q.weight", "attn_k.weight"):
+                t = rope_permute(t, c["heads"] if gg == "attn_q.weight" else c["kv"])
             data, raw = _tensor(t, types[gg])
             w.add_tensor(f"blk.{i}.{gg}", data, raw_dtype=raw)
     w.add_tensor("output_norm.weight", 1 + rand(h))

@@ -111,10 +111,7 @@ def test_gguf_weights_give_transformers_logits(arch, tiny, cache, tmp_path_facto
     load from their GGUF names. Against transformers reading the same file."""
     path = tiny[0] if arch == "llama" else write_tiny_gguf(
         tmp_path_factory.mktemp(arch) / f"{arch}.gguf", arch=arch)[0]
-    # transformers' GGUF reader leaves Qwen3's head_dim at its default (128), whatever the
-    # file's attention.key_length says: given here
-    hf, torch = _hf_model(path, **({"head_dim": CONFIG["hidden"] // CONFIG["heads"]}
-                                   if arch == "qwen3" else {}))
+    hf, torch = _hf_model(path)  # (the bench's loader: it gives Qwen3's head_dim, see hf_model)
     assert type(hf).__name__ == {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                                  "qwen3": "Qwen3ForCausalLM"}[arch]
     ex = _executor(path, cache, max_seq=64, ops="dsl")
@@ -381,16 +378,16 @@ def test_scores_equal_transformers_and_cli_perplexity(tiny, cache, tmp_path):
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1, bad.stderr
 
 
-def _hf_model(path, **config):
-    """HF transformers' model from the same GGUF file, in fp32 (skips without transformers);
-    `config` overrides fields of the config it reads."""
-    transformers = pytest.importorskip("transformers")
+def _hf_model(path):
+    """HF transformers' model from the same GGUF file, in fp32, as `bench serving` and `bench
+    reference` load it (skips without transformers)."""
+    pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     import torch
 
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                           dtype=torch.float32, **config).eval()
-    return hf, torch
+    from sandwich.bench.serving_peers import hf_model
+
+    return hf_model(path), torch
 
 
 def _executor(path, cache, *, max_seq: int, ops: str):

@@ -3,6 +3,7 @@ formats.py, ...)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 from pathlib import Path
@@ -87,43 +88,21 @@ def register(sub) -> None:
 
     pr = bsub.add_parser("prefix", help="a chat's turns with and without prefix reuse: TTFT per "
                          "turn of two engines on the same model, the turns alternating")
-    pr.add_argument("--model", default="smollm2", help="a .gguf file, an installed model or an "
-                    "HF directory with tokenizer.json and a chat template")
     pr.add_argument("--turns", type=int, default=6, help="turns of the built-in conversation (1-6)")
     pr.add_argument("--max-new-tokens", type=int, default=64, help="longest reply of a turn")
     pr.add_argument("--rounds", type=int, default=3, help="conversations, each from the start")
     pr.add_argument("--choices", type=int, default=4, help="then this many sampled choices of "
                     "the last prompt at once (OpenAI's n; 1: none)")
-    pr.add_argument("--llama-cpp", action="store_true", help="also each prompt on llama.cpp "
-                    "(llama-cpp-python, an F32 GGUF of the same weights), reset and with its "
-                    "context kept between turns")
-    pr.add_argument("--work", default=None, help="where the F32 GGUF for llama.cpp is written "
-                    "(default: the kernel cache's models/)")
-    pr.add_argument("--json", dest="json_out", default=None,
-                    help="default results/cpus/<mcpu>/prefix_reuse_<model>.json")
-    pr.add_argument("--md", default=None, help="default results/cpus/<mcpu>/prefix_reuse_<model>.md")
-    add_threads_arg(pr)
-    add_cache_arg(pr)
+    _chat_bench_args(pr, "prefix_reuse", "reset and with its context kept between turns")
     pr.set_defaults(func=_run_prefix)
 
     sp = bsub.add_parser("speculate", help="speculative decoding by prompt lookup against a "
                          "token-a-step decode: TPOT per task (replies that copy their context, "
                          "and one that does not), the drafts taken, the same ids")
-    sp.add_argument("--model", default="smollm2", help="a .gguf file, an installed model or an "
-                    "HF directory with tokenizer.json and a chat template")
     sp.add_argument("--draft", default="4,8", help="comma-separated draft lengths (--speculate's K)")
     sp.add_argument("--max-new-tokens", type=int, default=128)
     sp.add_argument("--rounds", type=int, default=3, help="off/on pairs per task and draft length")
-    sp.add_argument("--llama-cpp", action="store_true", help="also each prompt on llama.cpp "
-                    "(llama-cpp-python, an F32 GGUF of the same weights), a token a step and with "
-                    "its prompt-lookup decoding")
-    sp.add_argument("--work", default=None, help="where the F32 GGUF for llama.cpp is written "
-                    "(default: the kernel cache's models/)")
-    sp.add_argument("--json", dest="json_out", default=None,
-                    help="default results/cpus/<mcpu>/speculation_<model>.json")
-    sp.add_argument("--md", default=None, help="default results/cpus/<mcpu>/speculation_<model>.md")
-    add_threads_arg(sp)
-    add_cache_arg(sp)
+    _chat_bench_args(sp, "speculation", "a token a step and with its prompt-lookup decoding")
     sp.set_defaults(func=_run_speculate)
 
     p = bsub.add_parser("plan", help="make each model's plan on this machine (topology search, "
@@ -465,11 +444,26 @@ def _run_http(args) -> int:
 def _engine_args(args, threads: int, **fixed):
     """A bench's arguments as `make_engine` reads them: one process, the DSL ops, kernels
     tuned at the quick budget on first use."""
-    import argparse
-
     return argparse.Namespace(**vars(args) | dict(
         tp=1, ops="dsl", prefill_config=None, decode_config=None, no_warmup=False, no_tune=False,
         tune_budget="quick", threads=threads, **fixed))
+
+
+def _chat_bench_args(p: argparse.ArgumentParser, stem: str, llama_cpp_how: str) -> None:
+    """The arguments the chat benches (prefix, speculate) share: the model, llama.cpp beside
+    it (`llama_cpp_how`: how it runs), where its GGUF and the results (results/cpus/<mcpu>/
+    <stem>_<model>.*) go, threads and the kernel cache."""
+    p.add_argument("--model", default="smollm2", help="a .gguf file, an installed model or an "
+                   "HF directory with tokenizer.json and a chat template")
+    p.add_argument("--llama-cpp", action="store_true", help="also each prompt on llama.cpp "
+                   f"(llama-cpp-python, an F32 GGUF of the same weights), {llama_cpp_how}")
+    p.add_argument("--work", default=None, help="where the F32 GGUF for llama.cpp is written "
+                   "(default: the kernel cache's models/)")
+    p.add_argument("--json", dest="json_out", default=None,
+                   help=f"default results/cpus/<mcpu>/{stem}_<model>.json")
+    p.add_argument("--md", default=None, help=f"default results/cpus/<mcpu>/{stem}_<model>.md")
+    add_threads_arg(p)
+    add_cache_arg(p)
 
 
 def _chat_bench(args):
