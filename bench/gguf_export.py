@@ -18,8 +18,9 @@ import numpy as np
 
 from sandwich.errors import ConfigError
 from sandwich.gguf_config import ROPE_PERMUTED
-from sandwich.runtime.gguf_file import gguf_arch, layer_names, rope_permute
+from sandwich.runtime.gguf_file import EXPERT_STACKS, ROUTER, gguf_arch, layer_names, rope_permute
 from sandwich.runtime.loader import open_checkpoint
+from sandwich.runtime.moe_names import SHARED_EXPERT_GATE, moe_names
 from sandwich.runtime.rope_tables import RopeSpec, inv_freq
 
 
@@ -83,6 +84,12 @@ def write_gguf(model_dir: str | Path, out_path: str | Path) -> Path:
     w.add_rope_freq_base(cfg.rope_theta)
     w.add_vocab_size(cfg.vocab_size)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if cfg.is_moe:
+        w.add_expert_count(cfg.num_local_experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        w.add_expert_feed_forward_length(cfg.intermediate_size)
+        if cfg.shared_expert_intermediate_size:
+            w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
     add_spm_vocab(w, *placeholder_vocab(cfg.vocab_size))
 
     def f32(name: str) -> np.ndarray:
@@ -92,12 +99,19 @@ def write_gguf(model_dir: str | Path, out_path: str | Path) -> Path:
     if rope.kind != "default":
         w.add_tensor("rope_freqs.weight", rope_freq_divisors(rope))
     for i in range(cfg.num_hidden_layers):
-        for hf, gg in layer_names(arch).items():
-            t = f32(f"model.layers.{i}.{hf}")
-            if arch in ROPE_PERMUTED and hf.endswith(("q_proj.weight", "k_proj.weight")):
+        p = f"model.layers.{i}."
+        for hf, gg in layer_names(arch, moe=cfg.is_moe).items():
+            t = f32(p + hf)
+            if cfg.model_type in ROPE_PERMUTED and hf.endswith(("q_proj.weight", "k_proj.weight")):
                 heads = cfg.num_attention_heads if "q_proj" in hf else cfg.num_key_value_heads
                 t = rope_permute(t, heads)
-            w.add_tensor(f"blk.{i}.{gg}", t)
+            w.add_tensor(f"blk.{i}.{gg}", t.reshape(-1) if hf == SHARED_EXPERT_GATE else t)
+        if cfg.is_moe:  # the router, then each projection's experts stacked
+            names = moe_names(cfg.model_type)
+            w.add_tensor(f"blk.{i}.{ROUTER}", f32(p + names.router))
+            experts = [names.expert(e) for e in range(cfg.num_local_experts)]
+            for j, gg in enumerate(EXPERT_STACKS):
+                w.add_tensor(f"blk.{i}.{gg}", np.stack([f32(p + x[j]) for x in experts]))
     w.add_tensor("output_norm.weight", f32("model.norm.weight"))
     if not cfg.tie_word_embeddings:
         w.add_tensor("output.weight", f32("lm_head.weight"))

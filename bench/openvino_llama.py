@@ -148,6 +148,9 @@ def build_model(cfg: ModelConfig, rope: RopeSpec, read: WeightReader, *, max_seq
     `weights` (an int format) compresses what sandwichc quantizes: every projection and the
     lm_head (the embedding's values when tied, a second, compressed copy); the embedding
     that input_ids gather from stays fp32, as in sandwichc."""
+    if cfg.is_moe:
+        raise ConfigError(f"openvino peer: {cfg.model_type} is an MoE model; its graph builds "
+                          f"dense MLPs only (leave openvino out of --peers)")
     ov, o, _ = _ov()
     b = _Builder(o, cfg, read, check_format(weights))
     ids, pos, mask, beam = inputs = _inputs(o)

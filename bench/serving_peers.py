@@ -71,8 +71,10 @@ class SandwichPeer:
 
 def hf_model(path: Path):
     """HF transformers' fp32 model of an HF directory or a GGUF file (transformers
-    dequantizes it itself). A Qwen3 GGUF's head_dim is given from the file's metadata:
-    transformers leaves it at its default (128) whatever the file says."""
+    dequantizes it itself). What transformers' GGUF reader leaves at its defaults whatever
+    the file says is given from the file's metadata: a Qwen3's head_dim, a Qwen MoE's expert
+    and shared expert widths and llama.cpp's routing (qwen3moe renormalizes the top-k
+    weights)."""
     import torch
     import transformers
 
@@ -82,6 +84,11 @@ def hf_model(path: Path):
 
         cfg = load_model_config(path)
         extra = {"gguf_file": path.name} | ({"head_dim": cfg.head_dim} if cfg.qk_norm else {})
+        if cfg.is_moe:
+            extra |= {"moe_intermediate_size": cfg.intermediate_size,
+                      "norm_topk_prob": cfg.norm_topk_prob}
+        if cfg.shared_expert_intermediate_size:
+            extra["shared_expert_intermediate_size"] = cfg.shared_expert_intermediate_size
         path = path.parent
     return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
                                                              **extra).eval()

@@ -1,4 +1,4 @@
-"""Random-weight HF-format Llama (and Mixtral) checkpoints: there is no hub here, so tests and
+"""Random-weight HF-format Llama-family checkpoints (MoE ones too): there is no hub here, so tests and
 benchmarks make their own, in exactly the format (config.json + model.safetensors, HF tensor
 names) that a downloaded model has."""
 
@@ -11,17 +11,19 @@ import numpy as np
 
 from sandwich.errors import ConfigError
 from sandwich.models import ModelConfig, parse_model_config, read_raw_config
+from sandwich.runtime.moe_names import SHARED_EXPERT, SHARED_EXPERT_GATE, moe_names
 from sandwich.runtime.safetensors_io import SINGLE_NAME, save_file, save_sharded
 
 # the transformers class of each model_type (the rest load as LlamaForCausalLM)
 ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+                 "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 
 def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every HF tensor of a Llama model with its (out, in) shape, in save_pretrained's order;
-    an MoE layer has the hub's Mixtral names (`block_sparse_moe.gate` is the router, expert
-    w1/w3/w2 are gate/up/down), which transformers fuses into its expert tensors on load."""
+    an MoE layer has the hub's per-expert names (runtime/moe_names.py), which transformers
+    fuses into its expert tensors on load."""
     h, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h)}
     for i in range(cfg.num_hidden_layers):
@@ -39,11 +41,13 @@ def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         if cfg.qk_norm:
             shapes.update({p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
         if cfg.is_moe:
-            shapes[p + "block_sparse_moe.gate.weight"] = (cfg.num_local_experts, h)
+            names = moe_names(cfg.model_type)
+            shapes[p + names.router] = (cfg.num_local_experts, h)
             for e in range(cfg.num_local_experts):
-                x = f"{p}block_sparse_moe.experts.{e}."
-                shapes.update({x + "w1.weight": (inter, h), x + "w2.weight": (h, inter),
-                               x + "w3.weight": (inter, h)})
+                shapes.update(_swiglu(p, names.expert(e), h, inter))
+            if cfg.shared_expert_intermediate_size:
+                shapes.update(_swiglu(p, SHARED_EXPERT, h, cfg.shared_expert_intermediate_size))
+                shapes[p + SHARED_EXPERT_GATE] = (1, h)
         else:
             shapes.update({p + "mlp.gate_proj.weight": (inter, h),
                            p + "mlp.up_proj.weight": (inter, h),
@@ -54,6 +58,13 @@ def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     if not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = (cfg.vocab_size, h)
     return shapes
+
+
+def _swiglu(prefix: str, names: tuple[str, str, str], hidden: int,
+            inter: int) -> dict[str, tuple[int, int]]:
+    gate, up, down = names
+    return {prefix + gate: (inter, hidden), prefix + up: (inter, hidden),
+            prefix + down: (hidden, inter)}
 
 
 def random_weights(cfg: ModelConfig, *, seed: int, std: float = 0.02,

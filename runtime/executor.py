@@ -48,7 +48,7 @@ def make_ops(kind: str | object, model: LlamaModel, *, max_tokens: int, max_batc
                       hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, max_seq=max_seq,
                       cpu=model.gemms.qkv.cache.cpu,
                       threads=threads or len(os.sched_getaffinity(0)), qk_norm=cfg.qk_norm,
-                      kv_dtype=kv_dtype)
+                      kv_dtype=kv_dtype, shared_intermediate=cfg.shared_expert_intermediate_size)
     if isinstance(kind, str):
         raise ConfigError(f"unknown ops kind {kind!r} (choose 'numpy' or 'dsl')")
     return kind
@@ -123,8 +123,8 @@ class Executor:
         self._gemms = model.gemms
         # MoE layers (runtime/moe.py) and the packed expert bytes they read: in all, and in the
         # latest forward call (a dense model reads none)
-        self.moe = (MoeFfn(experts=cfg.num_local_experts, hidden=h, max_tokens=t, ops=self.ops,
-                           run=self._run, gate_up=self.buffers["gate_up"], act=self.buffers["act"])
+        self.moe = (MoeFfn(cfg, max_tokens=t, ops=self.ops, run=self._run,
+                           gate_up=self.buffers["gate_up"], act=self.buffers["act"])
                     if cfg.is_moe else None)
         if self.moe is not None:
             self.buffers.update(self.moe.buffers)

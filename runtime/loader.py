@@ -1,12 +1,13 @@
 """Load an HF Llama-family directory or a GGUF file and pack its weights once into the cached GEMMs' layouts.
 
 QKV and gate/up are fused along N (column blocks [q | k | v] and [gate | up]), matching the
-payload the tuner tuned, so each layer runs four GEMMs. An MoE layer (Mixtral) has a packed
-router and each expert's fused gate/up and down instead of the MLP (runtime/moe.py).
+payload the tuner tuned, so each layer runs four GEMMs. An MoE layer (Mixtral, Qwen2/3-MoE) has a
+packed router and each expert's fused gate/up and down instead of the MLP (runtime/moe.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -44,7 +45,9 @@ class ModelGemms:
     gate_up: GemmKernel
     down: GemmKernel
     lm_head: GemmKernel
-    router: GemmKernel | None = None  # MoE: K=hidden, N=experts
+    router: GemmKernel | None = None  # MoE: K=hidden, N=experts (+ the shared expert's gate)
+    shared_gate_up: GemmKernel | None = None  # Qwen2-MoE's shared expert: K=hidden, N=2 shared
+    shared_down: GemmKernel | None = None  # K=shared, N=hidden
 
 
 # payload op names whose kernels ModelGemms holds under another name
@@ -114,12 +117,13 @@ def read_config(model_dir: str | Path) -> tuple[ModelConfig, RopeSpec]:
 def model_gemms(cfg: ModelConfig, cache: KernelCache, *, threads: int | None = None,
                 weights: str = "fp32") -> ModelGemms:
     """Look up every projection's GEMM for the weight format `weights` (their kernels
-    dequantize an int format as they read it); a CacheError names the shape to tune."""
+    dequantize an int format as they read it; an MoE router's stays fp32, as the payload's
+    FP32_OPS); a CacheError names the shape to tune."""
     h, d = cfg.hidden_size, cfg.head_dim
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
     dtype = gemm_dtype(weights)
 
-    def gemm(n: int, k: int) -> GemmKernel:
+    def gemm(n: int, k: int, dtype: str = dtype) -> GemmKernel:
         return cache.gemm(n=n, k=k, dtype=dtype, threads=threads)
 
     return ModelGemms(
@@ -128,8 +132,16 @@ def model_gemms(cfg: ModelConfig, cache: KernelCache, *, threads: int | None = N
         gate_up=gemm(2 * cfg.intermediate_size, h),
         down=gemm(h, cfg.intermediate_size),
         lm_head=gemm(cfg.vocab_size, h),
-        router=gemm(cfg.num_local_experts, h) if cfg.is_moe else None,
+        router=gemm(cfg.router_outputs, h, gemm_dtype("fp32")) if cfg.is_moe else None,  # FP32_OPS
+        **_shared_gemms(cfg, gemm),
     )
+
+
+def _shared_gemms(cfg: ModelConfig, gemm: Callable[[int, int], GemmKernel]) -> dict[str, GemmKernel]:
+    """A Qwen2-MoE shared expert's gate/up and down GEMMs; none for other models."""
+    s = cfg.shared_expert_intermediate_size
+    return {"shared_gate_up": gemm(2 * s, cfg.hidden_size),
+            "shared_down": gemm(cfg.hidden_size, s)} if s else {}
 
 
 class WeightReader:
@@ -201,7 +213,7 @@ def load_model(model: str | Path, cache: KernelCache, *, threads: int | None = N
 
 def check_same_layouts(a: ModelGemms, b: ModelGemms) -> None:
     """Both phases read one copy of the packed weights: their kernels must share a layout."""
-    for name in ("qkv", "o", "gate_up", "down", "lm_head", "router"):
+    for name in ("qkv", "o", "gate_up", "down", "lm_head", "router", "shared_gate_up", "shared_down"):
         ga, gb = getattr(a, name), getattr(b, name)
         if ga is None or gb is None:
             continue
@@ -225,6 +237,8 @@ def pack_model(read: WeightReader, cfg: ModelConfig, rope: RopeSpec, gemms: Mode
     q = slice(rank * local.num_attention_heads * d, (rank + 1) * local.num_attention_heads * d)
     kv = slice(rank * local.num_key_value_heads * d, (rank + 1) * local.num_key_value_heads * d)
     mlp = slice(rank * local.intermediate_size, (rank + 1) * local.intermediate_size)
+    s = local.shared_expert_intermediate_size
+    shared = slice(rank * s, (rank + 1) * s)
     layers = []
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
@@ -236,7 +250,7 @@ def pack_model(read: WeightReader, cfg: ModelConfig, rope: RopeSpec, gemms: Mode
             qkv=gemms.qkv.pack(qkv),
             o=gemms.o.pack(read.projection([(p + "self_attn.o_proj.weight", slice(None))], fmt, q)),
             post_norm=aligned_copy(read(p + "post_attention_layernorm.weight")),
-            **_ffn(read, p, cfg, gemms, mlp, fmt),
+            **_ffn(read, p, cfg, gemms, mlp, shared, fmt),
             **_attention_extras(read, p, cfg, parts),
         ))
     embed = read("model.embed_tokens.weight")
@@ -262,16 +276,14 @@ def _attention_extras(read: WeightReader, p: str, cfg: ModelConfig,
 
 
 def _ffn(read: WeightReader, p: str, cfg: ModelConfig, gemms: ModelGemms,
-         mlp: slice, fmt: WeightFormat) -> dict[str, PackedWeight | MoeWeights]:
+         mlp: slice, shared: slice, fmt: WeightFormat) -> dict[str, PackedWeight | MoeWeights]:
     """One layer's MLP (fused gate/up, down), or its router and experts; `mlp` selects the
-    intermediate columns (a TP rank's, or all)."""
+    intermediate columns (a TP rank's, or all), `shared` a shared expert's."""
     if cfg.is_moe:
         if gemms.router is None:
             raise ConfigError(f"{cfg.name}: an MoE model needs the router GEMM (N="
-                              f"{cfg.num_local_experts}); tune the model's payload")
-        return {"moe": pack_moe(read, p, router=gemms.router, gate_up=gemms.gate_up,
-                                down=gemms.down, top_k=cfg.num_experts_per_tok,
-                                experts=cfg.num_local_experts, cols=mlp)}
+                              f"{cfg.router_outputs}); tune the model's payload")
+        return {"moe": pack_moe(read, p, cfg, gemms, cols=mlp, shared_cols=shared)}
     gate_up = read.projection([(p + "mlp.gate_proj.weight", mlp), (p + "mlp.up_proj.weight", mlp)], fmt)
     return {"gate_up": gemms.gate_up.pack(gate_up),
             "down": gemms.down.pack(read.projection([(p + "mlp.down_proj.weight", slice(None))], fmt, mlp))}

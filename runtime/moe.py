@@ -1,9 +1,11 @@
-"""Mixtral-style MoE feed-forward: a router picks top-k SwiGLU experts per token, and each expert
-runs its tokens as one group through its own packed gate/up and down GEMMs.
+"""MoE feed-forward (Mixtral, Qwen2-MoE, Qwen3-MoE): a router picks top-k SwiGLU experts per
+token, and each expert runs its tokens as one group through its own packed gate/up and down
+GEMMs. Qwen2-MoE adds a shared expert that every token runs, scaled by a sigmoid gate whose
+weights ride in the router GEMM as one more column.
 
-The router is a tuned GEMM like every projection (N = experts is padded to one vector: the
-kernel cache runs an N that is not whole vectors on the padded kernel with zero weight
-columns), so routing needs no second matmul library. Softmax, top-k and the scatter-add are
+The router is a tuned GEMM like every projection, its weights fp32 in every format (N = experts
+is padded to one vector: the kernel cache runs an N that is not whole vectors on the padded
+kernel with zero weight columns), so routing needs no second matmul library. Softmax, top-k and the scatter-add are
 numpy on (tokens, experts)-sized arrays. Under tensor parallelism each rank holds every
 expert's share of the intermediate columns (runtime/shard.py) and the same router, so all
 ranks route alike and the executor's all-reduce after `down` sums the expert outputs too.
@@ -19,6 +21,8 @@ import numpy as np
 
 from sandwich.compiler.buffers import aligned_zeros
 from sandwich.errors import ConfigError
+from sandwich.models import ModelConfig
+from sandwich.runtime.moe_names import SHARED_EXPERT, SHARED_EXPERT_GATE, moe_names
 from sandwich.tuner.kernel_cache import GemmKernel, PackedWeight
 from sandwich.weight_formats import format_of
 
@@ -42,34 +46,46 @@ class ExpertWeights:
 
 @dataclass(frozen=True)
 class MoeWeights:
-    router: PackedWeight  # K=hidden, N=experts: block_sparse_moe.gate
+    router: PackedWeight  # K=hidden, N=experts (+ 1: the shared expert's gate)
     experts: tuple[ExpertWeights, ...]
     top_k: int
+    normalize: bool = True  # renormalize the top-k probabilities (cfg.norm_topk_prob)
+    shared: ExpertWeights | None = None  # Qwen2-MoE's shared expert
 
 
-def pack_moe(read: WeightReader, prefix: str, *, router: GemmKernel, gate_up: GemmKernel,
-             down: GemmKernel, top_k: int, experts: int, cols: slice) -> MoeWeights:
+def pack_moe(read: WeightReader, prefix: str, cfg: ModelConfig, gemms: ModelGemms, *,
+             cols: slice, shared_cols: slice) -> MoeWeights:
     """Read one layer's router and experts (HF names under `prefix`) and pack each once, in
     the GEMMs' weight format as the dense MLP is (`WeightReader.projection`); `cols` selects
-    a TP rank's intermediate columns."""
-    p = prefix + "block_sparse_moe."
-    fmt = format_of(gate_up.dtype)
+    a TP rank's intermediate columns of each expert, `shared_cols` of the shared expert."""
+    names = moe_names(cfg.model_type)
+    fmt = format_of(gemms.gate_up.dtype)
     whole = slice(None)
-    packed = []
-    for e in range(experts):
-        x = f"{p}experts.{e}."
-        gu = read.projection([(x + "w1.weight", cols), (x + "w3.weight", cols)], fmt)
-        packed.append(ExpertWeights(gate_up=gate_up.pack(gu),
-                                    down=down.pack(read.projection([(x + "w2.weight", whole)],
-                                                                   fmt, cols))))
-    return MoeWeights(router=router.pack(read.projection([(p + "gate.weight", whole)], fmt)),
-                      experts=tuple(packed), top_k=top_k)
+
+    def expert(gate: str, up: str, down: str, gate_up_k: GemmKernel, down_k: GemmKernel,
+               c: slice) -> ExpertWeights:
+        gu = read.projection([(prefix + gate, c), (prefix + up, c)], fmt)
+        return ExpertWeights(gate_up=gate_up_k.pack(gu),
+                             down=down_k.pack(read.projection([(prefix + down, whole)], fmt, c)))
+
+    experts = tuple(expert(*names.expert(e), gemms.gate_up, gemms.down, cols)
+                    for e in range(cfg.num_local_experts))
+    router, shared = [(prefix + names.router, whole)], None
+    if cfg.shared_expert_intermediate_size:
+        if gemms.shared_gate_up is None or gemms.shared_down is None:
+            raise ConfigError(f"{cfg.name}: the shared expert needs its GEMMs; tune the "
+                              f"model's payload")
+        shared = expert(*SHARED_EXPERT, gemms.shared_gate_up, gemms.shared_down, shared_cols)
+        router.append((prefix + SHARED_EXPERT_GATE, whole))
+    router_w = read.projection(router, format_of(gemms.router.dtype))  # fp32: payload.FP32_OPS
+    return MoeWeights(router=gemms.router.pack(router_w), experts=experts,
+                      top_k=cfg.num_experts_per_tok, normalize=cfg.norm_topk_prob, shared=shared)
 
 
-def route(logits: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Mixtral's routing of router logits (tokens, experts): softmax over every expert in
-    float32, the top_k most probable, their probabilities renormalized to sum to 1.
-    Returns (expert ids, weights), both (tokens, top_k)."""
+def route(logits: np.ndarray, top_k: int, normalize: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Routing of router logits (tokens, experts): softmax over every expert in float32, the
+    top_k most probable, their probabilities renormalized to sum to 1 when `normalize`
+    (Mixtral always; Qwen's norm_topk_prob). Returns (expert ids, weights), both (tokens, top_k)."""
     if not 1 <= top_k <= logits.shape[1]:
         raise ConfigError(f"top-{top_k} routing over {logits.shape[1]} experts")
     z = logits - logits.max(axis=1, keepdims=True)
@@ -77,7 +93,8 @@ def route(logits: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
     probs /= probs.sum(axis=1, keepdims=True)
     ids = np.argsort(-probs, axis=1, kind="stable")[:, :top_k]
     top = np.take_along_axis(probs, ids, axis=1)
-    top /= top.sum(axis=1, keepdims=True)
+    if normalize:
+        top /= top.sum(axis=1, keepdims=True)
     return ids, top
 
 
@@ -85,17 +102,22 @@ class MoeFfn:
     """The MoE feed-forward of every layer on the executor's permanent buffers; counts the
     packed bytes of the experts it runs (each expert with >= 1 token, once per layer call)."""
 
-    def __init__(self, *, experts: int, hidden: int, max_tokens: int, ops, run: Run,
+    def __init__(self, cfg: ModelConfig, *, max_tokens: int, ops, run: Run,
                  gate_up: np.ndarray, act: np.ndarray) -> None:
         """`gate_up` (max_tokens, 2 inter) and `act` (max_tokens, inter) are the executor's
-        dense-MLP buffers: one expert's group never has more rows than the forward has."""
+        dense-MLP buffers: one expert's group never has more rows than the forward has.
+        `cfg` is the config this process runs (a TP rank's widths)."""
         self.ops, self.run = ops, run
         self.gate_up, self.act = gate_up, act
+        t, h, s = max_tokens, cfg.hidden_size, cfg.shared_expert_intermediate_size
         self.buffers = {
-            "moe_logits": aligned_zeros((max_tokens, experts)),
-            "moe_in": aligned_zeros((max_tokens, hidden)),  # one expert's gathered rows
-            "moe_out": aligned_zeros((max_tokens, hidden)),  # its output rows
+            "moe_logits": aligned_zeros((t, cfg.router_outputs)),
+            "moe_in": aligned_zeros((t, h)),  # one expert's gathered rows
+            "moe_out": aligned_zeros((t, h)),  # its output rows
         }
+        if s:  # the shared expert runs every row at its own width
+            self.buffers.update(moe_shared_gate_up=aligned_zeros((t, 2 * s)),
+                                moe_shared_act=aligned_zeros((t, s)))
 
     def __call__(self, layer: int, w: MoeWeights, h: np.ndarray, out: np.ndarray,
                  gemms: ModelGemms) -> int:
@@ -106,7 +128,7 @@ class MoeFfn:
             raise ConfigError("an MoE layer needs the router GEMM; load the model's MoE payload")
         logits = self.buffers["moe_logits"][:n]
         self.run(layer, "router", n, lambda: router.bind(h, w.router, logits))
-        ids, weights = route(logits, w.top_k)
+        ids, weights = route(logits[:, :len(w.experts)], w.top_k, w.normalize)
         flat = ids.ravel()
         order = np.argsort(flat, kind="stable")  # (token, choice) pairs grouped by expert
         counts = np.bincount(flat, minlength=len(w.experts))
@@ -119,7 +141,21 @@ class MoeFfn:
                              scales[start: start + c], gemms)
                 read += w.experts[e].nbytes
                 start += c
+        if w.shared is not None:
+            self._shared(layer, w.shared, h, out, logits[:, -1], gemms)
+            read += w.shared.nbytes
         return read
+
+    def _shared(self, layer: int, ws: ExpertWeights, h: np.ndarray, out: np.ndarray,
+                gate_logit: np.ndarray, gemms: ModelGemms) -> None:
+        """Qwen2-MoE's shared expert on every row, scaled by sigmoid of its gate logit."""
+        n, run, b = h.shape[0], self.run, self.buffers
+        gu, act, y = b["moe_shared_gate_up"][:n], b["moe_shared_act"][:n], b["moe_out"][:n]
+        run(layer, "shared.gate_up", n, lambda: gemms.shared_gate_up.bind(h, ws.gate_up, gu))
+        run(layer, "shared.silu", n, lambda: self.ops.bind("silu_mul", gu, out=act))
+        run(layer, "shared.down", n, lambda: gemms.shared_down.bind(act, ws.down, y))
+        y *= (1.0 / (1.0 + np.exp(-gate_logit)))[:, None]
+        out += y
 
     def _expert(self, layer: int, e: int, ew: ExpertWeights, h: np.ndarray, out: np.ndarray,
                 rows: np.ndarray, scales: np.ndarray, gemms: ModelGemms) -> None:

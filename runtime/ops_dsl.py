@@ -49,13 +49,16 @@ class DslOps(NumpyOps):
 
     def __init__(self, *, max_tokens: int, max_batch: int, heads: int, kv_heads: int,
                  head_dim: int, hidden: int, intermediate: int, max_seq: int, cpu: CpuInfo,
-                 threads: int, qk_norm: bool = False, kv_dtype: str = "f32") -> None:
+                 threads: int, qk_norm: bool = False, kv_dtype: str = "f32",
+                 shared_intermediate: int = 0) -> None:
         super().__init__(max_tokens=max_tokens, heads=heads, head_dim=head_dim, max_seq=max_seq)
         self.dims, self.kv_dtype = (heads, kv_heads, head_dim), kv_dtype
         self._rms = _build("rmsnorm", cpu, threads, {"N": hidden})
         # RMSNorm with N = head_dim, each head a row: Qwen3's q/k norms
         self._rms_head = _build("rmsnorm", cpu, threads, {"N": head_dim}) if qk_norm else None
-        self._silu = _build("silu_mul", cpu, threads, {"N": intermediate})
+        # SiLU-mul per width: the MLP's (or each expert's), and a shared expert's (Qwen2-MoE)
+        self._silu = {n: _build("silu_mul", cpu, threads, {"N": n})
+                      for n in {intermediate, shared_intermediate} if n}
         self._rope = _build("rope", cpu, threads, {"H": heads, "KVH": kv_heads, "D": head_dim})
         self._decode = DecodeAttention(lambda n, f, t: _build(n, cpu, threads, f, t), heads=heads,
                                        kv_heads=kv_heads, head_dim=head_dim, max_batch=max_batch,
@@ -69,7 +72,7 @@ class DslOps(NumpyOps):
         self._k = aligned_zeros((rows, kv_heads, head_dim))
         self._pos = aligned_zeros((rows,), np.int32)
         try:
-            self._self_check(hidden, intermediate)
+            self._self_check(hidden)
         except (ValueError, TypeError, RuntimeError) as e:  # a kernel signature changed under us
             raise BuildError(f"DSL kernels rejected the runtime's arguments: "
                              f"{str(e).strip().splitlines()[0]}; update runtime/ops_dsl.py") from e
@@ -95,7 +98,8 @@ class DslOps(NumpyOps):
         return lambda: f(*args)
 
     def _bind_silu_mul(self, gate_up, out):
-        f, args = self._silu, (out.shape[0], out.shape[1], kernel_arg(gate_up), kernel_arg(out))
+        f = self._silu[out.shape[1]]
+        args = (out.shape[0], out.shape[1], kernel_arg(gate_up), kernel_arg(out))
         return lambda: f(*args)
 
     def _bind_rope(self, q, k, positions, cos, sin, norms=None):
@@ -144,7 +148,7 @@ class DslOps(NumpyOps):
                           out[rows])
             t0 += n
 
-    def _self_check(self, hidden: int, intermediate: int) -> None:
+    def _self_check(self, hidden: int) -> None:
         """Run each kernel once against the numpy fallback on random data (3 tokens; a
         2-slot, 9-position KV cache for decode attention; a 3-token chunk after 2 cached
         positions for prefill attention), the caches of the executor's KV type."""
@@ -156,7 +160,8 @@ class DslOps(NumpyOps):
             a[...] = rng.standard_normal(shape, dtype=np.float32)
             return a
 
-        x, w, gu = rand(3, hidden), rand(hidden), rand(3, 2 * intermediate)
+        x, w = rand(3, hidden), rand(hidden)
+        gate_ups = [rand(3, 2 * n) for n in self._silu]  # every width built
         h, kvh, d = self.dims
         qk = rng.standard_normal((3, h + kvh, d), dtype=np.float32)
         ang = np.arange(8, dtype=np.float32)[:, None] * np.float32(0.1) ** np.arange(d // 2, dtype=np.float32)
@@ -168,11 +173,12 @@ class DslOps(NumpyOps):
         for ops in (self, ref):
             y = aligned_zeros(x.shape)
             ops.rmsnorm(x, w, 1e-5, out=y)
-            s = aligned_zeros((3, intermediate))
-            ops.silu_mul(gu, out=s)
+            s = [aligned_zeros((3, gu.shape[1] // 2)) for gu in gate_ups]
+            for gu, out in zip(gate_ups, s, strict=True):
+                ops.silu_mul(gu, out=out)
             r = qk.copy()
             ops.rope(r[:, :h], r[:, h:], pos, cos, sin, norms)
-            checks[ops is self] = (y, s, r)
+            checks[ops is self] = (y, np.concatenate(s, axis=1), r)
         kv = aligned_zeros((2, 9, 2, kvh, d), kv_dtype(self.kv_dtype))
         kv[...] = rng.standard_normal(kv.shape, dtype=np.float32)
         segs = [(1, 8, 1), (0, 2, 1)][: self._decode.max_batch]

@@ -143,9 +143,13 @@ def model_digest(cfg: ModelConfig) -> str:
     """The shapes that decide kernels and timings (not the name, not the weights)."""
     d = asdict(cfg)
     d.pop("name", None)
+    d.pop("model_type", None)  # tensor names, not shapes
     if not cfg.is_moe:  # a dense model's digest stays what it was before MoE fields existed
         d.pop("num_local_experts", None)
         d.pop("num_experts_per_tok", None)
+    for key, default in (("norm_topk_prob", True), ("shared_expert_intermediate_size", 0)):
+        if d[key] == default:  # nor does a Mixtral's, before Qwen's MoE fields
+            d.pop(key)
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

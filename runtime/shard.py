@@ -7,8 +7,8 @@ need no communication; o and down yield partial sums that the all-reduce adds. l
 split by vocabulary rows when tp divides the vocabulary (the payload tunes that shape; the
 logits of one step are small to gather, the lm_head weights are the largest GEMM of a small
 model), else replicated. Embedding and norms are replicated: the residual stream is whole.
-An MoE layer's experts are split like the MLP (each expert's intermediate columns), its router
-replicated: every rank routes the same whole hidden states alike.
+An MoE layer's experts (and a shared expert) are split like the MLP (each expert's intermediate
+columns), its router replicated: every rank routes the same whole hidden states alike.
 """
 
 from __future__ import annotations
@@ -37,19 +37,21 @@ def check_tp(cfg: ModelConfig, tp: int) -> None:
         raise ConfigError(f"tensor-parallel degree must be >= 1, got {tp}")
     for what, value in (("num_attention_heads", cfg.num_attention_heads),
                         ("num_key_value_heads", cfg.num_key_value_heads),
-                        ("intermediate_size", cfg.intermediate_size)):
+                        ("intermediate_size", cfg.intermediate_size),
+                        ("shared_expert_intermediate_size", cfg.shared_expert_intermediate_size)):
         if value % tp:
             raise ConfigError(f"{cfg.name}: tensor-parallel degree {tp} does not divide {what} "
                               f"({value}); choose a tp that divides it")
 
 
 def shard_config(cfg: ModelConfig, tp: int) -> ModelConfig:
-    """The config one rank runs: its heads, kv heads and intermediate size; hidden, head_dim
+    """The config one rank runs: its heads, kv heads and intermediate sizes; hidden, head_dim
     and vocab_size (token ids, embedding) stay whole."""
     check_tp(cfg, tp)
     return dataclasses.replace(cfg, num_attention_heads=cfg.num_attention_heads // tp,
                                num_key_value_heads=cfg.num_key_value_heads // tp,
-                               intermediate_size=cfg.intermediate_size // tp)
+                               intermediate_size=cfg.intermediate_size // tp,
+                               shared_expert_intermediate_size=cfg.shared_expert_intermediate_size // tp)
 
 
 def vocab_sharded(cfg: ModelConfig, tp: int) -> bool:

@@ -20,10 +20,14 @@ INSTALLED_MODELS = {
 }
 
 
-# GGUF `general.architecture` values that load (each is its HF model_type); llama.cpp's
-# converter stores only llama's q/k rows in GGML's interleaved RoPE order (ROPE_PERMUTED)
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
-ROPE_PERMUTED = {"llama"}
+# GGUF `general.architecture` values that load -> their HF model_type (a llama file with
+# experts is a Mixtral); llama.cpp's converter stores only llama's q/k rows in GGML's
+# interleaved RoPE order (ROPE_PERMUTED, by model_type)
+GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+                      "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
+ROPE_PERMUTED = {"llama", "mixtral"}
+# llama.cpp renormalizes the top-k routing weights of these MoE architectures, not qwen2moe's
+NORM_TOPK_ARCHITECTURES = {"llama", "qwen3moe"}
 
 
 class GGUFError(ConfigError):
@@ -116,10 +120,11 @@ def hf_config(meta: dict[str, Any], tensor_names: set[str], *, source: str) -> d
                           f"rotary) is not supported")
     tokens = meta.get("tokenizer.ggml.tokens.count") or len(meta.get("tokenizer.ggml.tokens") or ())
     raw = {
-        "model_type": arch,
+        "model_type": GGUF_ARCHITECTURES[arch],
         "_name_or_path": meta.get("general.name") or Path(source).stem,
         "hidden_size": hidden,
-        "intermediate_size": int(get("feed_forward_length")),
+        # a Qwen MoE's experts have their own width (below); its dense one may be absent
+        "intermediate_size": int(get("feed_forward_length", 0 if arch.endswith("moe") else None)),
         "num_hidden_layers": int(get("block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(get("attention.head_count_kv", heads)),
@@ -138,7 +143,29 @@ def hf_config(meta: dict[str, Any], tensor_names: set[str], *, source: str) -> d
                               f"(none, linear; llama3's comes as rope_freqs.weight)")
         raw["rope_scaling"] = {"rope_type": "linear",
                                "factor": float(get("rope.scaling.factor"))}
+    experts = int(meta.get(f"{arch}.expert_count") or 0)
+    if experts:
+        raw.update(_moe_config(arch, experts, get, tensor_names, source))
     return raw
+
+
+def _moe_config(arch: str, experts: int, get, tensor_names: set[str],
+                source: str) -> dict[str, Any]:
+    """The HF MoE keys of a GGUF file with experts: llama's is a Mixtral (experts as wide as
+    feed_forward_length), qwen2moe/qwen3moe have the expert width under its own key (and
+    Qwen2-MoE a shared expert); only stacked expert tensors (`ffn_gate_exps`) are read."""
+    if "blk.0.ffn_gate_exps.weight" not in tensor_names:
+        raise ConfigError(f"{source}: GGUF experts stored one tensor per expert (an older "
+                          f"llama.cpp converter) are not supported; convert the model again")
+    out: dict[str, Any] = {"num_experts_per_tok": int(get("expert_used_count")),
+                           "norm_topk_prob": arch in NORM_TOPK_ARCHITECTURES}
+    if arch == "llama":
+        return out | {"model_type": "mixtral", "num_local_experts": experts}
+    out |= {"num_experts": experts,
+            "moe_intermediate_size": int(get("expert_feed_forward_length"))}
+    if arch == "qwen2moe":
+        out["shared_expert_intermediate_size"] = int(get("expert_shared_feed_forward_length"))
+    return out
 
 
 def read_gguf_config(name_or_path: str | Path) -> tuple[dict[str, Any], str]:

@@ -1,5 +1,6 @@
-"""Llama-family model configs (Mixtral's MoE variant included): the embedded ones by name, any
-HF `config.json` by path, and GGUF files (a path, or an installed model such as `smollm2`)."""
+"""Llama-family model configs (the MoE variants Mixtral, Qwen2-MoE and Qwen3-MoE included): the
+embedded ones by name, any HF `config.json` by path, and GGUF files (a path, or an installed
+model such as `smollm2`)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ from sandwich.errors import ConfigError
 from sandwich.gguf_config import INSTALLED_MODELS, is_gguf, read_gguf_config
 
 DEFAULT_MODEL = "llama-160m"
-LLAMA_FAMILY = {"llama", "mistral", "qwen2", "qwen3", "mixtral"}
-MOE_TYPES = {"mixtral"}  # a router and top-k SwiGLU experts in place of the MLP
-QKV_BIAS_TYPES = {"qwen2"}  # biases on q, k and v (none on o): HF's Qwen2Attention
-QK_NORM_TYPES = {"qwen3"}  # RMSNorm over each q and k head before RoPE: Qwen3Attention
+LLAMA_FAMILY = {"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"}
+# a router and top-k SwiGLU experts in place of the MLP: model_type -> (the config key of the
+# expert count, its default, top-k's default), HF's defaults
+MOE_TYPES = {"mixtral": ("num_local_experts", 8, 2), "qwen2_moe": ("num_experts", 60, 4),
+             "qwen3_moe": ("num_experts", 128, 8)}
+QKV_BIAS_TYPES = {"qwen2", "qwen2_moe"}  # biases on q, k and v (none on o): Qwen2Attention
+QK_NORM_TYPES = {"qwen3", "qwen3_moe"}  # RMSNorm over each q and k head before RoPE
 HEAD_DIM_DEFAULTS = {"qwen3": 128}  # transformers' default where config.json has no head_dim
 
 
@@ -27,7 +31,7 @@ class ModelConfig:
 
     name: str
     hidden_size: int
-    intermediate_size: int
+    intermediate_size: int  # the MLP's width; in an MoE model, each expert's
     num_attention_heads: int
     num_key_value_heads: int
     num_hidden_layers: int
@@ -38,16 +42,26 @@ class ModelConfig:
     rope_theta: float
     tie_word_embeddings: bool
     rope_scaling: dict[str, Any] | None = field(default=None, compare=False, hash=False)
-    # Mixtral-style MoE: every layer's MLP is `num_local_experts` SwiGLU experts of width
-    # intermediate_size, `num_experts_per_tok` of them per token; 0 = a dense model
+    # MoE: every layer's MLP is `num_local_experts` SwiGLU experts of width intermediate_size,
+    # `num_experts_per_tok` of them per token; 0 = a dense model
     num_local_experts: int = 0
     num_experts_per_tok: int = 0
     qkv_bias: bool = False  # Qwen2: q, k and v projections add a bias
     qk_norm: bool = False  # Qwen3: each q and k head is RMS-normalized (weights of head_dim)
+    model_type: str = "llama"  # HF's: names the tensors (Mixtral's experts vs Qwen's)
+    norm_topk_prob: bool = True  # MoE: the top-k routing weights renormalized to sum to 1
+    # Qwen2-MoE: a shared SwiGLU expert of this width that every token runs, its output
+    # scaled by sigmoid(shared_expert_gate . x); 0 = none
+    shared_expert_intermediate_size: int = 0
 
     @property
     def is_moe(self) -> bool:
         return self.num_local_experts > 0
+
+    @property
+    def router_outputs(self) -> int:
+        """Columns of the router GEMM: one per expert, plus the shared expert's gate."""
+        return self.num_local_experts + (1 if self.shared_expert_intermediate_size else 0)
 
 
 def embedded_models() -> list[str]:
@@ -117,7 +131,8 @@ READ_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_attention_he
              "num_key_value_heads", "num_hidden_layers", "vocab_size", "head_dim",
              "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
              "rope_parameters", "tie_word_embeddings", "num_local_experts",
-             "num_experts_per_tok")
+             "num_experts_per_tok", "num_experts", "moe_intermediate_size", "norm_topk_prob",
+             "shared_expert_intermediate_size", "decoder_sparse_step", "mlp_only_layers")
 
 
 def _warn_near_misses(raw: dict[str, Any], source: str) -> None:
@@ -153,12 +168,12 @@ def parse_model_config(raw: dict[str, Any], *, source: str, name: str) -> ModelC
                 or (hidden // heads if hidden % heads == 0 else None))
     if head_dim is None:
         raise ConfigError(f"{source}: hidden_size {hidden} is not divisible by num_attention_heads {heads}; set head_dim")
-    experts, top_k = _experts(raw, model_type, source)
+    moe = _experts(raw, model_type, source)
     _check_unsupported(raw, model_type, source)
     return ModelConfig(
         name=str(raw.get("_name_or_path") or name),
         hidden_size=hidden,
-        intermediate_size=_int(raw, "intermediate_size", source),
+        intermediate_size=moe.pop("intermediate_size", None) or _int(raw, "intermediate_size", source),
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         num_hidden_layers=_int(raw, "num_hidden_layers", source),
@@ -170,10 +185,10 @@ def parse_model_config(raw: dict[str, Any], *, source: str, name: str) -> ModelC
             raw, "rope_parameters", source).get("rope_theta", 10000.0)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         rope_scaling=_dict(raw, "rope_scaling", source) or None,
-        num_local_experts=experts,
-        num_experts_per_tok=top_k,
         qkv_bias=model_type in QKV_BIAS_TYPES,
         qk_norm=model_type in QK_NORM_TYPES,
+        model_type=model_type,
+        **moe,
     )
 
 
@@ -193,17 +208,36 @@ def _check_unsupported(raw: dict[str, Any], model_type: str, source: str) -> Non
                           f"{window}) is not supported; every layer attends to every position")
 
 
-def _experts(raw: dict[str, Any], model_type: str, source: str) -> tuple[int, int]:
-    """(experts, experts per token) of an MoE type, with HF MixtralConfig's defaults (8, 2);
-    (0, 0) for a dense one."""
+def _experts(raw: dict[str, Any], model_type: str, source: str) -> dict[str, Any]:
+    """The MoE fields of an MoE type, with HF's defaults ({} for a dense one). A Qwen MoE's
+    experts have their own width (moe_intermediate_size), which becomes intermediate_size:
+    its dense MLP width is for layers that are not sparse, which are refused here."""
     if model_type not in MOE_TYPES:
-        return 0, 0
-    experts = _int(raw, "num_local_experts", source, default=8)
-    top_k = _int(raw, "num_experts_per_tok", source, default=2)
+        return {}
+    key, experts_default, top_k_default = MOE_TYPES[model_type]
+    key = key if key in raw or "num_local_experts" not in raw else "num_local_experts"  # HF 5 saves it
+    experts = _int(raw, key, source, default=experts_default)
+    top_k = _int(raw, "num_experts_per_tok", source, default=top_k_default)
     if top_k > experts:
-        raise ConfigError(f"{source}: num_experts_per_tok {top_k} exceeds num_local_experts "
-                          f"{experts}; a token cannot pick more experts than the layer has")
-    return experts, top_k
+        raise ConfigError(f"{source}: num_experts_per_tok {top_k} exceeds {key} {experts}; a "
+                          f"token cannot pick more experts than the layer has")
+    out = {"num_local_experts": experts, "num_experts_per_tok": top_k}
+    if model_type == "mixtral":
+        return out
+    if raw.get("decoder_sparse_step", 1) != 1 or raw.get("mlp_only_layers"):
+        raise ConfigError(f"{source}: dense MLP layers among the MoE ones (decoder_sparse_step "
+                          f"{raw.get('decoder_sparse_step', 1)}, mlp_only_layers "
+                          f"{raw.get('mlp_only_layers')}) are not supported; every layer must be sparse")
+    norm = raw.get("norm_topk_prob", False)
+    if not isinstance(norm, bool):
+        raise ConfigError(f"{source}: 'norm_topk_prob' must be true or false, got {norm!r}")
+    out.update(intermediate_size=_int(raw, "moe_intermediate_size", source,
+                                      default=1408 if model_type == "qwen2_moe" else 768),
+               norm_topk_prob=norm)
+    if model_type == "qwen2_moe":
+        out["shared_expert_intermediate_size"] = _int(raw, "shared_expert_intermediate_size",
+                                                      source, default=5632)
+    return out
 
 
 def _dict(raw: dict[str, Any], key: str, source: str) -> dict[str, Any]:

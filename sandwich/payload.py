@@ -15,6 +15,9 @@ from sandwich.weight_formats import check_shape, gemm_dtype, parse_format
 # past this, one more search at 4x covers the rest (tuner/tune.py: op_samples), for the rows
 # `perplexity` scores
 HEAD_M_MAX = 64
+# GEMMs whose weights stay fp32 in every format: an MoE router (llama.cpp keeps ffn_gate_inp in
+# F32 in every quantization too), whose rounded logits would send tokens to other experts
+FP32_OPS = frozenset({"router"})
 
 
 @dataclass(frozen=True)
@@ -37,10 +40,12 @@ def make_payload(cfg: ModelConfig, *, tp: int = 1, seq_max: int = 2048,
                  weights: str = "fp32") -> Payload:
     """QKV and gate/up are fused (column-parallel); O and down are row-parallel (K sharded).
 
-    An MoE model has, per layer, the router (N = experts; replicated under TP) and each
-    expert's fused gate/up and down, sharded like the dense MLP; their count is the
-    expert GEMMs one token runs (layers x experts per token). Every GEMM reads its weights
-    in the format `weights` (sandwich/weight_formats.py), which sets the ops' dtype."""
+    An MoE model has, per layer, the router (N = experts, plus the shared expert's gate;
+    replicated under TP) and each expert's fused gate/up and down, sharded like the dense
+    MLP; their count is the expert GEMMs one token runs (layers x experts per token); a
+    shared expert (Qwen2-MoE) has its own pair, sharded alike. Every GEMM reads its weights
+    in the format `weights` (sandwich/weight_formats.py), which sets the ops' dtype; the
+    router's stay fp32 (FP32_OPS)."""
     if tp <= 0:
         raise ConfigError(f"--tp must be >= 1, got {tp}")
     if seq_max <= 0:
@@ -53,24 +58,31 @@ def make_payload(cfg: ModelConfig, *, tp: int = 1, seq_max: int = 2048,
     ops = (
         GemmOp("qkv", n=(heads + 2 * kv_heads) * d, k=cfg.hidden_size, count=layers),
         GemmOp("o", n=cfg.hidden_size, k=heads * d, count=layers),
-        *_ffn(cfg, inter),
+        *_ffn(cfg, inter, tp),
         GemmOp("lm_head", n=cfg.vocab_size if cfg.vocab_size % tp else cfg.vocab_size // tp,
                k=cfg.hidden_size, m_max=HEAD_M_MAX),
     )
     fmt = parse_format(weights)
     for op in ops:
-        check_shape(fmt, (op.k, op.n))
+        if op.name not in FP32_OPS:
+            check_shape(fmt, (op.k, op.n))
     dtype = gemm_dtype(fmt)
-    ops = tuple(replace(op, dtype=dtype) for op in ops)
+    ops = tuple(replace(op, dtype=gemm_dtype("fp32") if op.name in FP32_OPS else dtype)
+                for op in ops)
     return Payload(model=cfg.name, tp=tp, seq_max=seq_max, ops=ops)
 
 
-def _ffn(cfg: ModelConfig, inter: int) -> tuple[GemmOp, ...]:
+def _ffn(cfg: ModelConfig, inter: int, tp: int) -> tuple[GemmOp, ...]:
     layers, h = cfg.num_hidden_layers, cfg.hidden_size
     if not cfg.is_moe:
         return (GemmOp("gate_up", n=2 * inter, k=h, count=layers),
                 GemmOp("down", n=h, k=inter, count=layers))
     per_token = layers * cfg.num_experts_per_tok
-    return (GemmOp("router", n=cfg.num_local_experts, k=h, count=layers),
-            GemmOp("expert_gate_up", n=2 * inter, k=h, count=per_token),
-            GemmOp("expert_down", n=h, k=inter, count=per_token))
+    ops = (GemmOp("router", n=cfg.router_outputs, k=h, count=layers),
+           GemmOp("expert_gate_up", n=2 * inter, k=h, count=per_token),
+           GemmOp("expert_down", n=h, k=inter, count=per_token))
+    if not cfg.shared_expert_intermediate_size:
+        return ops
+    shared = _shard(cfg.shared_expert_intermediate_size, tp, "shared_expert_intermediate_size")
+    return (*ops, GemmOp("shared_gate_up", n=2 * shared, k=h, count=layers),
+            GemmOp("shared_down", n=h, k=shared, count=layers))

@@ -83,6 +83,30 @@ def test_logits_equal_transformers_mixtral(moe, ops):
     assert max(errors) <= 1e-3, errors
 
 
+def test_a_mixtral_gguf_file_gives_the_same_logits(moe, tmp_path, cache):
+    """llama.cpp stores a Mixtral as a llama GGUF with experts (`expert_count`, the router
+    `ffn_gate_inp`, `ffn_*_exps` stacked, q/k rows permuted): read back as a Mixtral, it
+    gives the safetensors model's logits."""
+    import gguf
+
+    from sandwich.bench.gguf_export import write_gguf
+
+    d, model = moe
+    path = write_gguf(d, tmp_path / "m.gguf")
+    fields = gguf.GGUFReader(path).fields
+    assert fields["general.architecture"].contents() == "llama"
+    assert fields["llama.expert_count"].contents() == 4
+    g = load_model(path, cache, threads=2)
+    assert (g.config.model_type, g.config.num_local_experts, g.config.norm_topk_prob) == (
+        "mixtral", 4, True)
+    want = Executor(model, max_batch=1, max_seq=32, max_tokens=16, ops="numpy", threads=2)
+    got = Executor(g, max_batch=1, max_seq=32, max_tokens=16, ops="numpy", threads=2)
+    (s, a), (t, b) = want.start(PROMPT), got.start(PROMPT)
+    assert _rel(b, a) <= 1e-5
+    tok = int(a.argmax())
+    assert _rel(got.decode([t], [tok])[0], want.decode([s], [tok])[0]) <= 1e-5
+
+
 def _route_reference(logits, k):
     """Row by row: softmax, the k largest probabilities, renormalized."""
     ids, weights = [], []
@@ -156,8 +180,8 @@ def _tp2_errors(ref: Executor, d, cache, weights: str = "fp32") -> tuple[list[fl
 
 
 def test_int8_experts_pack_in_the_format_and_tp2_equals_tp1(moe, cache):
-    """--weights int8 on an MoE model: the router and every expert are packed from the
-    checkpoint quantized in the format (what one process holds), in int8's bytes, the logits
+    """--weights int8 on an MoE model: every expert is packed from the checkpoint quantized
+    in the format (what one process holds), in int8's bytes, the router in fp32, the logits
     stay near fp32's, and each TP rank's share of the experts' K is cut from the whole K
     quantized: int8's one scale per column is the whole column's (re-quantizing a rank's
     share gives it another scale), so TP=2 equals TP=1."""
@@ -168,7 +192,7 @@ def test_int8_experts_pack_in_the_format_and_tp2_equals_tp1(moe, cache):
     tune_model(d, cache, tp=1, threads=2, weights=fmt, seq_max=1)
     tune_model(d, cache, tp=2, threads=1, weights=fmt, seq_max=1)
     model = load_model(d, cache, threads=2, weights=fmt)
-    assert model.gemms.gate_up.dtype == model.gemms.router.dtype == fmt
+    assert model.gemms.gate_up.dtype == fmt and model.gemms.router.dtype == "float32"
     ckpt = Checkpoint(d)
 
     def stored(name):  # W (K, N) in the format, from the checkpoint's (N, K) float tensor
@@ -179,7 +203,8 @@ def test_int8_experts_pack_in_the_format_and_tp2_equals_tp1(moe, cache):
     layer = model.layers[1].moe
     packs = [(layer.experts[3].gate_up, model.gemms.gate_up.pack(quantize(w13.T, fmt))),
              (layer.experts[3].down, model.gemms.down.pack(stored("experts.3.w2"))),
-             (layer.router, model.gemms.router.pack(stored("gate")))]
+             (layer.router, model.gemms.router.pack(  # fp32, as llama.cpp keeps it
+                 ckpt.get("model.layers.1.block_sparse_moe.gate.weight").to_f32().T))]
     for got, want in packs:
         for a, b in zip(got.data, want.data, strict=True):
             np.testing.assert_array_equal(a, b)

@@ -13,9 +13,9 @@ from sandwich.models import DEFAULT_MODEL
 
 
 def register(sub) -> None:
-    p = sub.add_parser("init-model", help="write a random-weight HF-format Llama (or Mixtral) "
-                       "checkpoint (config.json + model.safetensors) for the loader, tests and "
-                       "benchmarks")
+    p = sub.add_parser("init-model", help="write a random-weight HF-format Llama-family (MoE "
+                       "included) checkpoint (config.json + model.safetensors) for the loader, "
+                       "tests and benchmarks")
     p.add_argument("--config", default=DEFAULT_MODEL,
                    help="embedded model name or path to an HF config.json (or its directory)")
     p.add_argument("--seed", type=int, default=0)

@@ -41,7 +41,8 @@ def register(sub) -> None:
     add_threads_arg(tune)
     tune.add_argument("--budget", choices=list(BUDGETS), default="default")
     tune.add_argument("--ops", help="comma-separated subset of qkv,o,gate_up,down,lm_head (an MoE model: "
-                      "qkv,o,router,expert_gate_up,expert_down,lm_head)")
+                      "qkv,o,router,expert_gate_up,expert_down,lm_head, and shared_gate_up,"
+                      "shared_down with a shared expert)")
     add_weights_arg(tune)
     tune.add_argument("--no-progress", action="store_true")
     tune.add_argument("--plan", choices=("auto", "on", "off"), default="auto",
