@@ -13,7 +13,9 @@ ranks route alike and the executor's all-reduce after `down` sums the expert out
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -68,8 +70,10 @@ def pack_moe(read: WeightReader, prefix: str, cfg: ModelConfig, gemms: ModelGemm
         return ExpertWeights(gate_up=gate_up_k.pack(gu),
                              down=down_k.pack(read.projection([(prefix + down, whole)], fmt, c)))
 
-    experts = tuple(expert(*names.expert(e), gemms.gate_up, gemms.down, cols)
-                    for e in range(cfg.num_local_experts))
+    # experts pack independently, in numpy that releases the GIL: one thread per CPU
+    with ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0))) as pool:
+        experts = tuple(pool.map(lambda e: expert(*names.expert(e), gemms.gate_up, gemms.down, cols),
+                                 range(cfg.num_local_experts)))
     router, shared = [(prefix + names.router, whole)], None
     if cfg.shared_expert_intermediate_size:
         if gemms.shared_gate_up is None or gemms.shared_down is None:
