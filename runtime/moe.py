@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,7 +41,7 @@ class ExpertWeights:
     gate_up: PackedWeight  # K=hidden, N=2 inter: [w1 (gate) | w3 (up)]
     down: PackedWeight  # K=inter, N=hidden: w2
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
         """Packed bytes one use of the expert reads (its zero padding columns included)."""
         return self.gate_up.nbytes + self.down.nbytes
@@ -139,12 +140,12 @@ class MoeFfn:
         tokens, scales = order // w.top_k, weights.ravel()[order]
         out[...] = 0
         read, start = 0, 0
-        for e, c in enumerate(counts.tolist()):
-            if c:
-                self._expert(layer, e, w.experts[e], h, out, tokens[start: start + c],
-                             scales[start: start + c], gemms)
-                read += w.experts[e].nbytes
-                start += c
+        for e in np.flatnonzero(counts).tolist():
+            c = int(counts[e])
+            self._expert(layer, e, w.experts[e], h, out, tokens[start: start + c],
+                         scales[start: start + c], gemms)
+            read += w.experts[e].nbytes
+            start += c
         if w.shared is not None:
             self._shared(layer, w.shared, h, out, logits[:, -1], gemms)
             read += w.shared.nbytes
@@ -164,13 +165,20 @@ class MoeFfn:
     def _expert(self, layer: int, e: int, ew: ExpertWeights, h: np.ndarray, out: np.ndarray,
                 rows: np.ndarray, scales: np.ndarray, gemms: ModelGemms) -> None:
         """One expert on its c tokens: gather, gate_up, SiLU-mul, down, scale, scatter-add
-        (each token appears once per expert, so a fancy-indexed add is exact)."""
+        (each token appears once per expert, so a fancy-indexed add is exact). An expert
+        every row chose (each of one sequence's decode step) reads h and adds in place."""
         c, run = len(rows), self.run
-        x, y = self.buffers["moe_in"][:c], self.buffers["moe_out"][:c]
-        gu, act = self.gate_up[:c], self.act[:c]
-        np.take(h, rows, axis=0, out=x)
-        run(layer, f"expert{e}.gate_up", c, lambda: gemms.gate_up.bind(x, ew.gate_up, gu))
+        every = c == h.shape[0]  # then rows are 0..c-1 in order
+        x = h if every else self.buffers["moe_in"][:c]
+        y, gu, act = self.buffers["moe_out"][:c], self.gate_up[:c], self.act[:c]
+        if not every:
+            np.take(h, rows, axis=0, out=x)
+        site = f"expert{e}.gate_up" + (".h" if every else "")  # bound to h, not moe_in
+        run(layer, site, c, lambda: gemms.gate_up.bind(x, ew.gate_up, gu))
         run(layer, "expert.silu", c, lambda: self.ops.bind("silu_mul", gu, out=act))
         run(layer, f"expert{e}.down", c, lambda: gemms.down.bind(act, ew.down, y))
         np.multiply(y, scales[:, None], out=y)
-        out[rows] += y
+        if every:
+            out += y
+        else:
+            out[rows] += y
