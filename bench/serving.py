@@ -206,11 +206,9 @@ def weights_fit(model_dir: Path, systems: int, *, meminfo: Path = Path("/proc/me
         size = 4 * sum(int(t.n_elements) for t in open_reader(model_dir).tensors)
     else:
         size = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
-    avail = 0
-    for line in meminfo.read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            avail = int(line.split()[1]) * 1024
-    return (systems + 1) * size <= 0.8 * avail
+    from sandwich.runtime.loader import available_memory
+
+    return (systems + 1) * size <= 0.8 * (available_memory(meminfo) or 0)
 
 
 def _make_peer(name: str, model_dir: Path, *, threads: int, max_seq: int, cache, work: Path,

@@ -203,12 +203,45 @@ def load_model(model: str | Path, cache: KernelCache, *, threads: int | None = N
     thread count (Sandwich: each phase its own kernel collection)."""
     cfg, rope, ckpt = open_checkpoint(model)
     read = WeightReader(ckpt, cfg)  # checkpoint errors before kernel lookups
+    check_memory(cfg, weights=weights)
     gemms = model_gemms(cfg, cache, threads=threads, weights=weights)
     decode = None
     if decode_threads is not None and decode_threads != threads:
         decode = model_gemms(cfg, cache, threads=decode_threads, weights=weights)
         check_same_layouts(gemms, decode)
     return replace(pack_model(read, cfg, rope, gemms), decode_gemms=decode)
+
+
+def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """MemAvailable in bytes (Linux), or None where the kernel does not say."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_memory(cfg: ModelConfig, *, weights: str = "fp32", tp: int = 1,
+                 meminfo: Path = Path("/proc/meminfo")) -> None:
+    """A one-line ConfigError, before any weight is read, when the model packed in `weights`
+    (a rank's share under tp) would not fit in the memory available, naming the formats
+    that would: a 30B MoE in fp32 would otherwise be killed by the kernel minutes into its
+    load, or swap the machine to a halt."""
+    from sandwich.payload import resident_bytes
+
+    avail = available_memory(meminfo)
+    need = resident_bytes(cfg, weights=weights, tp=tp)
+    if avail is None or need <= avail:
+        return
+    fits = [f"{f} ({resident_bytes(cfg, weights=f, tp=tp) / 1e9:.1f} GB)"
+            for f in ("bf16", "int8-g32", "int4-g32")
+            if resident_bytes(cfg, weights=f, tp=tp) <= avail]
+    hint = (f"choose --weights {' or '.join(fits)}" if fits
+            else "no weight format fits: use a machine with more memory")
+    raise ConfigError(f"{cfg.name} with {weights} weights needs {need / 1e9:.1f} GB, and "
+                      f"{avail / 1e9:.1f} GB of memory is available; {hint}")
 
 
 def check_same_layouts(a: ModelGemms, b: ModelGemms) -> None:

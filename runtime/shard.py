@@ -24,6 +24,7 @@ from sandwich.runtime.loader import (
     LlamaModel,
     ModelGemms,
     WeightReader,
+    check_memory,
     open_checkpoint,
     pack_model,
 )
@@ -83,6 +84,7 @@ def load_shard(model_dir: str | Path, cache: KernelCache, *, rank: int, tp: int,
         raise ConfigError(f"rank {rank} is outside tensor-parallel degree {tp}")
     local = shard_config(cfg, tp)
     read = WeightReader(ckpt, cfg)  # checkpoint errors before kernel lookups
+    check_memory(cfg, weights=weights, tp=tp)
     gemms = shard_gemms(cfg, cache, tp=tp, threads=threads, weights=weights)
     rows = cfg.vocab_size // tp if vocab_sharded(cfg, tp) else None
     return pack_model(read, cfg, rope, gemms, local=local, rank=rank, vocab_rows=rows)

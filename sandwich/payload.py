@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from sandwich.errors import ConfigError
 from sandwich.models import ModelConfig
 from sandwich.types import GemmOp
-from sandwich.weight_formats import check_shape, gemm_dtype, parse_format
+from sandwich.weight_formats import check_shape, format_of, gemm_dtype, layout, parse_format
 
 # the runtime runs lm_head on the last token of each sequence in a step only (runtime/executor.py:
 # _head), so its M is a batch size, never a prompt length (`serve --max-batch`: 16 by default);
@@ -86,3 +87,16 @@ def _ffn(cfg: ModelConfig, inter: int, tp: int) -> tuple[GemmOp, ...]:
     shared = _shard(cfg.shared_expert_intermediate_size, tp, "shared_expert_intermediate_size")
     return (*ops, GemmOp("shared_gate_up", n=2 * shared, k=h, count=layers),
             GemmOp("shared_down", n=h, k=shared, count=layers))
+
+
+def resident_bytes(cfg: ModelConfig, *, weights: str = "fp32", tp: int = 1) -> int:
+    """Bytes one process holds once the model is loaded in `weights` (a rank's share under
+    tp): every projection packed in its GEMM's format (each MoE expert stored once, whatever
+    the experts a token runs), plus the float32 embedding the ids look up."""
+    total = 4 * cfg.vocab_size * cfg.hidden_size
+    for op in make_payload(cfg, tp=tp, seq_max=1, weights=weights).ops:
+        stored = (cfg.num_hidden_layers * cfg.num_local_experts if op.name.startswith("expert_")
+                  else op.count)
+        arrays = layout(format_of(op.dtype), op.k, op.n).values()
+        total += stored * sum(math.prod(shape) * dtype.itemsize for shape, dtype in arrays)
+    return total

@@ -310,3 +310,24 @@ def test_gguf_moe_metadata_maps_to_the_config_and_errors_are_one_line():
         with pytest.raises(ConfigError, match=message) as e:
             hf_config(bad, names, source="m.gguf")
         assert "\n" not in str(e.value) and "m.gguf" in str(e.value)
+
+
+def test_a_model_too_big_for_memory_is_refused_naming_the_formats_that_fit(tmp_path):
+    """Qwen3-30B-A3B packed in fp32 is ~122 GB: with 24 GiB available, the loader refuses it in
+    one line before reading a weight, naming int4-g32 (its packed bytes, computed from the
+    payload's layouts with every expert stored once) as the format that fits."""
+    from sandwich.payload import resident_bytes
+    from sandwich.runtime.loader import check_memory
+
+    cfg = load_model_config("qwen3-30b-a3b")
+    gb = {w: resident_bytes(cfg, weights=w) / 1e9 for w in ("fp32", "int8-g32", "int4-g32")}
+    assert 115 < gb["fp32"] < 125 and 15 < gb["int4-g32"] < 20  # ~30.5B parameters
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(f"MemTotal: {25_000_000} kB\nMemAvailable: {24 * 2**20} kB\n")
+    with pytest.raises(ConfigError, match=r"needs 12\d\.\d GB, and 25\.8 GB of memory is "
+                       r"available; choose --weights int4-g32 \(18\.\d GB\)$") as e:
+        check_memory(cfg, weights="fp32", meminfo=meminfo)
+    assert "\n" not in str(e.value)
+    check_memory(cfg, weights="int4-g32", meminfo=meminfo)  # fits: no error
+    check_memory(cfg, weights="int8-g32", tp=2, meminfo=meminfo)  # a rank's share fits
+    check_memory(cfg, weights="fp32", meminfo=tmp_path / "absent")  # not Linux: no check

@@ -20,16 +20,19 @@ def schedule_arg(text: str):
 
 def ensure_tuned(args, cache, threads: int) -> None:
     """Tune, on first use, the model's GEMMs that the cache lacks (M up to 2048 or the
-    model's context), so a new model's first command produces text."""
+    model's context), so a new model's first command produces text; first, refuse a model
+    whose weights would not fit in memory."""
     from sandwich.models import load_model_config
     from sandwich.payload import make_payload
+    from sandwich.runtime.loader import check_memory
     from sandwich.tuner.budget import get_budget
     from sandwich.tuner.shared_tuning import tune_shapes
     from sandwich.tuner.tune import unique_shapes
 
+    cfg = load_model_config(args.model)
+    check_memory(cfg, weights=weights_arg(args))  # before minutes of tuning for a model that cannot load
     if args.no_tune:
         return
-    cfg = load_model_config(args.model)
     seq_max = min(2048, cfg.max_position_embeddings)
     shapes = unique_shapes(make_payload(cfg, tp=1, seq_max=seq_max, weights=weights_arg(args)))
     missing = [(names, op) for names, op in shapes  # kernels run only with their own threads
