@@ -5,10 +5,11 @@ weights ride in the router GEMM as one more column.
 
 The router is a tuned GEMM like every projection, its weights fp32 in every format (N = experts
 is padded to one vector: the kernel cache runs an N that is not whole vectors on the padded
-kernel with zero weight columns), so routing needs no second matmul library. Softmax, top-k and the scatter-add are
-numpy on (tokens, experts)-sized arrays. Under tensor parallelism each rank holds every
-expert's share of the intermediate columns (runtime/shard.py) and the same router, so all
-ranks route alike and the executor's all-reduce after `down` sums the expert outputs too.
+kernel with zero weight columns), so routing needs no second matmul library. Softmax, top-k
+and the scatter-add are numpy on (tokens, experts)-sized arrays. Under tensor parallelism each
+rank holds every expert's share of the intermediate columns (runtime/shard.py) and the same
+router, so all ranks route alike and the executor's all-reduce after `down` sums the expert
+outputs too.
 """
 
 from __future__ import annotations
