@@ -176,11 +176,10 @@ class GGUFCheckpoint:
         names = moe_names(self.config["model_type"])
         if found[ROUTER] is not None:
             self._where[prefix + names.router] = GGUFTensor(found[ROUTER], self.path)
-        stacks = [found[gg] for gg in EXPERT_STACKS]
-        for e in range(self.config.get("num_experts") or self.config["num_local_experts"]):
-            for hf, stack in zip(names.expert(e), stacks, strict=True):
-                if stack is not None and e < int(stack.shape[2]):
-                    self._where[prefix + hf] = GGUFTensor(ExpertSlice.of(stack, e), self.path)
+        for j, gg in enumerate(EXPERT_STACKS):  # each stack holds its experts' rows
+            stack = found[gg]
+            for e in range(int(stack.shape[2]) if stack is not None else 0):
+                self._where[prefix + names.expert(e)[j]] = GGUFTensor(ExpertSlice.of(stack, e), self.path)
 
     def keys(self) -> list[str]:
         return list(self._where)

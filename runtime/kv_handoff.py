@@ -68,8 +68,8 @@ class KVHandoff:
     @classmethod
     def create(cls, *, layers: int, max_seq: int, kv_heads: int, head_dim: int,
                count: int = 1, dtype: str = "f32") -> KVHandoff:
-        shape = (layers, max_seq, kv_heads, head_dim, count, dtype)
-        spec = HandoffSpec(new_segment("kv", HandoffSpec("", *shape).nbytes), *shape)
+        fields = (layers, max_seq, kv_heads, head_dim, count, dtype)  # HandoffSpec's, after its path
+        spec = HandoffSpec(new_segment("kv", HandoffSpec("", *fields).nbytes), *fields)
         try:
             return cls(spec, owner=True)
         except BaseException:

@@ -235,9 +235,8 @@ def check_memory(cfg: ModelConfig, *, weights: str = "fp32", tp: int = 1,
     need = resident_bytes(cfg, weights=weights, tp=tp)
     if avail is None or need <= avail:
         return
-    fits = [f"{f} ({resident_bytes(cfg, weights=f, tp=tp) / 1e9:.1f} GB)"
-            for f in ("bf16", "int8-g32", "int4-g32")
-            if resident_bytes(cfg, weights=f, tp=tp) <= avail]
+    smaller = {f: resident_bytes(cfg, weights=f, tp=tp) for f in ("bf16", "int8-g32", "int4-g32")}
+    fits = [f"{f} ({size / 1e9:.1f} GB)" for f, size in smaller.items() if size <= avail]
     hint = (f"choose --weights {' or '.join(fits)}" if fits
             else "no weight format fits: use a machine with more memory")
     raise ConfigError(f"{cfg.name} with {weights} weights needs {need / 1e9:.1f} GB, and "
