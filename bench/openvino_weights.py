@@ -12,13 +12,17 @@ from __future__ import annotations
 import numpy as np
 
 from sandwich.errors import ConfigError
-from sandwich.weight_formats import QuantizedWeight, WeightFormat, parse_format, unpack4
+from sandwich.weight_formats import QuantizedWeight, WeightFormat, parse_weights, unpack4
 
 
 def check_format(weights: str) -> WeightFormat:
     """The format `weights` names if this peer builds it (fp32 or an int format), else a
     one-line ConfigError."""
-    fmt = parse_format(weights)
+    spec = parse_weights(weights)
+    if spec.overrides:
+        raise ConfigError(f"openvino peer runs one format for every GEMM; --weights {spec.name} "
+                          f"keeps some in another (name one, e.g. --weights {spec.base.name})")
+    fmt = spec.base
     if fmt.bits == 16:
         raise ConfigError(f"openvino peer has no {fmt.name} weights (it runs fp32, int8, int8-g32, "
                           "int4-g32/64/128 and their -asym)")

@@ -56,6 +56,7 @@ class ServingResult:
     per_round_load: dict[str, bool] = field(default_factory=dict)  # model -> loaded per round
     weights: str = "fp32"  # the weight format of sandwichc's GEMMs, llama.cpp's GGUF and OpenVINO's
     kv_dtype: str = "f32"  # every system's KV cache element type
+    same_file: bool = False  # llama.cpp ran a GGUF model's own file (--weights auto)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -212,7 +213,7 @@ def weights_fit(model_dir: Path, systems: int, *, meminfo: Path = Path("/proc/me
 
 
 def _make_peer(name: str, model_dir: Path, *, threads: int, max_seq: int, cache, work: Path,
-               weights: str = "fp32", kv_dtype: str = "f32"):
+               weights: str = "fp32", kv_dtype: str = "f32", same_file: bool = False):
     """Peer `name` on the model, each with its KV cache in `kv_dtype` (f32 or bf16)."""
     from sandwich.bench import serving_peers as sp
 
@@ -228,7 +229,8 @@ def _make_peer(name: str, model_dir: Path, *, threads: int, max_seq: int, cache,
                               "compares sandwichc with llama.cpp and OpenVINO)")
         return sp.HfPeer(model_dir, threads=threads)
     if name == "llama.cpp":
-        gguf = sp.llama_cpp_gguf(model_dir, work, weights, threads=threads)
+        gguf = (model_dir if same_file and model_dir.suffix == ".gguf"
+                else sp.llama_cpp_gguf(model_dir, work, weights, threads=threads))
         return sp.LlamaCppPeer(gguf, threads=threads, max_seq=max_seq, kv_dtype=kv_dtype)
     if name == "openvino":
         from sandwich.bench.openvino_llama import OpenVinoLlamaPeer
@@ -243,7 +245,10 @@ PEERS = ("sandwichc", "hf-transformers", "llama.cpp", "openvino")
 
 def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: int, repeats: int,
                       threads: int, cache, work: Path, command: str, peers=PEERS,
-                      weights: str = "fp32", kv_dtype: str = "f32", log=print) -> ServingResult:
+                      weights: str = "fp32", kv_dtype: str = "f32", same_file: bool = False,
+                      log=print) -> ServingResult:
+    """`same_file`: llama.cpp runs a GGUF model's own file, as `--weights auto` runs it in
+    sandwichc, instead of its own quantization of an F32 export to `weights`' types."""
     from sandwich.compiler.target import describe_machine
     from sandwich.models import load_model_config
     from sandwich.tuner.machine_bench import read_bandwidth_gbs
@@ -254,7 +259,7 @@ def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: 
         raise ConfigError(f"unknown serving peer(s) {', '.join(unknown)}; choose from {', '.join(PEERS)}")
     load0 = warn_if_busy("the serving benchmark", log)
     res = ServingResult(command, datetime.date.today().isoformat(), describe_machine(), threads,
-                        repeats, weights=weights, kv_dtype=kv_dtype)
+                        repeats, weights=weights, kv_dtype=kv_dtype, same_file=same_file)
     max_seq = max(prompt_lens) + new_tokens
     for model in models:
         model_dir = model_dir_for(model, work)
@@ -268,7 +273,7 @@ def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: 
         res.per_round_load[model] = not resident
         makers = {name: functools.partial(_make_peer, name, model_dir, threads=threads,
                                           max_seq=max_seq, cache=cache, work=work, weights=weights,
-                                          kv_dtype=kv_dtype)
+                                          kv_dtype=kv_dtype, same_file=same_file)
                   for name in peers}
         t = time_peers(makers, ids, new_tokens, repeats, anchor="sandwichc", resident=resident,
                        read_probe=lambda: read_bandwidth_gbs(threads), log=log)
@@ -287,16 +292,22 @@ def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: 
     return res
 
 
-def _weights_line(weights: str, peers: set[str]) -> str:
+def _weights_line(weights: str, peers: set[str], same_file: bool = False) -> str:
     """The report's words on the weights of the systems in `peers` (those with rows)."""
+    if same_file:
+        return (f"{weights} weights (`--weights auto`: the GGUF file's own format; llama.cpp on "
+                "the same file) and ")
     if weights == "fp32":
         return "fp32 weights and "
-    from sandwich.weight_formats import parse_format
+    from sandwich.bench.serving_peers import llama_cpp_output_type
+    from sandwich.weight_formats import parse_weights
 
     how = ["sandwichc"]
     if "llama.cpp" in peers:
-        how.append(f"llama.cpp: {parse_format(weights).ggml_type} made by llama.cpp's own quantizer "
-                   "from the F32 GGUF, every tensor in that type")
+        output = llama_cpp_output_type(weights)
+        how.append(f"llama.cpp: {parse_weights(weights).base.ggml_type} made by llama.cpp's own "
+                   "quantizer from the F32 GGUF, every tensor in that type"
+                   + (f" but the output matrix, {output}" if output else ""))
     if "openvino" in peers:
         how.append("OpenVINO: sandwichc's int values and scales as its weight compression (int "
                    "constants its CPU plugin dequantizes inside FullyConnected; its default dynamic "
@@ -315,7 +326,7 @@ def _gguf_words(weights: str) -> str:
 def write_report(res: ServingResult, md: Path, js: Path) -> None:
     js.parent.mkdir(parents=True, exist_ok=True)
     js.write_text(json.dumps(res.to_json(), indent=1))
-    weights = _weights_line(res.weights, {r.peer for r in res.rows})
+    weights = _weights_line(res.weights, {r.peer for r in res.rows}, res.same_file)
     lines = [
         "# Serving latency: sandwichc vs "
         + ", ".join(dict.fromkeys(r.peer for r in res.rows if r.peer != "sandwichc")),

@@ -128,7 +128,7 @@ class HfPeer:
         self.model = None
 
 
-def _llama_cpp():
+def llama_cpp_module():
     """The llama_cpp module, or the one-line error that says how to install it."""
     try:
         import llama_cpp
@@ -137,18 +137,34 @@ def _llama_cpp():
     return llama_cpp
 
 
+LLAMA_CPP_TYPES = ("Q8_0", "Q4_0", "Q4_1")
+
+
 def llama_cpp_type(weights: str) -> str | None:
     """The GGUF type llama.cpp quantizes `weights` to (None for fp32); ConfigError for a
     format llama.cpp has no type for, before anything is written or loaded."""
-    from sandwich.weight_formats import parse_format
+    from sandwich.weight_formats import parse_weights
 
-    if weights == "fp32":
+    spec = parse_weights(weights)
+    if spec.base.name == "fp32" and not spec.overrides:
         return None
-    ggml = parse_format(weights).ggml_type
-    if ggml not in ("Q8_0", "Q4_0", "Q4_1"):
-        raise ConfigError(f"llama.cpp has no type for {weights} weights (it has Q8_0 = int8-g32, "
-                          "Q4_0 = int4-g32, Q4_1 = int4-g32-asym)")
-    return ggml
+    if any(op != "lm_head" for op, _ in spec.overrides):
+        raise ConfigError(f"llama.cpp's quantizer sets one type for every tensor but the output "
+                          f"matrix; --weights {spec.name} has no llama.cpp twin")
+    for fmt in (spec.base, *(f for _, f in spec.overrides)):
+        if fmt.ggml_type not in LLAMA_CPP_TYPES:
+            raise ConfigError(f"llama.cpp has no type for {fmt.name} weights (it has Q8_0 = "
+                              "int8-g32, Q4_0 = int4-g32, Q4_1 = int4-g32-asym)")
+    return spec.base.ggml_type
+
+
+def llama_cpp_output_type(weights: str) -> str | None:
+    """The type llama.cpp's quantizer gives the output matrix (and a tied embedding) where
+    `weights` keeps the lm_head in its own format; None where it follows the rest."""
+    from sandwich.weight_formats import parse_weights
+
+    spec = parse_weights(weights)
+    return dict(spec.overrides)["lm_head"].ggml_type if spec.overrides else None
 
 
 def llama_cpp_gguf(model: Path, work: Path, weights: str, *, threads: int) -> Path:
@@ -158,24 +174,30 @@ def llama_cpp_gguf(model: Path, work: Path, weights: str, *, threads: int) -> Pa
 
     ggml = llama_cpp_type(weights)
     if ggml is not None:
-        _llama_cpp()  # before the F32 file is written
+        llama_cpp_module()  # before the F32 file is written
     gguf = work / f"{model.name.removesuffix('.gguf')}.f32.gguf"
     if not gguf.is_file():
         write_gguf(model, gguf)
-    return gguf if ggml is None else llama_cpp_quantized(gguf, ggml, threads=threads)
+    if ggml is None:
+        return gguf
+    return llama_cpp_quantized(gguf, ggml, threads=threads, output=llama_cpp_output_type(weights))
 
 
-def llama_cpp_quantized(f32_gguf: Path, ggml: str, *, threads: int) -> Path:
+def llama_cpp_quantized(f32_gguf: Path, ggml: str, *, threads: int, output: str | None = None) -> Path:
     """The F32 GGUF quantized by llama.cpp's own quantizer to `ggml` (Q8_0, Q4_0, Q4_1,
     from llama_cpp_type), every tensor in that type ("pure", as sandwichc quantizes every
-    GEMM, lm_head included); written once beside the F32 file and reused."""
-    out = f32_gguf.with_name(f32_gguf.name.replace(".f32.gguf", f".{ggml.lower()}.gguf"))
+    GEMM of one format) but the output matrix and the token embedding (the tied output) in
+    `output` where given; written once beside the F32 file and reused."""
+    tag = ggml.lower() + (f"-out-{output.lower()}" if output else "")
+    out = f32_gguf.with_name(f32_gguf.name.replace(".f32.gguf", f".{tag}.gguf"))
     if out.is_file():
         return out
-    llama_cpp = _llama_cpp()
+    llama_cpp = llama_cpp_module()
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ggml}")
     params.nthread, params.pure = threads, True
+    if output:
+        params.output_tensor_type = params.token_embedding_type = getattr(llama_cpp, f"GGML_TYPE_{output}")
     tmp = out.with_name(out.name + ".tmp")
     if llama_cpp.llama_model_quantize(str(f32_gguf).encode(), str(tmp).encode(), params) != 0:
         tmp.unlink(missing_ok=True)
@@ -188,7 +210,7 @@ def _llama(gguf_path: Path, *, threads: int, n_ctx: int, kv_dtype: str = "f32", 
     """llama.cpp on a GGUF with a KV cache of the other systems' type, f32 or bf16 (its
     default f16 would halve the bytes a decode step reads of an f32 one), weights in its own
     memory."""
-    llama_cpp = _llama_cpp()
+    llama_cpp = llama_cpp_module()
     # ggml's BF16 is type 30; llama-cpp-python names no constant for it
     kv = {"f32": llama_cpp.GGML_TYPE_F32, "bf16": getattr(llama_cpp, "GGML_TYPE_BF16", 30)}[kv_dtype]
     return llama_cpp.Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=threads,

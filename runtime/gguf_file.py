@@ -3,8 +3,8 @@ under their HF names, as the loader reads a safetensors checkpoint: each dequant
 when read (the `gguf` package's own dequantizers: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K,
 Q6_K and the rest), with llama's q/k rows put back from llama.cpp's RoPE order. The quantized
 blocks stay reachable (`GGUFTensor.raw`) for kernels that run on them without a round trip
-through fp32. An MoE layer's experts are stacked in one tensor per projection; each expert
-reads as its own tensor, a view of its blocks."""
+through fp32 (`GGUFTensor.blocks`: Q8_0, Q4_0, Q4_1, Q4_K). An MoE layer's experts are stacked
+in one tensor per projection; each expert reads as its own tensor, a view of its blocks."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from sandwich.errors import ConfigError
-from sandwich.gguf_blocks import from_gguf_blocks
+from sandwich.gguf_blocks import STORED_AS, from_gguf_blocks
 from sandwich.gguf_config import (
     GGUF_ARCHITECTURES,
     ROPE_PERMUTED,
@@ -126,8 +126,9 @@ class GGUFTensor:
 
     def blocks(self, fmt: WeightFormat) -> QuantizedWeight | None:
         """W = T.T in `fmt` from the stored blocks, without re-quantizing, when the tensor's
-        type is the one `fmt` reproduces (Q8_0 for int8-g32, Q4_0, Q4_1); else None."""
-        if fmt.ggml_type is None or fmt.ggml_type != self.dtype or not fmt.quantized:
+        type loads into `fmt` (Q8_0 into int8-g32, Q4_0, Q4_1 and Q4_K into int4-g32-asym);
+        else None."""
+        if not fmt.quantized or STORED_AS.get(self.dtype) != fmt.name:
             return None
         try:
             qw = from_gguf_blocks(self.raw.data, self.dtype, self.shape)

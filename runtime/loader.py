@@ -17,6 +17,7 @@ from sandwich.compiler.buffers import aligned_copy
 from sandwich.errors import ConfigError, ShapeError
 from sandwich.gguf_config import gguf_path, is_gguf
 from sandwich.models import ModelConfig, parse_model_config, read_raw_config
+from sandwich.payload import FP32_OPS
 from sandwich.runtime.checkpoint import tensor_shapes
 from sandwich.runtime.gguf_file import GGUFCheckpoint, GGUFTensor
 from sandwich.runtime.moe import MoeWeights, pack_moe
@@ -29,6 +30,7 @@ from sandwich.weight_formats import (
     concat_columns,
     format_of,
     gemm_dtype,
+    parse_weights,
     quantize,
     take_columns,
     take_rows,
@@ -116,32 +118,35 @@ def read_config(model_dir: str | Path) -> tuple[ModelConfig, RopeSpec]:
 
 def model_gemms(cfg: ModelConfig, cache: KernelCache, *, threads: int | None = None,
                 weights: str = "fp32") -> ModelGemms:
-    """Look up every projection's GEMM for the weight format `weights` (their kernels
+    """Look up every projection's GEMM for the weight spec `weights` (their kernels
     dequantize an int format as they read it; an MoE router's stays fp32, as the payload's
-    FP32_OPS); a CacheError names the shape to tune."""
+    FP32_OPS); a CacheError names the shape to tune. An MoE model's dense names stand for
+    its experts' GEMMs (gate_up for expert_gate_up, down for expert_down)."""
     h, d = cfg.hidden_size, cfg.head_dim
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
-    dtype = gemm_dtype(weights)
+    spec = parse_weights(weights)
+    expert = "expert_" if cfg.is_moe else ""
 
-    def gemm(n: int, k: int, dtype: str = dtype) -> GemmKernel:
+    def gemm(n: int, k: int, op: str) -> GemmKernel:
+        dtype = gemm_dtype("fp32" if op in FP32_OPS else spec.for_op(op))
         return cache.gemm(n=n, k=k, dtype=dtype, threads=threads)
 
     return ModelGemms(
-        qkv=gemm((heads + 2 * kv) * d, h),
-        o=gemm(h, heads * d),
-        gate_up=gemm(2 * cfg.intermediate_size, h),
-        down=gemm(h, cfg.intermediate_size),
-        lm_head=gemm(cfg.vocab_size, h),
-        router=gemm(cfg.router_outputs, h, gemm_dtype("fp32")) if cfg.is_moe else None,  # FP32_OPS
+        qkv=gemm((heads + 2 * kv) * d, h, "qkv"),
+        o=gemm(h, heads * d, "o"),
+        gate_up=gemm(2 * cfg.intermediate_size, h, expert + "gate_up"),
+        down=gemm(h, cfg.intermediate_size, expert + "down"),
+        lm_head=gemm(cfg.vocab_size, h, "lm_head"),
+        router=gemm(cfg.router_outputs, h, "router") if cfg.is_moe else None,
         **_shared_gemms(cfg, gemm),
     )
 
 
-def _shared_gemms(cfg: ModelConfig, gemm: Callable[[int, int], GemmKernel]) -> dict[str, GemmKernel]:
+def _shared_gemms(cfg: ModelConfig, gemm: Callable[[int, int, str], GemmKernel]) -> dict[str, GemmKernel]:
     """A Qwen2-MoE shared expert's gate/up and down GEMMs; none for other models."""
     s = cfg.shared_expert_intermediate_size
-    return {"shared_gate_up": gemm(2 * s, cfg.hidden_size),
-            "shared_down": gemm(cfg.hidden_size, s)} if s else {}
+    return {"shared_gate_up": gemm(2 * s, cfg.hidden_size, "shared_gate_up"),
+            "shared_down": gemm(cfg.hidden_size, s, "shared_down")} if s else {}
 
 
 class WeightReader:
@@ -188,6 +193,11 @@ class WeightReader:
             if not whole:
                 return take_rows(quantize(self._float(parts).T, fmt), cols)
         return self._float(parts)[:, cols].T
+
+    def pack(self, gemm: GemmKernel, parts: list[tuple[str, slice]],
+             cols: slice = slice(None)) -> PackedWeight:
+        """`projection(parts, ..., cols)` read in `gemm`'s weight format, packed by it."""
+        return gemm.pack(self.projection(parts, format_of(gemm.dtype), cols))
 
     def _float(self, parts: list[tuple[str, slice]]) -> np.ndarray:
         """The rows `parts` of HF tensors (N, K), float32, fused along N."""
@@ -264,7 +274,6 @@ def pack_model(read: WeightReader, cfg: ModelConfig, rope: RopeSpec, gemms: Mode
     heads and intermediate columns are kept, and with `vocab_rows` only its lm_head rows;
     by default the whole model."""
     local = local or cfg
-    fmt = format_of(gemms.qkv.dtype)
     d = cfg.head_dim
     q = slice(rank * local.num_attention_heads * d, (rank + 1) * local.num_attention_heads * d)
     kv = slice(rank * local.num_key_value_heads * d, (rank + 1) * local.num_key_value_heads * d)
@@ -276,13 +285,12 @@ def pack_model(read: WeightReader, cfg: ModelConfig, rope: RopeSpec, gemms: Mode
         p = f"model.layers.{i}."
         parts = [(p + "self_attn.q_proj.", q), (p + "self_attn.k_proj.", kv),
                  (p + "self_attn.v_proj.", kv)]
-        qkv = read.projection([(name + "weight", rows) for name, rows in parts], fmt)
         layers.append(LayerWeights(
             input_norm=aligned_copy(read(p + "input_layernorm.weight")),
-            qkv=gemms.qkv.pack(qkv),
-            o=gemms.o.pack(read.projection([(p + "self_attn.o_proj.weight", slice(None))], fmt, q)),
+            qkv=read.pack(gemms.qkv, [(name + "weight", rows) for name, rows in parts]),
+            o=read.pack(gemms.o, [(p + "self_attn.o_proj.weight", slice(None))], q),
             post_norm=aligned_copy(read(p + "post_attention_layernorm.weight")),
-            **_ffn(read, p, cfg, gemms, mlp, shared, fmt),
+            **_ffn(read, p, cfg, gemms, mlp, shared),
             **_attention_extras(read, p, cfg, parts),
         ))
     embed = read("model.embed_tokens.weight")
@@ -290,7 +298,7 @@ def pack_model(read: WeightReader, cfg: ModelConfig, rope: RopeSpec, gemms: Mode
     rows = slice(None) if vocab_rows is None else slice(rank * vocab_rows, (rank + 1) * vocab_rows)
     return LlamaModel(config=local, rope=rope, embed=embed, layers=tuple(layers),
                       norm=aligned_copy(read("model.norm.weight")),
-                      lm_head=gemms.lm_head.pack(read.projection([(head_name, rows)], fmt)),
+                      lm_head=read.pack(gemms.lm_head, [(head_name, rows)]),
                       gemms=gemms)
 
 
@@ -308,7 +316,7 @@ def _attention_extras(read: WeightReader, p: str, cfg: ModelConfig,
 
 
 def _ffn(read: WeightReader, p: str, cfg: ModelConfig, gemms: ModelGemms,
-         mlp: slice, shared: slice, fmt: WeightFormat) -> dict[str, PackedWeight | MoeWeights]:
+         mlp: slice, shared: slice) -> dict[str, PackedWeight | MoeWeights]:
     """One layer's MLP (fused gate/up, down), or its router and experts; `mlp` selects the
     intermediate columns (a TP rank's, or all), `shared` a shared expert's."""
     if cfg.is_moe:
@@ -316,6 +324,6 @@ def _ffn(read: WeightReader, p: str, cfg: ModelConfig, gemms: ModelGemms,
             raise ConfigError(f"{cfg.name}: an MoE model needs the router GEMM (N="
                               f"{cfg.router_outputs}); tune the model's payload")
         return {"moe": pack_moe(read, p, cfg, gemms, cols=mlp, shared_cols=shared)}
-    gate_up = read.projection([(p + "mlp.gate_proj.weight", mlp), (p + "mlp.up_proj.weight", mlp)], fmt)
-    return {"gate_up": gemms.gate_up.pack(gate_up),
-            "down": gemms.down.pack(read.projection([(p + "mlp.down_proj.weight", slice(None))], fmt, mlp))}
+    return {"gate_up": read.pack(gemms.gate_up, [(p + "mlp.gate_proj.weight", mlp),
+                                                 (p + "mlp.up_proj.weight", mlp)]),
+            "down": read.pack(gemms.down, [(p + "mlp.down_proj.weight", slice(None))], mlp)}

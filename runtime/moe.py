@@ -28,7 +28,6 @@ from sandwich.errors import ConfigError
 from sandwich.models import ModelConfig
 from sandwich.runtime.moe_names import SHARED_EXPERT, SHARED_EXPERT_GATE, moe_names
 from sandwich.tuner.kernel_cache import GemmKernel, PackedWeight
-from sandwich.weight_formats import format_of
 
 if TYPE_CHECKING:  # the loader imports this module
     from sandwich.runtime.loader import ModelGemms, WeightReader
@@ -63,14 +62,12 @@ def pack_moe(read: WeightReader, prefix: str, cfg: ModelConfig, gemms: ModelGemm
     the GEMMs' weight format as the dense MLP is (`WeightReader.projection`); `cols` selects
     a TP rank's intermediate columns of each expert, `shared_cols` of the shared expert."""
     names = moe_names(cfg.model_type)
-    fmt = format_of(gemms.gate_up.dtype)
     whole = slice(None)
 
     def expert(gate: str, up: str, down: str, gate_up_k: GemmKernel, down_k: GemmKernel,
                c: slice) -> ExpertWeights:
-        gu = read.projection([(prefix + gate, c), (prefix + up, c)], fmt)
-        return ExpertWeights(gate_up=gate_up_k.pack(gu),
-                             down=down_k.pack(read.projection([(prefix + down, whole)], fmt, c)))
+        return ExpertWeights(gate_up=read.pack(gate_up_k, [(prefix + gate, c), (prefix + up, c)]),
+                             down=read.pack(down_k, [(prefix + down, whole)], c))
 
     # experts pack independently, in numpy that releases the GIL: one thread per CPU
     with ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0))) as pool:
@@ -83,8 +80,7 @@ def pack_moe(read: WeightReader, prefix: str, cfg: ModelConfig, gemms: ModelGemm
                               f"model's payload")
         shared = expert(*SHARED_EXPERT, gemms.shared_gate_up, gemms.shared_down, shared_cols)
         router.append((prefix + SHARED_EXPERT_GATE, whole))
-    router_w = read.projection(router, format_of(gemms.router.dtype))  # fp32: payload.FP32_OPS
-    return MoeWeights(router=gemms.router.pack(router_w), experts=experts,
+    return MoeWeights(router=read.pack(gemms.router, router), experts=experts,  # fp32: FP32_OPS
                       top_k=cfg.num_experts_per_tok, normalize=cfg.norm_topk_prob, shared=shared)
 
 

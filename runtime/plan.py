@@ -25,7 +25,7 @@ from sandwich.payload import make_payload
 from sandwich.topology.cpulist import format_cpulist
 from sandwich.tuner.kernel_cache import KernelCache
 from sandwich.types import ServiceConfig
-from sandwich.weight_formats import parse_format
+from sandwich.weight_formats import parse_weights
 
 PLAN_VERSION = 1
 
@@ -191,7 +191,7 @@ def _slug(cfg: ModelConfig, weights: str = "fp32") -> str:
     """The model's name, and the weight format's unless fp32 (plans from before formats
     existed keep their names)."""
     name = re.sub(r"[^a-z0-9]+", "-", cfg.name.lower()).strip("-")[-40:] or "model"
-    fmt = parse_format(weights).name
+    fmt = parse_weights(weights).slug
     return name if fmt == "fp32" else f"{name}-{fmt}"
 
 

@@ -1,17 +1,30 @@
 """A GGUF tensor's stored bytes as a `QuantizedWeight`, as stored: Q8_0, Q4_0 and Q4_1 blocks
-split into values and fp16 scales (no re-quantizing), F32 and BF16 rows as they are."""
+split into values and fp16 scales (no re-quantizing), F32 and BF16 rows as they are; and
+Q4_K's super-blocks as int4-g32-asym groups, the same 4-bit values with each group's scale and
+minimum multiplied out (fp16, as Q4_1 keeps them) instead of 6-bit factors of a super-block's
+two fp16 scales.
+
+Which weight format a GGUF type loads into (`STORED_AS`), and which one its values are
+re-quantized to when no format holds them (`NEAREST`), is decided here too."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from sandwich.errors import ConfigError
-from sandwich.weight_formats import QuantizedWeight, parse_format
+from sandwich.weight_formats import QuantizedWeight, pack4, parse_format
 
 # GGUF type -> (weight format, bytes of one block of 32 values, bytes before its values)
 BLOCKS = {"Q8_0": ("int8-g32", 34, 2), "Q4_0": ("int4-g32", 18, 2),
           "Q4_1": ("int4-g32-asym", 20, 4)}
 ROWS = {"F32": ("fp32", np.float32), "BF16": ("bf16", np.uint16)}
+Q4_K_BLOCK = 144  # 256 values: fp16 d and dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles
+# GGUF type -> the format that holds its values without re-quantizing
+STORED_AS = {t: f for t, (f, *_) in {**BLOCKS, **ROWS}.items()} | {"Q4_K": "int4-g32-asym"}
+# the other types -> the format whose bits come nearest from above (5 and 6 bits: int8), or
+# from below where nothing smaller exists (2 and 3 bits: 4)
+NEAREST = {"F16": "bf16", "Q5_0": "int8-g32", "Q5_1": "int8-g32", "Q5_K": "int8-g32",
+           "Q6_K": "int8-g32", "Q8_1": "int8-g32", "Q8_K": "int8-g32"}
 
 
 def ggml_type_name(ggml_type: object) -> str:
@@ -36,27 +49,30 @@ def from_gguf_blocks(raw: np.ndarray, ggml_type: object, shape: tuple[int, int])
     blocks run along a row of T, that is along K for each output column of W, which is the
     layout `QuantizedWeight` keeps, so the block bytes are split, never transposed."""
     name = ggml_type_name(ggml_type)
-    if name not in BLOCKS and name not in ROWS:
+    if name not in STORED_AS:
         raise ConfigError(f"GGUF type {name} has no weight format here (loaded as stored: "
-                          f"{', '.join([*BLOCKS, *ROWS])}); dequantize it and quantize instead")
+                          f"{', '.join(STORED_AS)}); dequantize it and quantize instead")
     if len(shape) != 2:
         raise ConfigError(f"GGUF tensor of type {name}: expected a 2-D (N, K) shape, got {shape}")
     n, k = (int(d) for d in shape)
     data = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
+    values = 256 if name == "Q4_K" else 32
     if name in ROWS:
         fmt_name, dtype = ROWS[name]
         want = n * k * np.dtype(dtype).itemsize
     else:
-        fmt_name, block, head = BLOCKS[name]
-        if k % 32:
-            raise ConfigError(f"GGUF tensor of type {name}: K = {k} is not a multiple of 32")
-        want = n * (k // 32) * block
+        fmt_name, block, head = BLOCKS.get(name, ("int4-g32-asym", Q4_K_BLOCK, 0))
+        if k % values:
+            raise ConfigError(f"GGUF tensor of type {name}: K = {k} is not a multiple of {values}")
+        want = n * (k // values) * block
     if data.size != want:
         raise ConfigError(f"GGUF tensor of type {name} and shape (N, K) = ({n}, {k}) must hold "
                           f"{want} bytes, got {data.size}")
     fmt = parse_format(fmt_name)
     if name in ROWS:
         return QuantizedWeight(fmt, (k, n), data.view(dtype).reshape(n, k).copy())
+    if name == "Q4_K":
+        return _from_q4_k(data.reshape(n, k // 256, Q4_K_BLOCK), fmt)
     b = data.reshape(n, k // 32, block)
     q = b[..., head:].reshape(n, -1)
     if name == "Q8_0":
@@ -64,3 +80,34 @@ def from_gguf_blocks(raw: np.ndarray, ggml_type: object, shape: tuple[int, int])
     scales = np.ascontiguousarray(b[..., 0:2]).view(np.float16)[..., 0]
     mins = np.ascontiguousarray(b[..., 2:4]).view(np.float16)[..., 0] if head == 4 else None
     return QuantizedWeight(fmt, (k, n), np.ascontiguousarray(q), scales, mins)
+
+
+def q4_k_factors(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 8 sub-blocks' 6-bit scale and min factors, (..., 8) each, from a Q4_K block's 12
+    scale bytes (..., 12): ggml's get_scale_min_k4, for all eight at once."""
+    q = scales.astype(np.uint8)
+    lo, hi = q[..., 0:4], q[..., 8:12]  # j < 4 take 6 bits; j >= 4 a nibble and 2 high bits
+    sc = np.concatenate([lo & 63, (hi & 0x0F) | ((lo >> 6) << 4)], axis=-1)
+    mn = np.concatenate([q[..., 4:8] & 63, (hi >> 4) | ((q[..., 4:8] >> 6) << 4)], axis=-1)
+    return sc, mn
+
+
+def _from_q4_k(b: np.ndarray, fmt) -> QuantizedWeight:
+    """(N, K/256, 144) Q4_K blocks -> int4-g32-asym. A sub-block of 32 is `d*sc*q - dmin*m`:
+    its scale d*sc and minimum -dmin*m, rounded once to fp16 (within 2^-11 of ggml's float
+    products; its values are the stored nibbles). Sub-block 2c holds the low nibbles of bytes
+    32c..32c+31, 2c+1 their high ones; a group here keeps j and j+16 in one byte."""
+    n, blocks = b.shape[:2]
+    d = np.ascontiguousarray(b[..., 0:2]).view(np.float16).astype(np.float32)  # (N, B, 1)
+    dmin = np.ascontiguousarray(b[..., 2:4]).view(np.float16).astype(np.float32)
+    sc, mn = q4_k_factors(b[..., 4:16])
+    qs = b[..., 16:].reshape(n, blocks, 4, 1, 32)
+    nibbles = np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=3)  # (N, B, 4, 2, 32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        scales = (d * sc).astype(np.float16).reshape(n, -1)
+        mins = (-(dmin * mn)).astype(np.float16).reshape(n, -1)
+    if not (np.isfinite(scales).all() and np.isfinite(mins).all()):
+        raise ConfigError("Q4_K block scales or minimums do not fit float16 (the file is "
+                          "damaged, or its values are beyond int4-g32-asym's range)")
+    q = pack4(nibbles.reshape(n, blocks * 8, 32))
+    return QuantizedWeight(fmt, (blocks * 256, n), q, scales, mins)

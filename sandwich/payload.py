@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from sandwich.errors import ConfigError
 from sandwich.models import ModelConfig
 from sandwich.types import GemmOp
-from sandwich.weight_formats import check_shape, format_of, gemm_dtype, layout, parse_format
+from sandwich.weight_formats import check_shape, format_of, gemm_dtype, layout, parse_weights
 
 # the runtime runs lm_head on the last token of each sequence in a step only (runtime/executor.py:
 # _head), so its M is a batch size, never a prompt length (`serve --max-batch`: 16 by default);
@@ -45,8 +45,8 @@ def make_payload(cfg: ModelConfig, *, tp: int = 1, seq_max: int = 2048,
     replicated under TP) and each expert's fused gate/up and down, sharded like the dense
     MLP; their count is the expert GEMMs one token runs (layers x experts per token); a
     shared expert (Qwen2-MoE) has its own pair, sharded alike. Every GEMM reads its weights
-    in the format `weights` (sandwich/weight_formats.py), which sets the ops' dtype; the
-    router's stay fp32 (FP32_OPS)."""
+    in the format the spec `weights` gives its op (sandwich/weight_formats.py), which sets
+    the ops' dtype; the router's stay fp32 (FP32_OPS)."""
     if tp <= 0:
         raise ConfigError(f"--tp must be >= 1, got {tp}")
     if seq_max <= 0:
@@ -63,12 +63,11 @@ def make_payload(cfg: ModelConfig, *, tp: int = 1, seq_max: int = 2048,
         GemmOp("lm_head", n=cfg.vocab_size if cfg.vocab_size % tp else cfg.vocab_size // tp,
                k=cfg.hidden_size, m_max=HEAD_M_MAX),
     )
-    fmt = parse_format(weights)
+    spec = parse_weights(weights)
     for op in ops:
         if op.name not in FP32_OPS:
-            check_shape(fmt, (op.k, op.n))
-    dtype = gemm_dtype(fmt)
-    ops = tuple(replace(op, dtype=gemm_dtype("fp32") if op.name in FP32_OPS else dtype)
+            check_shape(spec.for_op(op.name), (op.k, op.n))
+    ops = tuple(replace(op, dtype=gemm_dtype("fp32" if op.name in FP32_OPS else spec.for_op(op.name)))
                 for op in ops)
     return Payload(model=cfg.name, tp=tp, seq_max=seq_max, ops=ops)
 

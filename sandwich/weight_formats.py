@@ -67,11 +67,58 @@ def parse_format(name: str | WeightFormat) -> WeightFormat:
     return fmt
 
 
-def weights_flag(name: str | WeightFormat) -> str:
-    """What a suggested command line adds for the format: `` --weights F``, or nothing for
-    fp32 (the default)."""
-    fmt = parse_format(name)
-    return "" if fmt.bits == 32 else f" --weights {fmt.name}"
+# the GEMM ops a model's weights are stored for (sandwich/payload.py names them)
+OP_NAMES = ("qkv", "o", "gate_up", "down", "lm_head", "expert_gate_up", "expert_down",
+            "shared_gate_up", "shared_down")
+
+
+@dataclass(frozen=True)
+class WeightSpec:
+    """The formats of a model's GEMM weights: `base` for every op but those `overrides`
+    names, e.g. the lm_head kept at 8 bits beside 4-bit layers (llama.cpp's Q4_K_M keeps
+    output.weight in Q6_K, SmolLM2's Q4_1 file its tied embedding in Q8_0). Written
+    `int4-g32-asym,lm_head=int8-g32`; a plain format name is a spec without overrides."""
+
+    base: WeightFormat
+    overrides: tuple[tuple[str, WeightFormat], ...] = ()
+
+    @property
+    def name(self) -> str:
+        return ",".join([self.base.name, *(f"{op}={f.name}" for op, f in self.overrides)])
+
+    @property
+    def slug(self) -> str:
+        """The name as a file name's part: int4-g32-asym-lm_head-int8-g32."""
+        return self.name.replace(",", "-").replace("=", "-")
+
+    def for_op(self, op: str) -> WeightFormat:
+        """The format op `op`'s weights are stored in."""
+        return dict(self.overrides).get(op, self.base)
+
+
+def parse_weights(spec: str | WeightFormat | WeightSpec) -> WeightSpec:
+    """The spec `spec` names ("int8-g32", "int4-g32-asym,lm_head=int8-g32"), canonical: its
+    overrides sorted, those equal to the base dropped; a one-line ConfigError otherwise."""
+    if isinstance(spec, WeightSpec):
+        return spec
+    if isinstance(spec, WeightFormat):
+        return WeightSpec(spec)
+    base, *rest = [part.strip() for part in str(spec).split(",")]
+    fmt = parse_format(base)
+    overrides = {}
+    for part in rest:
+        op, eq, name = part.partition("=")
+        if not eq or op.strip() not in OP_NAMES:
+            raise ConfigError(f"weights '{spec}': '{part}' is not OP=FORMAT with OP one of "
+                              f"{', '.join(OP_NAMES)}")
+        overrides[op.strip()] = parse_format(name)
+    return WeightSpec(fmt, tuple(sorted((op, f) for op, f in overrides.items() if f != fmt)))
+
+
+def weights_flag(name: str | WeightFormat | WeightSpec) -> str:
+    """What a suggested command line adds for the weights: `` --weights F``, fp32 included
+    (the default, `auto`, runs a GGUF file in its own format)."""
+    return f" --weights {parse_weights(name).name}"
 
 
 def layout(fmt: WeightFormat, k: int, n: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
@@ -161,7 +208,7 @@ def round_bf16(x: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
-def _pack4(qs: np.ndarray) -> np.ndarray:
+def pack4(qs: np.ndarray) -> np.ndarray:
     """(N, G, g) values 0..15 -> (N, G*g/2) bytes: j low, j + g/2 high in each group."""
     half = qs.shape[-1] // 2
     return (qs[..., :half] | (qs[..., half:] << np.uint8(4))).reshape(qs.shape[0], -1)
@@ -203,12 +250,12 @@ def quantize(w: np.ndarray, fmt: WeightFormat | str) -> QuantizedWeight:
         big = np.take_along_axis(b, np.abs(b).argmax(axis=-1)[..., None], axis=-1)
         d = big / -8
         qs = np.trunc(b * _inverse(d) + np.float32(8.5), dtype=np.float32)
-        q = _pack4(qs.astype(np.uint8).clip(0, 15))
+        q = pack4(qs.astype(np.uint8).clip(0, 15))
         return QuantizedWeight(fmt, (k, n), q, _scales(fmt, d[..., 0], cols))
     lo, hi = b.min(axis=-1, keepdims=True), b.max(axis=-1, keepdims=True)  # Q4_1
     d = (hi - lo) / 15
     qs = np.trunc((b - lo) * _inverse(d) + np.float32(0.5), dtype=np.float32)
-    q = _pack4(qs.astype(np.uint8).clip(0, 15))
+    q = pack4(qs.astype(np.uint8).clip(0, 15))
     return QuantizedWeight(fmt, (k, n), q, _scales(fmt, d[..., 0], cols),
                            _scales(fmt, lo[..., 0], cols))
 

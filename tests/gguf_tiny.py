@@ -20,9 +20,10 @@ CONTROL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
             "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 CONFIG = dict(hidden=64, heads=4, kv=2, ffn=128, layers=2, vocab=320, ctx=256, theta=10000.0)
-# one weight type per projection, to exercise the dequantizers and the row layouts
+# one weight type per projection, to exercise the dequantizers and the row layouts; F32 holds
+# the most values (with the Q8_0 embedding), so `--weights auto` runs the file in fp32
 TYPES = {"attn_q.weight": "Q8_0", "attn_k.weight": "F16", "attn_v.weight": "Q4_0",
-         "attn_output.weight": "Q4_1", "ffn_gate.weight": "BF16", "ffn_up.weight": "Q8_0",
+         "attn_output.weight": "Q4_1", "ffn_gate.weight": "BF16", "ffn_up.weight": "F32",
          "ffn_down.weight": "F32"}
 
 
@@ -105,19 +106,49 @@ def _tensor(w: np.ndarray, kind: str):
     if kind == "F16":
         return w.astype(np.float16), None
     qtype = gguf.GGMLQuantizationType[kind]
+    if kind == "Q4_K":  # the gguf package reads Q4_K but does not write it
+        return q4_k_blocks(w), qtype
     return quantize(w.astype(np.float32), qtype), qtype
 
 
+def q4_k_blocks(w: np.ndarray) -> np.ndarray:
+    """Rows of `w` (K a multiple of 256) as Q4_K super-blocks, bytes (rows, K/256*144), laid
+    out as ggml's block_q4_K: fp16 d and dmin, 12 bytes of 6-bit sub-block scales and mins
+    (get_scale_min_k4's packing), 128 bytes of nibbles (sub-block 2c low, 2c+1 high). A
+    plain min/max rounding, not llama.cpp's search: the tests check the layout."""
+    rows, k = w.shape
+    x = w.astype(np.float32).reshape(rows, k // 256, 8, 32)
+    lo = np.minimum(x.min(-1), 0)
+    span = (x.max(-1) - lo) / 15
+    d = (span.max(-1, keepdims=True) / 63).astype(np.float16)
+    dmin = (-lo.min(-1, keepdims=True) / 63).astype(np.float16)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.nan_to_num(np.round(span / d.astype(np.float32))).clip(0, 63).astype(np.uint8)
+        mn = np.nan_to_num(np.round(-lo / dmin.astype(np.float32))).clip(0, 63).astype(np.uint8)
+        step = d.astype(np.float32) * sc
+        base = dmin.astype(np.float32) * mn
+        q = np.nan_to_num(np.round((x + base[..., None]) / step[..., None])).clip(0, 15)
+    q = q.astype(np.uint8)
+    packed = np.empty((rows, k // 256, 12), np.uint8)
+    packed[..., 0:4] = sc[..., :4] | ((sc[..., 4:] >> 4) << 6)
+    packed[..., 4:8] = mn[..., :4] | ((mn[..., 4:] >> 4) << 6)
+    packed[..., 8:12] = (sc[..., 4:] & 0x0F) | ((mn[..., 4:] & 0x0F) << 4)
+    qs = (q[:, :, 0::2] | (q[:, :, 1::2] << 4)).reshape(rows, k // 256, 128)
+    head = np.concatenate([d.view(np.uint8), dmin.view(np.uint8)], axis=-1)
+    return np.concatenate([head.reshape(rows, k // 256, 4), packed, qs], axis=-1).reshape(rows, -1)
+
+
 def write_tiny_gguf(path: Path, *, seed: int = 0, arch: str = "llama", vocab: str = "gpt2",
-                    types: dict[str, str] | None = None, ctx: int | None = None) -> tuple[Path, object]:
+                    types: dict[str, str] | None = None, ctx: int | None = None,
+                    config: dict | None = None) -> tuple[Path, object]:
     """Write the file with a gpt2 byte-level BPE vocabulary (and a chat template) or a llama
     SentencePiece one (`vocab="spm"`); `types` overrides TYPES (GGUF name -> GGML type, the
-    token embedding included); `ctx` the context length; returns (path, the trained tokenizer
-    it carries)."""
+    token embedding included); `ctx` the context length, `config` other CONFIG values;
+    returns (path, the trained tokenizer it carries)."""
     types = {**TYPES, "token_embd.weight": "Q8_0", **(types or {})}
     import gguf
 
-    c = CONFIG | ({"ctx": ctx} if ctx else {})
+    c = CONFIG | (config or {}) | ({"ctx": ctx} if ctx else {})
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name("tiny-gguf")
     w.add_context_length(c["ctx"])

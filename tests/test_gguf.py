@@ -429,8 +429,10 @@ def test_dsl_ops_build_for_a_two_position_cache(tiny, cache):
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
                     reason="llama-cpp-python is not installed (pip install -e .[serving])")
 def test_cli_perplexity_compares_with_llama_cpp_on_the_same_tokens(tiny, cache, tmp_path):
-    """--compare-llama-cpp: llama.cpp scores the same windows on an F32 GGUF of the same
-    tensors; on fp32 weights the two perplexities agree to 1e-3."""
+    """--compare-llama-cpp: with --weights fp32, llama.cpp scores the same windows on an F32
+    GGUF of the same tensors, and the two perplexities agree to 1e-3; with the default
+    (`auto`: the file's own format), llama.cpp runs the file itself (its Q8_0/Q4_0/Q4_1
+    tensors through its own int8 products: near ours, not equal)."""
     import json
 
     path = tiny[0]
@@ -438,12 +440,18 @@ def test_cli_perplexity_compares_with_llama_cpp_on_the_same_tokens(tiny, cache, 
     text = tmp_path / "t.txt"
     text.write_text(" ".join(CORPUS * 3))
     cmd = [sys.executable, "-m", "sandwich.cli", "perplexity", "--model", str(path), "--text",
-           str(text), "--ctx", "16", "--cache-dir", str(cache.dir), "--json", "--no-tune",
+           str(text), "--ctx", "16", "--cache-dir", str(cache.dir), "--no-tune",
            "--compare-llama-cpp"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(cmd + ["--json", "--weights", "fp32"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["llama_cpp"] == pytest.approx(out["perplexity"], rel=1e-3)
+    same = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert same.returncode == 0, same.stderr
+    ours, theirs = same.stdout.strip().splitlines()
+    assert ours.startswith(f"perplexity {out['perplexity']:.4f}")  # fp32 here too
+    assert theirs.startswith("llama.cpp ") and theirs.endswith("(the same file)")
+    assert float(theirs.split()[1]) == pytest.approx(out["perplexity"], rel=0.05)
 
 
 def test_cli_perplexity_refuses_a_format_llama_cpp_lacks_before_running(tiny, tmp_path):

@@ -170,6 +170,61 @@ def test_gguf_q8_0_blocks_run_as_stored_and_give_transformers_logits(q8_gguf, ca
     assert np.abs(logits - ref).max() / np.abs(ref).max() <= 1e-4
 
 
+@pytest.mark.tvm
+def test_a_spec_packs_the_lm_head_in_its_own_format_beside_the_layers(q8_gguf, cache):
+    """`int8-g32,lm_head=int4-g32-asym` on a Q8_0 file: the layers from the file's blocks as
+    the all-int8 model has them, the (tied) lm_head re-quantized to int4-g32-asym; the
+    executor runs both kernels' formats in one model (one more shape to tune: the lm_head's)."""
+    from sandwich.gguf_blocks import from_gguf_blocks
+    from sandwich.runtime.executor import Executor
+    from sandwich.runtime.gguf_file import GGUFCheckpoint
+    from sandwich.runtime.loader import load_model
+
+    spec = "int8-g32,lm_head=int4-g32-asym"
+    models = {}
+    for w in ("int8-g32", spec):
+        tune_model(q8_gguf, cache, weights=w)
+        models[w] = load_model(q8_gguf, cache, threads=2, weights=w)
+    mixed, int8 = models[spec], models["int8-g32"]
+    assert (mixed.gemms.lm_head.dtype, mixed.gemms.qkv.dtype) == ("int4-g32-asym", "int8-g32")
+    for op in ("qkv", "o", "gate_up", "down"):
+        for a, b in zip(getattr(mixed.layers[1], op).data, getattr(int8.layers[1], op).data, strict=True):
+            np.testing.assert_array_equal(a, b)
+    t = GGUFCheckpoint(q8_gguf).get("model.embed_tokens.weight")
+    head = quantize(dequantize(from_gguf_blocks(t.raw.data, t.dtype, t.shape)), "int4-g32-asym")
+    for a, b in zip(mixed.lm_head.data, mixed.gemms.lm_head.pack(head).data, strict=True):
+        np.testing.assert_array_equal(a, b)
+    prompt = [5, 9, 200, 17, 33, 100, 250, 7]
+    logits = {w: Executor(m, max_batch=1, max_seq=32, max_tokens=16, ops="dsl", threads=2).start(prompt)[1]
+              for w, m in models.items()}
+    assert np.isfinite(logits[spec]).all()
+    assert not np.array_equal(logits[spec], logits["int8-g32"])  # another lm_head ran
+
+
+@pytest.mark.tvm
+def test_a_q8_0_file_runs_as_int8_g32_by_default_and_says_so(q8_gguf, cache, capsys):
+    """`--weights auto` (the default) on a Q8_0 file: the file's int8-g32, the same tokens as
+    naming it, one stderr line saying which tensors load as stored; fp32 when named."""
+    import json
+
+    from sandwich.cli import main
+
+    tune_model(q8_gguf, cache, weights="int8-g32")
+    base = ["generate", "--model", str(q8_gguf), "--prompt-ids", "5,9,200,17", "--max-new-tokens",
+            "6", "--cache-dir", str(cache.dir), "--no-tune", "--json", "--threads", "2"]
+    runs = {}
+    for flags in ([], ["--weights", "int8-g32"]):
+        assert main(base + flags) == 0
+        out, err = capsys.readouterr()
+        runs[tuple(flags)] = json.loads(out)["ids"]
+        said = [line for line in err.splitlines() if "weights" in line]
+        assert said == ([] if flags else ["sandwichc: --weights auto runs this file in "
+                                          "int8-g32: 14 Q8_0 tensors as stored; lm_head int8-g32: "
+                                          "Q8_0 as stored (name a format with --weights to "
+                                          "choose another)"]), err
+    assert runs[()] == runs[("--weights", "int8-g32")]
+
+
 @pytest.mark.parametrize("argv, match", [
     (["--weights", "int3"], "unknown weight format 'int3'"),
     (["--m", "0"], "--m values must be >= 1"),

@@ -152,7 +152,8 @@ def test_gguf_blocks_load_as_stored_whatever_names_the_type():
 def test_gguf_blocks_that_cannot_load_are_one_line_errors():
     blocks = gg_quantize(np.ones((8, 64), np.float32), T.Q4_0)
     cases = {"F16 has no weight format": (blocks, T.F16, (8, 64)),
-             "Q4_K has no weight format": (blocks, "q4_k", (8, 64)),
+             "Q5_K has no weight format": (blocks, "q5_k", (8, 64)),
+             "K = 64 is not a multiple of 256": (blocks, T.Q4_K, (8, 64)),
              "must hold 288 bytes, got 144": (blocks[:4], T.Q4_0, (8, 64)),
              "K = 48 is not a multiple of 32": (blocks, T.Q4_0, (12, 48)),
              "2-D": (blocks, T.Q4_0, (512,))}

@@ -84,6 +84,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 def main(argv: list[str] | None = None) -> int:
     import warnings
 
+    from sandwich.cli.common import resolve_weights
     from sandwich.errors import SandwichError
 
     warnings.showwarning = _show_warning
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     args.env = dict(os.environ)
     try:
         check_numbers(args)
+        resolve_weights(args)
         return int(args.func(args) or 0)
     except SandwichError as e:
         print(f"sandwichc: error: {e}", file=sys.stderr)

@@ -377,7 +377,7 @@ def _run_serving(args) -> int:
                             new_tokens=args.new_tokens, repeats=args.repeats, threads=threads,
                             cache=cache, work=work, peers=[p for p in args.peers.split(",") if p],
                             weights=args.weights, kv_dtype=args.kv_cache_dtype,
-                            command=command_line())
+                            same_file=getattr(args, "weights_auto", False), command=command_line())
     write_report(res, Path(args.md), Path(args.json_out))
     print(f"wrote {args.json_out}, {args.md}")
     return 0
@@ -568,6 +568,7 @@ def _run_plan(args) -> int:
     from sandwich.compiler.target import describe_machine
     from sandwich.runtime.planner import PlanSettings, make_plan
     from sandwich.tuner.kernel_cache import KernelCache
+    from sandwich.weight_formats import parse_weights
 
     if args.top_k < 1:
         raise ConfigError(f"--top-k must be >= 1, got {args.top_k}")
@@ -575,7 +576,8 @@ def _run_plan(args) -> int:
     settings = PlanSettings(top_k=args.top_k, seq_max=args.seq_max, budget=args.budget,
                             prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                             rounds=args.rounds, weights=args.weights)
-    stem = "results/sandwich_plan" + ("" if args.weights == "fp32" else f"_{args.weights}")
+    slug = parse_weights(args.weights).slug
+    stem = "results/sandwich_plan" + ("" if slug == "fp32" else f"_{slug}")
     args.md, args.json_out = args.md or f"{stem}.md", args.json_out or f"{stem}.json"
     plans = [make_plan(m, cache, settings, progress=not args.no_progress)
              for m in args.model or ["llama-160m"]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -22,11 +23,45 @@ def threads_of(args) -> int:
 
 
 def add_weights_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--weights", default="fp32", type=_weights_format, metavar="FORMAT",
-                   help="how the GEMMs store their weights: fp32, bf16 (activations rounded to "
-                   "bf16 too: vdpbf16ps where the CPU has avx512_bf16), int8-g32 (llama.cpp's "
-                   "Q8_0), int8 (a scale per column), int4 (= int4-g32, Q4_0), int4-g64, "
-                   "int4-g128, int4-g32-asym (Q4_1), ...; int formats dequantize in the kernel")
+    p.add_argument("--weights", default="auto", type=_weights_format, metavar="FORMAT",
+                   help="how the GEMMs store their weights: auto (default: a GGUF file's own "
+                   "format, the one most of its weights are stored in, e.g. int4-g32-asym for "
+                   "Q4_K or Q4_1, int8-g32 for Q8_0; fp32 for anything else), fp32, bf16 "
+                   "(activations rounded to bf16 too: vdpbf16ps where the CPU has avx512_bf16), "
+                   "int8-g32 (llama.cpp's Q8_0), int8 (a scale per column), int4 (= int4-g32, "
+                   "Q4_0), int4-g64, int4-g128, int4-g32-asym (Q4_1), ...; int formats "
+                   "dequantize in the kernel")
+
+
+def resolve_weights(args) -> None:
+    """Replace `--weights auto` by the format it means for `--model` (see weight_choice);
+    `say_weights` tells the user once the command gets to the model."""
+    if getattr(args, "weights", None) != "auto":
+        return
+    from sandwich.errors import ConfigError
+    from sandwich.weight_choice import auto_weights
+
+    model = getattr(args, "model", None)
+    if isinstance(model, list):  # `bench serving`'s models: one format for the run
+        choices = {auto_weights(m).weights for m in model}
+        if len(choices) > 1:
+            raise ConfigError(f"--weights auto gives these models different formats "
+                              f"({', '.join(sorted(choices))}); name one with --weights")
+        model = model[0] if model else None
+    choice = auto_weights(model)
+    args.weights = choice.weights
+    args.weights_choice = choice if choice.from_file and choice.weights != "fp32" else None
+    args.weights_auto = choice.from_file  # llama.cpp compares on the same file
+
+
+def say_weights(args) -> None:
+    """On stderr, once: what `--weights auto` chose for a GGUF file and which of its
+    tensors load as stored (nothing where it runs in fp32: every type converts exactly)."""
+    choice = getattr(args, "weights_choice", None)
+    if choice is not None:
+        print(f"sandwichc: --weights auto runs this file in {choice.describe()} (name a "
+              f"format with --weights to choose another)", file=sys.stderr)
+        args.weights_choice = None
 
 
 def add_kv_cache_dtype_arg(p: argparse.ArgumentParser) -> None:
@@ -38,10 +73,12 @@ def add_kv_cache_dtype_arg(p: argparse.ArgumentParser) -> None:
 def _weights_format(name: str) -> str:
     """argparse type: the canonical format name, or argparse's one-line error."""
     from sandwich.errors import ConfigError
-    from sandwich.weight_formats import parse_format
+    from sandwich.weight_formats import parse_weights
 
+    if name.strip().lower() == "auto":
+        return "auto"
     try:
-        return parse_format(name).name
+        return parse_weights(name).name
     except ConfigError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 

@@ -22,6 +22,7 @@ def ensure_tuned(args, cache, threads: int) -> None:
     """Tune, on first use, the model's GEMMs that the cache lacks (M up to 2048 or the
     model's context), so a new model's first command produces text; first, refuse a model
     whose weights would not fit in memory."""
+    from sandwich.cli.common import say_weights
     from sandwich.models import load_model_config
     from sandwich.payload import make_payload
     from sandwich.runtime.loader import check_memory
@@ -30,6 +31,7 @@ def ensure_tuned(args, cache, threads: int) -> None:
     from sandwich.tuner.tune import unique_shapes
 
     cfg = load_model_config(args.model)
+    say_weights(args)
     check_memory(cfg, weights=weights_arg(args))  # before minutes of tuning for a model that cannot load
     if args.no_tune:
         return

@@ -334,19 +334,24 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
         print(f"perplexity {res.perplexity:.4f} over {res.tokens} tokens "
               f"({res.windows} windows of up to {args.ctx})")
         if peer:
-            print(f"llama.cpp  {peer.perplexity:.4f} on the same tokens and windows "
-                  f"({args.weights} weights as llama.cpp quantizes them)")
+            how = ("the same file" if getattr(args, "weights_auto", False)
+                   else f"{args.weights} weights as llama.cpp quantizes them")
+            print(f"llama.cpp  {peer.perplexity:.4f} on the same tokens and windows ({how})")
     return 0
 
 
 def _llama_cpp_file(args, cache, threads: int):
-    """The GGUF llama.cpp scores: the same weights, quantized by llama.cpp to --weights' type."""
+    """The GGUF llama.cpp scores: a GGUF model's own file where `--weights auto` runs it in
+    its own format, else the same weights quantized by llama.cpp to --weights' types."""
     from pathlib import Path
 
-    from sandwich.bench.serving_peers import llama_cpp_gguf
+    from sandwich.bench.serving_peers import llama_cpp_gguf, llama_cpp_module
     from sandwich.gguf_config import gguf_path, is_gguf
 
     model = gguf_path(args.model) if is_gguf(args.model) else Path(args.model)
+    if getattr(args, "weights_auto", False):
+        llama_cpp_module()  # llama-cpp-python missing: one line before our run
+        return model
     return llama_cpp_gguf(model, cache.dir / "models", args.weights, threads=threads)
 
 

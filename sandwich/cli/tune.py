@@ -15,6 +15,7 @@ from sandwich.cli.common import (
     add_weights_arg,
     cache_dir_arg,
     port_number,
+    say_weights,
 )
 from sandwich.errors import CacheError, ConfigError
 from sandwich.models import DEFAULT_MODEL
@@ -191,6 +192,7 @@ def cmd_tune(args) -> int:
     from sandwich.tuner.tune import unique_shapes
 
     cfg = load_model_config(args.model)
+    say_weights(args)
     budget = get_budget(args.budget)
     guide_settings = GuideSettings(measure_share=budget.share(args.measure_share), explore=args.explore)
     if _plan_mode(args) == "on":

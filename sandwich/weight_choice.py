@@ -1,0 +1,103 @@
+"""`--weights auto`, every command's default: a GGUF file runs in the format most of its GEMM
+weights are stored in (a Q4_K_M file as int4-g32-asym, a Q8_0 one as int8-g32), so its blocks
+load as they are and the model stays the size it is on disk; anything else runs in fp32.
+
+Only the header is read (tensor types and shapes), so a command can decide before it loads."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from sandwich.gguf_blocks import NEAREST, STORED_AS, ggml_type_name
+from sandwich.gguf_config import gguf_path, is_gguf, open_reader
+from sandwich.weight_formats import parse_format, parse_weights
+
+AUTO = "auto"
+# GGUF tensors that are not GEMM weights: the MoE router (always fp32 here), and the token
+# embedding where the file has its own output matrix (a row lookup, not a GEMM)
+NOT_GEMMS = ("ffn_gate_inp.weight",)
+EMBEDDING, OUTPUT = "token_embd.weight", "output.weight"
+
+
+@dataclass(frozen=True)
+class WeightsChoice:
+    """The weight spec chosen (a format, and the lm_head's where it differs), with what it
+    was chosen from: per GGUF type of the layers' GEMM weights, (tensors, values), and the
+    lm_head's type (output.weight, or the tied embedding)."""
+
+    weights: str
+    types: dict[str, tuple[int, int]] = field(default_factory=dict)
+    head_type: str | None = None
+
+    @property
+    def from_file(self) -> bool:
+        """True where a GGUF file's tensors decided (False: fp32 for anything else)."""
+        return bool(self.types) or self.head_type is not None
+
+    def describe(self) -> str:
+        """What becomes of the file's tensors: "int4-g32-asym: 210 Q4_1 tensors as stored;
+        lm_head int8-g32: Q8_0 as stored"."""
+        spec = parse_weights(self.weights)
+        text = _what_becomes(spec.base.name, self.types)
+        if self.head_type is not None:
+            head = spec.for_op("lm_head").name
+            text += "; lm_head " + _what_becomes(head, {self.head_type: (1, 0)}, count=False)
+        return text
+
+
+def _what_becomes(fmt: str, types: dict[str, tuple[int, int]], *, count: bool = True) -> str:
+    """"int8-g32: 3 Q8_0 tensors as stored, 2 F16 re-quantized" (`count`: with the counts)."""
+    def listed(pick: bool) -> str:
+        return ", ".join(f"{n} {t}" if count else t for t, (n, _) in types.items()
+                         if (STORED_AS.get(t) == fmt) == pick)
+
+    stored, other = listed(True), listed(False)
+    verb = "re-quantized" if parse_format(fmt).quantized else "converted"
+    parts = ([f"{stored}{' tensors' if count else ''} as stored"] if stored else []) + (
+        [f"{other} {verb}"] if other else [])
+    return f"{fmt}: {', '.join(parts)}" if parts else fmt
+
+
+def format_for_type(ggml_type: str) -> str:
+    """The format a GGUF type's values run in: the one that holds them as stored, else the
+    nearest (int4-g32 for the 2- and 3-bit and IQ types, which nothing here holds)."""
+    return STORED_AS.get(ggml_type) or NEAREST.get(ggml_type, "int4-g32")
+
+
+def auto_weights(model: object) -> WeightsChoice:
+    """The spec `--weights auto` runs `model` in. A GGUF path or installed model's name: the
+    layers in the format most of their GEMM weights' values are stored in (the more precise
+    one on a tie); the lm_head in its own type's format where that has more bits (llama.cpp's
+    Q4_K_M keeps output.weight in Q6_K, a Q4_1 file may keep its tied embedding in Q8_0),
+    else the layers'. Anything else: fp32."""
+    if not isinstance(model, str) or not is_gguf(model):
+        return WeightsChoice("fp32")
+    tensors = open_reader(gguf_path(model)).tensors
+    names = {t.name for t in tensors}
+    head = OUTPUT if OUTPUT in names else EMBEDDING
+    types: Counter[str] = Counter()
+    values: Counter[str] = Counter()
+    head_type = None
+    for t in tensors:
+        if len(t.shape) < 2 or t.name.endswith(NOT_GEMMS) or (t.name == EMBEDDING != head):
+            continue
+        if t.name == head:
+            head_type = ggml_type_name(t.tensor_type)
+            continue
+        name = ggml_type_name(t.tensor_type)
+        types[name] += 1
+        values[name] += int(t.n_elements)
+    by_format: Counter[str] = Counter()
+    for name, v in values.items():
+        by_format[format_for_type(name)] += v
+    if head_type is not None and not by_format:
+        by_format[format_for_type(head_type)] = 1
+    if not by_format:
+        return WeightsChoice("fp32")
+    base = max(by_format, key=lambda f: (by_format[f], parse_format(f).bits))
+    spec = base
+    if head_type is not None and parse_format(format_for_type(head_type)).bits > parse_format(base).bits:
+        spec = f"{base},lm_head={format_for_type(head_type)}"
+    return WeightsChoice(spec, {t: (types[t], values[t]) for t in sorted(types, key=values.get, reverse=True)},
+                         head_type)

@@ -1,0 +1,185 @@
+"""A GGUF file's own weight format: Q4_K super-blocks load as int4-g32-asym groups without a
+round trip through fp32, and `--weights auto` (every command's default) runs a file in the
+format most of its GEMM weights are stored in."""
+
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType as T
+from gguf.quants import dequantize as gg_dequantize
+from gguf_tiny import q4_k_blocks, write_tiny_gguf
+from test_weight_formats import one_line
+
+from sandwich.errors import ConfigError
+from sandwich.gguf_blocks import from_gguf_blocks
+from sandwich.weight_choice import auto_weights
+from sandwich.weight_formats import dequantize, parse_format, parse_weights, take_rows
+
+ASYM = parse_format("int4-g32-asym")
+
+
+def random_q4_k(rng, rows: int, k: int, d: float | None = None) -> np.ndarray:
+    """Random Q4_K bytes: every scale, min and nibble bit pattern; d and dmin random fp16
+    in (0, 0.01), or both `d` (a power of two: every product d * sc is exact in fp16)."""
+    b = rng.integers(0, 256, (rows, k // 256, 144), dtype=np.uint8)
+    heads = (rng.random((rows, k // 256, 2)) * 0.01) if d is None else np.full((rows, k // 256, 2), d)
+    b[..., 0:4] = heads.astype(np.float16).view(np.uint8).reshape(rows, k // 256, 4)
+    return b.reshape(rows, -1)
+
+
+def test_q4_k_blocks_load_as_int4_g32_asym_groups_as_ggml_dequantizes_them():
+    rng = np.random.default_rng(0)
+    exact = random_q4_k(rng, 16, 512, d=2.0**-10)
+    qw = from_gguf_blocks(exact, T.Q4_K, (16, 512))
+    assert qw.fmt == ASYM and qw.shape == (512, 16)
+    assert np.array_equal(dequantize(qw), gg_dequantize(exact, T.Q4_K).T)  # bit for bit
+    assert qw.nbytes == 16 * 512 * 20 // 32  # Q4_1's 5 bits a value against Q4_K's 4.5
+    for seed in range(3):  # each group's scale and min rounded once to fp16
+        raw = random_q4_k(np.random.default_rng(seed), 8, 768)
+        want = gg_dequantize(raw, T.Q4_K).T
+        got = dequantize(from_gguf_blocks(raw, "q4_k", (8, 768)))
+        assert np.abs(got - want).max() <= 2.0**-10 * np.abs(want).max()
+    half = take_rows(qw, slice(256, 512))  # a tensor-parallel share of K: whole groups
+    assert np.array_equal(dequantize(half), dequantize(qw)[256:])
+
+
+def test_q4_k_blocks_that_cannot_load_are_one_line_errors():
+    rng = np.random.default_rng(1)
+    raw = random_q4_k(rng, 4, 256)
+    huge = raw.copy().reshape(4, 1, 144)
+    huge[..., 0:2] = np.array([60000], np.float16).view(np.uint8)
+    cases = {"K = 128 is not a multiple of 256": (raw, T.Q4_K, (8, 128)),
+             "must hold 576 bytes, got 288": (raw[:2], T.Q4_K, (4, 256)),
+             "do not fit float16": (huge.reshape(4, -1), T.Q4_K, (4, 256))}
+    for what, args in cases.items():
+        with pytest.raises(ConfigError) as e:
+            from_gguf_blocks(*args)
+        assert what in one_line(e)
+
+
+def test_the_test_writer_makes_blocks_ggml_reads():
+    w = np.random.default_rng(2).standard_normal((6, 512)).astype(np.float32)
+    back = gg_dequantize(q4_k_blocks(w), T.Q4_K)
+    step = (w.reshape(6, 2, 8, 32).max(-1) - np.minimum(w.reshape(6, 2, 8, 32).min(-1), 0)) / 15
+    assert np.abs(back - w).max() <= step.max()  # a layout mix-up is off by whole values
+
+
+@pytest.fixture(scope="module")
+def q4_k_file(tmp_path_factory):
+    """A one-layer llama GGUF whose every matrix is Q4_K (widths of 256 and 512)."""
+    from gguf_tiny import TYPES
+
+    path = tmp_path_factory.mktemp("q4k") / "tiny-q4k.gguf"
+    types = dict.fromkeys([*TYPES, "token_embd.weight"], "Q4_K")
+    return write_tiny_gguf(path, types=types, config=dict(hidden=256, ffn=512, layers=1))[0]
+
+
+def test_a_q4_k_file_loads_its_blocks_as_stored_rope_rows_put_back(q4_k_file):
+    from sandwich.runtime.gguf_file import GGUFCheckpoint
+
+    ck = GGUFCheckpoint(q4_k_file)
+    matrices = [n for n in ck.keys() if len(ck.get(n).shape) == 2]
+    assert len(matrices) == 8
+    for name in matrices:
+        t = ck.get(name)
+        assert t.dtype == "Q4_K"
+        assert t.blocks(parse_format("int4-g32")) is None  # Q4_0's format is another one
+        qw = t.blocks(ASYM)
+        want = t.to_f32().T  # the gguf package's dequantizer, q/k rows in HF's order
+        assert np.abs(dequantize(qw) - want).max() <= 2.0**-10 * np.abs(want).max(), name
+    choice = auto_weights(str(q4_k_file))  # the embedding is tied: the lm_head's too
+    assert choice.weights == "int4-g32-asym"
+    assert choice.describe() == ("int4-g32-asym: 7 Q4_K tensors as stored; lm_head "
+                                 "int4-g32-asym: Q4_K as stored")
+
+
+def _headers_only(path, tensors: dict[str, tuple[str, tuple[int, ...]]]):
+    """A GGUF holding just `tensors` (name -> (type, shape, K last)), zero bytes: what the
+    choice reads is the header."""
+    import gguf
+    from gguf.constants import GGML_QUANT_SIZES
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    for name, (kind, shape) in tensors.items():
+        qtype = T[kind]
+        per, size = GGML_QUANT_SIZES[qtype]
+        w.add_tensor(name, np.zeros((*shape[:-1], shape[-1] // per * size), np.uint8), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+def test_auto_runs_a_file_in_the_format_most_of_its_gemm_values_are_stored_in(tmp_path):
+    q4_k_m = {  # llama.cpp's Q4_K_M mix: Q6_K for v, down and the output matrix
+        **{f"blk.0.{n}.weight": ("Q4_K", (512, 512)) for n in ("attn_q", "attn_k", "attn_output",
+                                                               "ffn_gate", "ffn_up")},
+        "blk.0.attn_v.weight": ("Q6_K", (512, 512)), "blk.0.ffn_down.weight": ("Q6_K", (512, 512)),
+        "blk.0.ffn_gate_inp.weight": ("F32", (8, 512)),  # a router: fp32 whatever the format
+        "blk.0.attn_norm.weight": ("F32", (512,)), "output.weight": ("Q6_K", (1024, 512)),
+        "token_embd.weight": ("Q6_K", (4096, 512)),  # a row lookup beside output.weight
+    }
+    choice = auto_weights(_headers_only(tmp_path / "km.gguf", q4_k_m))
+    assert choice.weights == "int4-g32-asym,lm_head=int8-g32"  # Q6_K's 6 bits: 8 here, not 4
+    assert choice.describe() == ("int4-g32-asym: 5 Q4_K tensors as stored, 2 Q6_K re-quantized; "
+                                 "lm_head int8-g32: Q6_K re-quantized")
+    tied = {k: v for k, v in q4_k_m.items() if k != "output.weight"}  # the embedding is lm_head
+    assert auto_weights(_headers_only(tmp_path / "tied.gguf", tied)).weights == choice.weights
+    head_q4 = q4_k_m | {"output.weight": ("Q4_0", (1024, 512))}  # fewer bits: the layers' format
+    assert auto_weights(_headers_only(tmp_path / "q4.gguf", head_q4)).weights == "int4-g32-asym"
+    tie = {"blk.0.attn_q.weight": ("Q4_0", (256, 256)), "blk.0.attn_k.weight": ("Q8_0", (256, 256)),
+           "output.weight": ("Q4_0", (64, 256))}
+    assert auto_weights(_headers_only(tmp_path / "tie.gguf", tie)).weights == "int8-g32"  # more bits
+    f16 = {"blk.0.attn_q.weight": ("F16", (64, 64)), "output.weight": ("F16", (64, 64))}
+    assert auto_weights(_headers_only(tmp_path / "f16.gguf", f16)).describe() == (
+        "bf16: 1 F16 converted; lm_head bf16: F16 converted")
+    for other in ("llama-160m", str(tmp_path)):  # an embedded config, a directory: fp32
+        assert auto_weights(other).weights == "fp32" and not auto_weights(other).types
+    with pytest.raises(ConfigError) as e:
+        auto_weights(str(tmp_path / "missing.gguf"))
+    assert "no such GGUF file" in one_line(e)
+
+
+def test_a_weight_spec_names_the_lm_heads_format_beside_the_layers():
+    spec = parse_weights(" int4-asym , lm_head = int8-g32 ")
+    assert spec.name == "int4-g32-asym,lm_head=int8-g32" and spec.slug == "int4-g32-asym-lm_head-int8-g32"
+    assert spec.for_op("lm_head").name == "int8-g32" and spec.for_op("qkv").name == "int4-g32-asym"
+    assert parse_weights("int4,lm_head=int4-g32").name == "int4-g32"  # an override like the base
+    assert parse_weights("int8-g32,o=int4,lm_head=fp32").name == "int8-g32,lm_head=fp32,o=int4-g32"
+    assert parse_weights(spec) is spec and parse_weights(parse_format("bf16")).name == "bf16"
+    for bad, what in (("int4,head=int8", "'head=int8' is not OP=FORMAT"),
+                      ("int4,lm_head", "'lm_head' is not OP=FORMAT"),
+                      ("int4,lm_head=int3", "unknown weight format 'int3'")):
+        with pytest.raises(ConfigError) as e:
+            parse_weights(bad)
+        assert what in one_line(e)
+
+
+def test_the_payload_gives_each_op_its_spec_format(tmp_path):
+    import json
+
+    from sandwich.models import load_model_config, read_raw_config
+    from sandwich.payload import make_payload, resident_bytes
+
+    cfg = load_model_config("llama-160m")
+    ops = {op.name: op.dtype for op in make_payload(cfg, seq_max=8, weights="int4,lm_head=int8-g32").ops}
+    assert ops == {"qkv": "int4-g32", "o": "int4-g32", "gate_up": "int4-g32", "down": "int4-g32",
+                   "lm_head": "int8-g32"}
+    head = cfg.vocab_size * cfg.hidden_size  # the lm_head's values: 34 bytes a 32 against 18
+    assert (resident_bytes(cfg, weights="int4,lm_head=int8-g32") - resident_bytes(cfg, weights="int4")
+            == head * 16 // 32)
+    raw, _ = read_raw_config("llama-160m")  # K = 576: whole groups of 32, not of 128
+    (tmp_path / "config.json").write_text(json.dumps(raw | dict(hidden_size=576, num_attention_heads=9,
+                                                                num_key_value_heads=3)))
+    narrow = load_model_config(tmp_path / "config.json")
+    assert make_payload(narrow, seq_max=8, weights="int8-g32,o=int4-g64").ops[1].dtype == "int4-g64"
+    with pytest.raises(ConfigError, match="int4-g128 needs K a multiple of 128"):
+        make_payload(narrow, seq_max=8, weights="int8-g32,lm_head=int4-g128")
+
+
+def test_the_command_line_takes_a_spec_and_refuses_a_bad_one(capsys):
+    from sandwich.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["tune", "--weights", "int4,lm_head=nope"])
+    assert e.value.code == 2 and "unknown weight format 'nope'" in capsys.readouterr().err
