@@ -315,12 +315,17 @@ def _weights_line(weights: str, peers: set[str], same_file: bool = False) -> str
     return f"{weights} weights ({'; '.join(how)}) and "
 
 
-def _gguf_words(weights: str) -> str:
+def _gguf_words(weights: str, same_file: bool) -> str:
     """What each system makes of a GGUF model's tensors in this run."""
+    if same_file:
+        return ("a GGUF model's own file for sandwichc, its blocks as stored where the format "
+                "holds them, and for llama.cpp as it is")
+    peers = "llama.cpp reads {}an F32 GGUF written from the same tensors; OpenVINO a graph built from them"
     if weights == "fp32":
-        return "a GGUF model is dequantized to fp32 by each"
+        return "a GGUF model is dequantized to fp32 by each; " + peers.format("")
     return (f"a GGUF model's tensors already in {weights}'s blocks run as stored in sandwichc and "
-            "OpenVINO, the others are quantized from their values")
+            "OpenVINO, the others are quantized from their values; "
+            + peers.format("its own quantization of "))
 
 
 def write_report(res: ServingResult, md: Path, js: Path) -> None:
@@ -337,8 +342,7 @@ def write_report(res: ServingResult, md: Path, js: Path) -> None:
         f"{res.kv_dtype.replace('f32', 'fp32')} KV caches everywhere (llama.cpp's and OpenVINO's "
         f"default to f16 / u8); date {res.date}",
         "- one request at a time, greedy, the same checkpoint and prompt ids (random) for every "
-        f"system ({_gguf_words(res.weights)}; llama.cpp reads an F32 GGUF written "
-        "from the same tensors; OpenVINO a graph built from them); the median of "
+        f"system ({_gguf_words(res.weights, res.same_file)}); the median of "
         f"{res.repeats} rounds, each running every system in turn (one at a time, 0.2 s "
         "apart), after a warm-up of each prompt length",
         "- weights in each system's own memory (llama.cpp without mmap, HF's tensors copied "

@@ -190,18 +190,37 @@ def llama_cpp_quantized(f32_gguf: Path, ggml: str, *, threads: int, output: str 
     `output` where given; written once beside the F32 file and reused."""
     tag = ggml.lower() + (f"-out-{output.lower()}" if output else "")
     out = f32_gguf.with_name(f32_gguf.name.replace(".f32.gguf", f".{tag}.gguf"))
-    if out.is_file():
-        return out
+    if not out.is_file():
+        quantize_gguf(f32_gguf, out, ggml, threads=threads, pure=True, output=output)
+    return out
+
+
+def llama_cpp_ftype(name: str) -> int:
+    """llama.cpp's file-type code for `name` (Q4_K_M...), or a one-line ConfigError."""
+    llama_cpp = llama_cpp_module()
+    code = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{name.upper()}", None)
+    if code is None:
+        known = sorted(k.removeprefix("LLAMA_FTYPE_MOSTLY_") for k in dir(llama_cpp)
+                       if k.startswith("LLAMA_FTYPE_MOSTLY_"))
+        raise ConfigError(f"llama.cpp has no file type {name} (it has {', '.join(known)})")
+    return code
+
+
+def quantize_gguf(f32_gguf: Path, out: Path, ftype: str, *, threads: int, pure: bool,
+                  output: str | None = None) -> Path:
+    """llama.cpp's quantizer on an F32 GGUF: `ftype` names one of its file types (Q8_0,
+    Q4_0, Q4_1, Q4_K_M, Q5_K_S, Q6_K, ...: LLAMA_FTYPE_MOSTLY_<ftype>), as its own mix of
+    tensor types or, `pure`, every tensor in the base type; `output` the output matrix's
+    and token embedding's type. Written to a temporary name, then renamed."""
     llama_cpp = llama_cpp_module()
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ggml}")
-    params.nthread, params.pure = threads, True
+    params.ftype, params.nthread, params.pure = llama_cpp_ftype(ftype), threads, pure
     if output:
         params.output_tensor_type = params.token_embedding_type = getattr(llama_cpp, f"GGML_TYPE_{output}")
     tmp = out.with_name(out.name + ".tmp")
     if llama_cpp.llama_model_quantize(str(f32_gguf).encode(), str(tmp).encode(), params) != 0:
         tmp.unlink(missing_ok=True)
-        raise ConfigError(f"llama.cpp could not quantize {f32_gguf.name} to {ggml}")
+        raise ConfigError(f"llama.cpp could not quantize {f32_gguf.name} to {ftype}")
     tmp.replace(out)
     return out
 

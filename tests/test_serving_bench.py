@@ -342,3 +342,67 @@ def test_llama_cpp_peer_runs_its_own_q8_0_beside_our_int8(tmp_path, cache):
     q8 = gguf.GGUFReader(str(tmp_path / "tiny.q8_0.gguf"))
     matrices = [t for t in q8.tensors if len(t.shape) == 2 and t.shape[0] % 32 == 0]
     assert matrices and {t.tensor_type.name for t in matrices} == {"Q8_0"}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                    reason="llama-cpp-python is not installed (pip install -e .[serving])")
+def test_llama_cpp_runs_the_file_itself_or_its_own_quantization_of_a_spec(tmp_path):
+    """`--weights auto` (same_file): llama.cpp on the GGUF file as it is, nothing written; a
+    spec with its own lm_head format: llama.cpp's quantizer gives every tensor the layers'
+    type but the output matrix (here the tied embedding) the lm_head's."""
+    import gguf
+    from gguf_tiny import write_tiny_gguf
+
+    from sandwich.bench.serving import _make_peer
+    from sandwich.bench.serving_peers import llama_cpp_gguf
+
+    path, _ = write_tiny_gguf(tmp_path / "tiny.gguf")
+    peer = _make_peer("llama.cpp", path, threads=2, max_seq=32, cache=None, work=tmp_path / "w",
+                      weights="fp32", same_file=True)
+    assert len(peer.generate([5, 9, 200, 17], 4).ids) == 4
+    peer.close()
+    assert not (tmp_path / "w").exists()
+    out = llama_cpp_gguf(path, tmp_path / "w", "int4-g32,lm_head=int8-g32", threads=2)
+    assert out.name == "tiny.q4_0-out-q8_0.gguf"
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(out)).tensors if len(t.shape) == 2}
+    assert types.pop("token_embd.weight") == "Q8_0" and set(types.values()) == {"Q4_0"}, types
+    res = bench_serving.ServingResult("cmd", "2026-11-28", "cpu", 2, 3, weights="int4-g32-asym",
+                                      same_file=True)
+    res.rows.append(bench_serving.ServingRow("m", "llama.cpp", 128, 32, 12.5, 3.25))
+    bench_serving.write_report(res, tmp_path / "s.md", tmp_path / "s.json")
+    text = (tmp_path / "s.md").read_text()
+    assert "llama.cpp on the same file" in text and "F32 GGUF" not in text
+
+
+def test_bench_gguf_writes_the_f32_file_or_llama_cpps_quantization(tmp_path, capsys):
+    """`bench gguf`: the F32 GGUF bench serving gives llama.cpp (it reads back as the same
+    config); with a llama.cpp type, its quantizer's file; an unknown type or a name that is
+    not .gguf is one line and writes nothing."""
+    import gguf
+    from cli_run import TINY
+
+    from sandwich.cli import main
+    from sandwich.models import load_model_config
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(TINY | {"vocab_size": 320}))
+    from sandwich.runtime.checkpoint import write_checkpoint
+
+    model = write_checkpoint(tmp_path / "m" / "config.json", tmp_path / "ckpt", seed=1)
+    base = ["bench", "gguf", "--model", str(model), "--cache-dir", str(tmp_path / "c")]
+    assert main(base + ["--out", str(tmp_path / "m.gguf")]) == 0
+    assert load_model_config(str(tmp_path / "m.gguf")).hidden_size == TINY["hidden_size"]
+    for bad, what in ((["--out", str(tmp_path / "x.bin")], "ends in .gguf"),
+                      (["--out", str(tmp_path / "y.gguf"), "--type", "Q4_K_X"], "no file type Q4_K_X")):
+        if "--type" in bad and importlib.util.find_spec("llama_cpp") is None:
+            continue
+        capsys.readouterr()
+        assert main(base + bad) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and what in err[0], err
+    assert sorted(p.name for p in tmp_path.glob("*.gguf")) == ["m.gguf"]
+    if importlib.util.find_spec("llama_cpp") is None:
+        return
+    assert main(base + ["--out", str(tmp_path / "q.gguf"), "--type", "q8_0", "--pure"]) == 0
+    types = {t.tensor_type.name for t in gguf.GGUFReader(str(tmp_path / "q.gguf")).tensors if len(t.shape) == 2}
+    assert types == {"Q8_0"} and sorted(p.name for p in tmp_path.glob("*.gguf")) == ["m.gguf", "q.gguf"]

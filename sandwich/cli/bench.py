@@ -136,6 +136,22 @@ def register(sub) -> None:
     c.add_argument("--md", default="results/corruption.md")
     c.set_defaults(func=_run_corruption)
 
+    q = bsub.add_parser("gguf", help="a model as the F32 GGUF the serving benchmark gives "
+                        "llama.cpp (a placeholder vocabulary: the benchmarks feed token ids), "
+                        "optionally quantized by llama.cpp's own quantizer")
+    q.add_argument("--model", required=True, help="an HF directory, a .gguf file or an embedded "
+                   "config (random weights, as bench serving writes them)")
+    q.add_argument("--out", required=True, help="the .gguf file to write")
+    q.add_argument("--type", default="F32", help="F32, or a llama.cpp file type: Q8_0, Q4_0, "
+                   "Q4_1, Q4_K_M, Q4_K_S, Q5_K_M, Q6_K... (needs llama-cpp-python)")
+    q.add_argument("--pure", action="store_true", help="every tensor in the type's base type "
+                   "(llama.cpp's --pure), not its mix (Q4_K_M keeps some in Q6_K)")
+    q.add_argument("--work", default=None, help="where an embedded config's random weights are "
+                   "written (default: the kernel cache's models/)")
+    add_threads_arg(q)
+    add_cache_arg(q)
+    q.set_defaults(func=_run_gguf)
+
     r = bsub.add_parser("reference", help="a GGUF model against llama.cpp's and HF's tokenizers "
                         "and HF transformers' greedy tokens and logits on the same file")
     r.add_argument("--model", default="smollm2", help="a .gguf file or an installed model")
@@ -488,6 +504,29 @@ def _llama_cpp_f32(args, cache, threads: int) -> Path:
 
     work = Path(args.work) if args.work else cache.dir / "models"
     return llama_cpp_gguf(model_dir_for(args.model, work), work, "fp32", threads=threads)
+
+
+def _run_gguf(args) -> int:
+    from sandwich.bench.gguf_export import write_gguf
+    from sandwich.bench.serving import model_dir_for
+    from sandwich.bench.serving_peers import llama_cpp_ftype, quantize_gguf
+
+    out = Path(args.out)
+    if out.suffix != ".gguf":
+        raise ConfigError(f"--out {out}: a GGUF file's name ends in .gguf")
+    work = Path(args.work) if args.work else cache_dir_arg(args) / "models"
+    if args.type.upper() == "F32":
+        write_gguf(model_dir_for(args.model, work), out)
+    else:
+        llama_cpp_ftype(args.type)  # no llama-cpp-python, or no such type: before any write
+        f32 = out.with_name(out.stem + ".f32.gguf")
+        try:
+            write_gguf(model_dir_for(args.model, work), f32)
+            quantize_gguf(f32, out, args.type, threads=threads_of(args), pure=args.pure)
+        finally:
+            f32.unlink(missing_ok=True)
+    print(f"wrote {out} ({args.type.upper()}{', pure' if args.pure else ''})")
+    return 0
 
 
 def _run_prefix(args) -> int:
