@@ -21,8 +21,8 @@ ROWS = {"F32": ("fp32", np.float32), "BF16": ("bf16", np.uint16)}
 Q4_K_BLOCK = 144  # 256 values: fp16 d and dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles
 # GGUF type -> the format that holds its values without re-quantizing
 STORED_AS = {t: f for t, (f, *_) in {**BLOCKS, **ROWS}.items()} | {"Q4_K": "int4-g32-asym"}
-# the other types -> the format whose bits come nearest from above (5 and 6 bits: int8), or
-# from below where nothing smaller exists (2 and 3 bits: 4)
+# the other types -> the format whose bits come nearest from above (F16: bf16; 5 and 6 bits:
+# int8), or from below where nothing smaller exists (2 and 3 bits: int4, weight_choice)
 NEAREST = {"F16": "bf16", "Q5_0": "int8-g32", "Q5_1": "int8-g32", "Q5_K": "int8-g32",
            "Q6_K": "int8-g32", "Q8_1": "int8-g32", "Q8_K": "int8-g32"}
 

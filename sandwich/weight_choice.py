@@ -1,6 +1,7 @@
 """`--weights auto`, every command's default: a GGUF file runs in the format most of its GEMM
-weights are stored in (a Q4_K_M file as int4-g32-asym, a Q8_0 one as int8-g32), so its blocks
-load as they are and the model stays the size it is on disk; anything else runs in fp32.
+weights are stored in (a Q4_K_M file as int4-g32-asym, a Q8_0 one as int8-g32), its lm_head
+in its own type's where that has more bits, so its blocks load as they are and the model
+stays about the size it is on disk; anything else runs in fp32.
 
 Only the header is read (tensor types and shapes), so a command can decide before it loads."""
 
@@ -13,7 +14,6 @@ from sandwich.gguf_blocks import NEAREST, STORED_AS, ggml_type_name
 from sandwich.gguf_config import gguf_path, is_gguf, open_reader
 from sandwich.weight_formats import parse_format, parse_weights
 
-AUTO = "auto"
 # GGUF tensors that are not GEMM weights: the MoE router (always fp32 here), and the token
 # embedding where the file has its own output matrix (a row lookup, not a GEMM)
 NOT_GEMMS = ("ffn_gate_inp.weight",)
@@ -75,14 +75,14 @@ def auto_weights(model: object) -> WeightsChoice:
         return WeightsChoice("fp32")
     tensors = open_reader(gguf_path(model)).tensors
     names = {t.name for t in tensors}
-    head = OUTPUT if OUTPUT in names else EMBEDDING
+    head_name = OUTPUT if OUTPUT in names else EMBEDDING
     types: Counter[str] = Counter()
     values: Counter[str] = Counter()
     head_type = None
     for t in tensors:
-        if len(t.shape) < 2 or t.name.endswith(NOT_GEMMS) or (t.name == EMBEDDING != head):
+        if len(t.shape) < 2 or t.name.endswith(NOT_GEMMS) or (t.name == EMBEDDING != head_name):
             continue
-        if t.name == head:
+        if t.name == head_name:
             head_type = ggml_type_name(t.tensor_type)
             continue
         name = ggml_type_name(t.tensor_type)
@@ -96,8 +96,7 @@ def auto_weights(model: object) -> WeightsChoice:
     if not by_format:
         return WeightsChoice("fp32")
     base = max(by_format, key=lambda f: (by_format[f], parse_format(f).bits))
-    spec = base
-    if head_type is not None and parse_format(format_for_type(head_type)).bits > parse_format(base).bits:
-        spec = f"{base},lm_head={format_for_type(head_type)}"
-    return WeightsChoice(spec, {t: (types[t], values[t]) for t in sorted(types, key=values.get, reverse=True)},
-                         head_type)
+    head = format_for_type(head_type) if head_type is not None else base
+    spec = f"{base},lm_head={head}" if parse_format(head).bits > parse_format(base).bits else base
+    ordered = sorted(types, key=values.get, reverse=True)
+    return WeightsChoice(spec, {t: (types[t], values[t]) for t in ordered}, head_type)

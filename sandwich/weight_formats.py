@@ -182,10 +182,9 @@ def check_shape(fmt: WeightFormat, shape: tuple[int, ...]) -> tuple[int, int]:
 
 
 def round_away(x: np.ndarray) -> np.ndarray:
-    """Round half away from zero (C's roundf, as ggml's Q8_0 does), exact in float32."""
-    a = np.abs(x)
-    floored = np.floor(a)
-    return np.sign(x) * (floored + np.floor(2 * (a - floored)))
+    """Round half away from zero (C's roundf, as ggml's Q8_0 does): float32 `x` plus or minus
+    0.5 is exact in float64 (float32's 0.49999997 + 0.5 would round up to 1), then truncated."""
+    return np.trunc(x.astype(np.float64) + np.copysign(0.5, x)).astype(np.float32)
 
 
 def _inverse(d: np.ndarray) -> np.ndarray:
@@ -230,10 +229,30 @@ def _scales(fmt: WeightFormat, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return out
 
 
+# values a piece of a large weight quantizes at once: its temporaries stay in the caches (a
+# 311M-value lm_head went 6x faster), and the pieces run on one thread per CPU
+PIECE_VALUES = 1 << 20
+
+
 def quantize(w: np.ndarray, fmt: WeightFormat | str) -> QuantizedWeight:
-    """A float32 (K, N) weight in `fmt`; the int formats round as ggml's reference quantizers."""
+    """A float32 (K, N) weight in `fmt`; the int formats round as ggml's reference quantizers.
+    Every format quantizes each column on its own, so a large weight goes in pieces of
+    columns, in parallel (numpy releases the GIL)."""
     fmt = parse_format(fmt)
     k, n = check_shape(fmt, np.shape(w))
+    step = max(1, PIECE_VALUES // max(k, 1))
+    if n <= 4 * step or fmt.bits == 32:  # fp32 only transposes
+        return _quantize(w, fmt, k, n)
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    starts = range(0, n, step)
+    with ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0))) as pool:
+        parts = pool.map(lambda a: _quantize(w[:, a:a + step], fmt, k, min(step, n - a)), starts)
+        return concat_columns(list(parts))
+
+
+def _quantize(w: np.ndarray, fmt: WeightFormat, k: int, n: int) -> QuantizedWeight:
     cols = np.ascontiguousarray(np.asarray(w, np.float32).T)  # (N, K): one column per row
     if fmt.bits == 32:
         return QuantizedWeight(fmt, (k, n), cols)

@@ -239,3 +239,23 @@ def test_a_gguf_files_tensors_load_as_stored_and_match_its_reader(tmp_path):
         assert np.array_equal(dequantize(qw), t.to_f32().T), name
         seen.add(t.dtype)
     assert seen == {"Q8_0", "Q4_0", "Q4_1", "BF16", "F32"}
+
+
+def test_round_away_rounds_halves_away_from_zero_exactly():
+    from sandwich.weight_formats import round_away
+
+    x = np.array([0.49999997, 0.5, -0.5, 1.5, 2.5, -2.5, -0.49999997, 126.5, -1e-30], np.float32)
+    assert round_away(x).tolist() == [0, 1, -1, 2, 3, -3, 0, 127, 0]
+    assert round_away(x).dtype == np.float32
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_large_weight_quantizes_in_pieces_to_the_same_arrays(name, monkeypatch):
+    import sandwich.weight_formats as wf
+
+    w = weights(7, k=128, n=200)
+    whole = quantize(w, name)
+    monkeypatch.setattr(wf, "PIECE_VALUES", 128 * 9)  # pieces of 9 columns, the last of 2
+    pieces = quantize(w, name)
+    for key, a in whole.arrays().items():
+        assert np.array_equal(a.view(np.uint8), getattr(pieces, key).view(np.uint8)), key
