@@ -154,6 +154,7 @@ class WeightReader:
 
     def __init__(self, ckpt: Checkpoint | GGUFCheckpoint, cfg: ModelConfig) -> None:
         self.ckpt, self.shapes = ckpt, tensor_shapes(cfg)
+        self._last: tuple[tuple, np.ndarray] | None = None  # ((tensor, rope, shape), values)
         missing = [n for n in self.shapes if n not in ckpt]
         if missing:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
@@ -166,7 +167,16 @@ class WeightReader:
                                  f"config.json implies {list(want)}")
 
     def __call__(self, name: str) -> np.ndarray:
-        return self.ckpt.get(name).to_f32()
+        """The tensor as float32; the last one read is kept (a tied embedding is read again
+        as the lm_head, a GGUF file's under another name, and a large vocabulary's
+        dequantization takes seconds). Experts read on several threads: each keeps its own
+        reference to what it read."""
+        t = self.ckpt.get(name)
+        src = (getattr(t, "raw", t), getattr(t, "rope_heads", None), tuple(t.shape))
+        last = self._last
+        if last is None or last[0][0] is not src[0] or last[0][1:] != src[1:]:
+            last = self._last = (src, t.to_f32())
+        return last[1]
 
     def blocks(self, name: str, fmt: WeightFormat) -> QuantizedWeight | None:
         """W = T.T as stored when the checkpoint holds T in `fmt` (a GGUF's Q8_0, Q4_0 or
@@ -296,10 +306,9 @@ def pack_model(read: WeightReader, cfg: ModelConfig, rope: RopeSpec, gemms: Mode
     embed = read("model.embed_tokens.weight")
     head_name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
     rows = slice(None) if vocab_rows is None else slice(rank * vocab_rows, (rank + 1) * vocab_rows)
+    lm_head = read.pack(gemms.lm_head, [(head_name, rows)])  # a tied one: the values just read
     return LlamaModel(config=local, rope=rope, embed=embed, layers=tuple(layers),
-                      norm=aligned_copy(read("model.norm.weight")),
-                      lm_head=read.pack(gemms.lm_head, [(head_name, rows)]),
-                      gemms=gemms)
+                      norm=aligned_copy(read("model.norm.weight")), lm_head=lm_head, gemms=gemms)
 
 
 def _attention_extras(read: WeightReader, p: str, cfg: ModelConfig,
