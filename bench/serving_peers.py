@@ -163,8 +163,8 @@ def llama_cpp_output_type(weights: str) -> str | None:
     `weights` keeps the lm_head in its own format; None where it follows the rest."""
     from sandwich.weight_formats import parse_weights
 
-    spec = parse_weights(weights)
-    return dict(spec.overrides)["lm_head"].ggml_type if spec.overrides else None
+    head = dict(parse_weights(weights).overrides).get("lm_head")
+    return head.ggml_type if head is not None else None
 
 
 def llama_cpp_gguf(model: Path, work: Path, weights: str, *, threads: int) -> Path:

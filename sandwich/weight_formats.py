@@ -229,8 +229,9 @@ def _scales(fmt: WeightFormat, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return out
 
 
-# values a piece of a large weight quantizes at once: its temporaries stay in the caches (a
-# 311M-value lm_head went 6x faster), and the pieces run on one thread per CPU
+# values a piece of a large weight quantizes at once: its temporaries stay in the caches, and
+# the pieces run on one thread per CPU (a 2048 x 30000 weight to int8-g32, Zen 4, 2 CPUs:
+# 0.6 s against 3.1 s whole, with round_away's float64 add; bf16 0.24 s against 3.5 s)
 PIECE_VALUES = 1 << 20
 
 
