@@ -22,6 +22,12 @@ from sandwich.errors import ConfigError, first_line
 KINDS = ("json", "regex", "choice", "grammar")
 
 
+# the white space a JSON reply may put between its tokens: none, a space, or a newline and an
+# indent of up to 20 (llama.cpp's JSON grammar allows the same). Unbounded, a model (or a
+# test's random logits) can spend a reply's whole budget on blanks inside a tool call.
+JSON_WHITESPACE = r"(?: |\n[ \t]{0,20})?"
+
+
 @dataclass(frozen=True)
 class Structure:
     """What a reply must match. `json`: a JSON schema, as JSON text (`{"type": "object"}` for
@@ -44,8 +50,12 @@ class Structure:
         """llguidance's grammar text."""
         from llguidance import LLMatcher
 
-        if self.kind == "json":
-            return LLMatcher.grammar_from_json_schema(json.loads(self.spec))
+        if self.kind == "json":  # a schema's own x-guidance white space wins over ours
+            schema = json.loads(self.spec)
+            own = schema.get("x-guidance") if isinstance(schema, dict) else None
+            ours = isinstance(own, dict) and any(k.startswith("whitespace") for k in own)
+            return LLMatcher.grammar_from_json_schema(
+                schema, defaults=None if ours else {"whitespace_pattern": JSON_WHITESPACE})
         if self.kind == "regex":
             return LLMatcher.grammar_from_regex(self.spec)
         if self.kind == "choice":  # Lark string literals are JSON strings

@@ -87,6 +87,33 @@ def test_every_sampled_reply_parses_as_asked_and_without_the_grammar_none_does(t
     assert not any(fits(tok.decode(reply(tok, None, seed, steps=40)[0])) for seed in range(6))
 
 
+def test_json_takes_compact_spaced_or_indented_replies_but_not_runs_of_blanks(tok):
+    """Between a JSON reply's tokens: nothing, a space, or a newline and up to 20 blanks (as
+    llama.cpp's JSON grammar), so random logits cannot spend a reply on white space; a
+    schema's own `x-guidance` whitespace setting still wins."""
+    schema = {"type": "object", "properties": {"a": {"type": "string"},
+                                               "b": {"type": "array", "items": {"type": "integer"}}},
+              "required": ["a", "b"]}
+
+    if tok.backend.encode("{").tokens[0] != "{":  # SentencePiece: a prefix space, not a reply's
+        pytest.skip("the tokenizer adds a space before a text's first token")
+
+    def takes(structure, text):
+        c = Grammars.of(tok, vocab(tok)).constraint(structure)
+        for t in tok.encode(text):
+            c.advance(t)
+        return c.error is None
+
+    strict = Structure.json_schema(schema)
+    for text in ('{"a":"x","b":[1,2]}', '{"a": "x", "b": [1, 2]}',
+                 '{\n    "a": "x",\n    "b": [\n\t\t1,\n\t\t2\n    ]\n}'):
+        assert takes(strict, text), text
+    for text in ('{"a":' + " " * 30 + '"x","b":[]}', '{  "a":"x","b":[]}', '{\n' + " " * 21 + '"a":"x","b":[]}'):
+        assert not takes(strict, text), text
+    loose = Structure.json_schema(schema | {"x-guidance": {"whitespace_flexible": True}})
+    assert takes(loose, '{  "a":"x","b":[]}')
+
+
 def test_a_reply_that_may_go_on_ends_at_an_end_of_turn_id(tok):
     """`[a-z]+` never forces an end: the reply stops when an end-of-turn id is picked where
     the regex is complete, and that id ends it."""
