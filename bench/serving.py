@@ -197,14 +197,21 @@ def time_peers(makers: dict[str, Callable[[], ServingPeer]], prompt_ids: dict[in
         reads={name: med(r) for name, r in reads.items()}, skipped=skipped)
 
 
-def weights_fit(model_dir: Path, systems: int, *, meminfo: Path = Path("/proc/meminfo")) -> bool:
+def weights_fit(model_dir: Path, systems: int, *, meminfo: Path = Path("/proc/meminfo"),
+                weights: str = "fp32") -> bool:
     """Whether every system can keep its own copy of the weights at once, with room for
     one transient second copy while a system loads (HF clones its tensors, llama.cpp reads
     the GGUF into memory): systems + 1 copies within 80% of the available memory."""
-    if model_dir.is_file():  # GGUF: every system holds the weights as fp32
+    if model_dir.is_file() and weights == "fp32":  # GGUF: every system holds it as fp32
         from sandwich.gguf_config import open_reader
 
         size = 4 * sum(int(t.n_elements) for t in open_reader(model_dir).tensors)
+    elif model_dir.is_file():  # sandwichc's packed formats, llama.cpp the file or its like
+        from sandwich.models import load_model_config
+        from sandwich.payload import resident_bytes
+
+        size = max(model_dir.stat().st_size,
+                   resident_bytes(load_model_config(model_dir), weights=weights))
     else:
         size = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
     from sandwich.runtime.loader import available_memory
@@ -266,7 +273,7 @@ def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: 
         model = model_dir.name if Path(model).exists() else model
         cfg = load_model_config(model_dir)
         ids = prompts(prompt_lens, cfg.vocab_size)
-        resident = weights_fit(model_dir, len(peers))
+        resident = weights_fit(model_dir, len(peers), weights=weights)
         if not resident:
             log(f"{model}: sandwichc and one peer in memory at a time (each peer loaded, warmed "
                 "up, timed and closed per round)")

@@ -249,6 +249,10 @@ def test_every_peer_runs_a_gguf_model_and_emits_the_same_greedy_tokens(arch, kv,
     path, _ = write_tiny_gguf(tmp_path / "tiny.gguf", arch=arch)
     assert model_dir_for(str(path), tmp_path) == path
     assert weights_fit(path, 1) and not weights_fit(path, 10**7)
+    meminfo = tmp_path / "meminfo"  # 3 fp32 copies (378 KB each) exceed 80% of 1000 kB; 3 of
+    meminfo.write_text("MemTotal: 2000 kB\nMemAvailable:       1000 kB\n")  # the file (219 KB) do not
+    assert not weights_fit(path, 2, meminfo=meminfo)
+    assert weights_fit(path, 2, meminfo=meminfo, weights="int8-g32")
     tune_model(path, cache)
     names = ["sandwichc", "openvino"] + (["hf-transformers"] if kv == "f32" else [])
     if importlib.util.find_spec("llama_cpp") is not None:
