@@ -17,7 +17,7 @@ from sandwich.compiler.buffers import aligned_copy
 from sandwich.errors import ConfigError, ShapeError
 from sandwich.gguf_config import gguf_path, is_gguf
 from sandwich.models import ModelConfig, parse_model_config, read_raw_config
-from sandwich.payload import FP32_OPS
+from sandwich.payload import op_format
 from sandwich.runtime.checkpoint import tensor_shapes
 from sandwich.runtime.gguf_file import GGUFCheckpoint, GGUFTensor
 from sandwich.runtime.moe import MoeWeights, pack_moe
@@ -128,8 +128,7 @@ def model_gemms(cfg: ModelConfig, cache: KernelCache, *, threads: int | None = N
     expert = "expert_" if cfg.is_moe else ""
 
     def gemm(n: int, k: int, op: str) -> GemmKernel:
-        dtype = gemm_dtype("fp32" if op in FP32_OPS else spec.for_op(op))
-        return cache.gemm(n=n, k=k, dtype=dtype, threads=threads)
+        return cache.gemm(n=n, k=k, dtype=gemm_dtype(op_format(spec, op)), threads=threads)
 
     return ModelGemms(
         qkv=gemm((heads + 2 * kv) * d, h, "qkv"),

@@ -9,7 +9,16 @@ from dataclasses import dataclass, replace
 from sandwich.errors import ConfigError
 from sandwich.models import ModelConfig
 from sandwich.types import GemmOp
-from sandwich.weight_formats import check_shape, format_of, gemm_dtype, layout, parse_weights
+from sandwich.weight_formats import (
+    WeightFormat,
+    WeightSpec,
+    check_shape,
+    format_of,
+    gemm_dtype,
+    layout,
+    parse_format,
+    parse_weights,
+)
 
 # the runtime runs lm_head on the last token of each sequence in a step only (runtime/executor.py:
 # _head), so its M is a batch size, never a prompt length (`serve --max-batch`: 16 by default);
@@ -19,6 +28,12 @@ HEAD_M_MAX = 64
 # GEMMs whose weights stay fp32 in every format: an MoE router (llama.cpp keeps ffn_gate_inp in
 # F32 in every quantization too), whose rounded logits would send tokens to other experts
 FP32_OPS = frozenset({"router"})
+
+
+def op_format(weights: str | WeightSpec, op: str) -> WeightFormat:
+    """The format op `op` stores its weights in under the spec `weights` (fp32 for FP32_OPS):
+    what the payload's ops and the loader's kernels both read."""
+    return parse_format("fp32") if op in FP32_OPS else parse_weights(weights).for_op(op)
 
 
 @dataclass(frozen=True)
@@ -65,10 +80,8 @@ def make_payload(cfg: ModelConfig, *, tp: int = 1, seq_max: int = 2048,
     )
     spec = parse_weights(weights)
     for op in ops:
-        if op.name not in FP32_OPS:
-            check_shape(spec.for_op(op.name), (op.k, op.n))
-    ops = tuple(replace(op, dtype=gemm_dtype("fp32" if op.name in FP32_OPS else spec.for_op(op.name)))
-                for op in ops)
+        check_shape(op_format(spec, op.name), (op.k, op.n))  # fp32 (FP32_OPS) takes any K
+    ops = tuple(replace(op, dtype=gemm_dtype(op_format(spec, op.name))) for op in ops)
     return Payload(model=cfg.name, tp=tp, seq_max=seq_max, ops=ops)
 
 

@@ -88,15 +88,14 @@ def auto_weights(model: object) -> WeightsChoice:
         name = ggml_type_name(t.tensor_type)
         types[name] += 1
         values[name] += int(t.n_elements)
+    if not values and head_type is None:  # no GEMM weight at all
+        return WeightsChoice("fp32")
     by_format: Counter[str] = Counter()
     for name, v in values.items():
         by_format[format_for_type(name)] += v
-    if head_type is not None and not by_format:
-        by_format[format_for_type(head_type)] = 1
-    if not by_format:
-        return WeightsChoice("fp32")
-    base = max(by_format, key=lambda f: (by_format[f], parse_format(f).bits))
-    head = format_for_type(head_type) if head_type is not None else base
-    spec = f"{base},lm_head={head}" if parse_format(head).bits > parse_format(base).bits else base
+    head = format_for_type(head_type) if head_type is not None else None
+    base = max(by_format, key=lambda f: (by_format[f], parse_format(f).bits)) if by_format else head
+    keep = head is not None and parse_format(head).bits > parse_format(base).bits
+    spec = f"{base},lm_head={head}" if keep else base
     ordered = sorted(types, key=values.get, reverse=True)
     return WeightsChoice(spec, {t: (types[t], values[t]) for t in ordered}, head_type)

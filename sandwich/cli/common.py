@@ -42,13 +42,12 @@ def resolve_weights(args) -> None:
     from sandwich.weight_choice import auto_weights
 
     model = getattr(args, "model", None)
-    if isinstance(model, list):  # `bench serving`'s models: one format for the run
-        choices = {auto_weights(m).weights for m in model}
-        if len(choices) > 1:
-            raise ConfigError(f"--weights auto gives these models different formats "
-                              f"({', '.join(sorted(choices))}); name one with --weights")
-        model = model[0] if model else None
-    choice = auto_weights(model)
+    choices = [auto_weights(m) for m in (model if isinstance(model, list) else [model])] or [
+        auto_weights(None)]  # `bench serving` takes several models: one format for the run
+    if len({c.weights for c in choices}) > 1:
+        raise ConfigError(f"--weights auto gives these models different formats "
+                          f"({', '.join(sorted({c.weights for c in choices}))}); name one with --weights")
+    choice = choices[0]
     args.weights = choice.weights
     args.weights_choice = choice if choice.from_file and choice.weights != "fp32" else None
     args.weights_auto = choice.from_file  # llama.cpp compares on the same file
