@@ -123,7 +123,7 @@ class Executor:
         self._gemms = model.gemms
         # MoE layers (runtime/moe.py) and the packed expert bytes they read: in all, and in the
         # latest forward call (a dense model reads none)
-        self.moe = (MoeFfn(cfg, max_tokens=t, ops=self.ops, run=self._run,
+        self.moe = (MoeFfn(cfg, max_tokens=t, ops=self.ops, call=self._call,
                            gate_up=self.buffers["gate_up"], act=self.buffers["act"])
                     if cfg.is_moe else None)
         if self.moe is not None:
@@ -403,17 +403,21 @@ class Executor:
         np.add(x, proj, out=x)
 
     def _run(self, layer: int, site: str, n_tok: int, bind: Callable[[], Callable[[], object]]) -> None:
-        """Run one op on permanent buffers. A decode step repeats the same calls on the same
+        """Run one op on permanent buffers (`_call`)."""
+        self._call(layer, site, n_tok, bind)()
+
+    def _call(self, layer: int, site: str, n_tok: int, bind: Callable[[], Callable]) -> Callable:
+        """One op bound on permanent buffers. A decode step repeats the same calls on the same
         buffer prefixes, so for n_tok <= max_batch each is bound once (arguments checked and
         wrapped, which costs more than a one-row kernel) and replayed; a prefill chunk's calls
-        are bound and run afresh."""
+        are bound afresh."""
         key = (self._decode, layer, site, n_tok)
         call = self._bound.get(key)
         if call is None:
             call = bind()
             if n_tok <= self.kv.max_batch:
                 self._bound[key] = call
-        call()
+        return call
 
     def _head(self, segments: Sequence[Segment]) -> np.ndarray:
         """Final norm and lm_head on the last token of each segment only."""

@@ -32,8 +32,8 @@ from sandwich.tuner.kernel_cache import GemmKernel, PackedWeight
 if TYPE_CHECKING:  # the loader imports this module
     from sandwich.runtime.loader import ModelGemms, WeightReader
 
-# the executor's `_run(layer, site, rows, bind)`: binds an op on permanent buffers, replays it
-Run = Callable[[int, str, int, Callable[[], Callable[[], object]]], None]
+# the executor's `_call(layer, site, rows, bind)`: an op bound once on permanent buffers
+Call = Callable[[int, str, int, Callable[[], Callable]], Callable]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,15 @@ class MoeWeights:
     top_k: int
     normalize: bool = True  # renormalize the top-k probabilities (cfg.norm_topk_prob)
     shared: ExpertWeights | None = None  # Qwen2-MoE's shared expert
+
+    @cached_property
+    def gate_ups(self) -> tuple[PackedWeight, ...]:
+        """Every expert's gate/up weight, by expert id (what `bind_each` picks from)."""
+        return tuple(e.gate_up for e in self.experts)
+
+    @cached_property
+    def downs(self) -> tuple[PackedWeight, ...]:
+        return tuple(e.down for e in self.experts)
 
 
 def pack_moe(read: WeightReader, prefix: str, cfg: ModelConfig, gemms: ModelGemms, *,
@@ -104,18 +113,23 @@ class MoeFfn:
     """The MoE feed-forward of every layer on the executor's permanent buffers; counts the
     packed bytes of the experts it runs (each expert with >= 1 token, once per layer call)."""
 
-    def __init__(self, cfg: ModelConfig, *, max_tokens: int, ops, run: Run,
+    def __init__(self, cfg: ModelConfig, *, max_tokens: int, ops, call: Call,
                  gate_up: np.ndarray, act: np.ndarray) -> None:
         """`gate_up` (max_tokens, 2 inter) and `act` (max_tokens, inter) are the executor's
         dense-MLP buffers: one expert's group never has more rows than the forward has.
         `cfg` is the config this process runs (a TP rank's widths)."""
-        self.ops, self.run = ops, run
+        self.ops, self.call = ops, call
         self.gate_up, self.act = gate_up, act
         t, h, s = max_tokens, cfg.hidden_size, cfg.shared_expert_intermediate_size
+        k, inter = cfg.num_experts_per_tok, cfg.intermediate_size
         self.buffers = {
             "moe_logits": aligned_zeros((t, cfg.router_outputs)),
             "moe_in": aligned_zeros((t, h)),  # one expert's gathered rows
             "moe_out": aligned_zeros((t, h)),  # its output rows
+            # one token's k experts, a row each (`_one_token`)
+            "moe_k_gate_up": aligned_zeros((k, 2 * inter)),
+            "moe_k_act": aligned_zeros((k, inter)),
+            "moe_k_out": aligned_zeros((k, h)),
         }
         if s:  # the shared expert runs every row at its own width
             self.buffers.update(moe_shared_gate_up=aligned_zeros((t, 2 * s)),
@@ -131,6 +145,41 @@ class MoeFfn:
         logits = self.buffers["moe_logits"][:n]
         self.run(layer, "router", n, lambda: router.bind(h, w.router, logits))
         ids, weights = route(logits[:, :len(w.experts)], w.top_k, w.normalize)
+        if n == 1:
+            read = self._one_token(layer, w, h, out, ids[0], weights[0], gemms)
+        else:
+            read = self._grouped(layer, w, h, out, ids, weights, gemms)
+        if w.shared is not None:
+            self._shared(layer, w.shared, h, out, logits[:, -1], gemms)
+            read += w.shared.nbytes
+        return read
+
+    def run(self, layer: int, site: str, rows: int, bind: Callable[[], Callable]) -> None:
+        self.call(layer, site, rows, bind)()
+
+    def _one_token(self, layer: int, w: MoeWeights, h: np.ndarray, out: np.ndarray,
+                   ids: np.ndarray, scales: np.ndarray, gemms: ModelGemms) -> int:
+        """A decode step of one sequence: each of its k experts on the one row, into row i of
+        k-row buffers, so the SiLU-mul runs once on all k and the weighted sum is one product.
+        The call at row i is bound once and runs whichever expert is chosen there
+        (GemmKernel.bind_each): 2 k + 2 calls a layer, where a group per expert takes 5 k."""
+        b = self.buffers
+        k = len(ids)
+        gu, act, y = b["moe_k_gate_up"][:k], b["moe_k_act"][:k], b["moe_k_out"][:k]
+        experts = ids.tolist()
+        for i, e in enumerate(experts):
+            self.call(layer, f"expert.gate_up@{i}", 1,
+                      lambda i=i: gemms.gate_up.bind_each(h, w.gate_ups, gu[i: i + 1]))(e)
+        self.run(layer, "expert.silu@k", 1, lambda: self.ops.bind("silu_mul", gu, out=act))
+        for i, e in enumerate(experts):
+            self.call(layer, f"expert.down@{i}", 1,
+                      lambda i=i: gemms.down.bind_each(act[i: i + 1], w.downs, y[i: i + 1]))(e)
+        np.einsum("k,kh->h", scales, y, out=out[0])  # numpy's own loop: no BLAS threads
+        return sum(w.experts[e].nbytes for e in experts)
+
+    def _grouped(self, layer: int, w: MoeWeights, h: np.ndarray, out: np.ndarray,
+                 ids: np.ndarray, weights: np.ndarray, gemms: ModelGemms) -> int:
+        """Several tokens: each chosen expert once, on the group of its tokens."""
         flat = ids.ravel()
         order = np.argsort(flat, kind="stable")  # (token, choice) pairs grouped by expert
         counts = np.bincount(flat, minlength=len(w.experts))
@@ -143,9 +192,6 @@ class MoeFfn:
                          scales[start: start + c], gemms)
             read += w.experts[e].nbytes
             start += c
-        if w.shared is not None:
-            self._shared(layer, w.shared, h, out, logits[:, -1], gemms)
-            read += w.shared.nbytes
         return read
 
     def _shared(self, layer: int, ws: ExpertWeights, h: np.ndarray, out: np.ndarray,

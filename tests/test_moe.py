@@ -152,6 +152,30 @@ def test_expert_bytes_equal_a_hand_count(moe, tmp_path, cache):
     assert dense.moe is None and dense.expert_bytes == dense.last_expert_bytes == 0
 
 
+def test_one_sequences_decode_equals_the_grouped_path_and_bind_each_swaps_experts(moe):
+    """A decode step of one sequence runs its k experts at rows 0..k-1 of bound calls that
+    each take whichever expert is chosen (GemmKernel.bind_each); two sequences go the grouped
+    path (each expert once on its tokens). Both give the same logits for the same token."""
+    _, model = moe
+    single = Executor(model, max_batch=1, max_seq=32, max_tokens=16, ops="dsl", threads=2)
+    pair = Executor(model, max_batch=2, max_seq=32, max_tokens=16, ops="dsl", threads=2)
+    s, logits = single.start(PROMPT)
+    (a, _), (b, _) = pair.start(PROMPT), pair.start(PROMPT)
+    for _ in range(3):
+        tok = int(logits.argmax())
+        logits = single.decode([s], [tok])[0].copy()
+        both = pair.decode([a, b], [tok, tok])
+        assert _rel(logits, both[0]) <= 1e-5 and _rel(logits, both[1]) <= 1e-5
+    gemm, moe_w = model.gemms.gate_up, model.layers[0].moe
+    h = np.random.default_rng(0).standard_normal((1, 128)).astype(np.float32)
+    out = np.zeros((1, 256), np.float32)
+    run = gemm.bind_each(h, moe_w.gate_ups, out)
+    for e in (3, 0, 2, 3, 1):
+        np.testing.assert_allclose(run(e), gemm(h, moe_w.experts[e].gate_up), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ShapeError, match="not packed by this GEMM"):
+        gemm.bind_each(h, [moe_w.gate_ups[0], moe_w.downs[0]], out)
+
+
 def test_tp2_equals_tp1(moe, cache):
     """Each rank holds every expert's half of the intermediate columns and routes alike; the
     all-reduce after down sums the expert outputs with the rest."""

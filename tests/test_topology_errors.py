@@ -193,3 +193,36 @@ def test_malformed_snapshot_is_one_error_naming_the_file(desktop, name, damage, 
     _raises(lambda: parse_sysfs(desktop), *words)
     with pytest.raises(TopologyError):  # the CLI lets it through as is, for main() to print
         _cli("show", "--sysfs-root", str(desktop))
+
+
+@pytest.mark.parametrize("bad", ["absolute", "dotdot", "link-out", "device"])
+def test_a_snapshot_member_outside_its_root_is_refused_and_nothing_lands_outside(tmp_path, bad):
+    """extract_snapshot checks each member's name and link target itself (no realpath calls):
+    a member that would land or point outside the archive's root, or a device, is one line."""
+    import io
+    import tarfile
+
+    from sandwich.topology.snapshot import extract_snapshot
+
+    archive = tmp_path / "snap.tar.bz2"
+    with tarfile.open(archive, "w:bz2") as tf:
+        ok = tarfile.TarInfo("snap/sys/devices/system/cpu/online")
+        ok.size = 2
+        tf.addfile(ok, io.BytesIO(b"0\n"))
+        member = tarfile.TarInfo({"absolute": "/tmp/evil", "dotdot": "snap/../../evil"}.get(bad, "snap/x"))
+        if bad == "link-out":
+            member.type, member.linkname = tarfile.SYMTYPE, "../../evil"
+        elif bad == "device":
+            member.type = tarfile.CHRTYPE
+        tf.addfile(member, io.BytesIO(b""))
+    into = tmp_path / "into"
+    into.mkdir()
+    _raises(lambda: extract_snapshot(archive, into), "cannot unpack the snapshot")
+    assert not (tmp_path / "evil").exists() and not (into / "snap" / "x").exists()
+    good = tmp_path / "good.tar.bz2"
+    with tarfile.open(good, "w:bz2") as tf:
+        link = tarfile.TarInfo("snap/sys/devices/system/node/node0/cpu0")
+        link.type, link.linkname = tarfile.SYMTYPE, "../../cpu/cpu0"  # as sysfs links: inside
+        tf.addfile(link)
+    root = extract_snapshot(good, tmp_path / "ok")
+    assert (root / "sys/devices/system/node/node0/cpu0").is_symlink()

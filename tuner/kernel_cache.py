@@ -12,8 +12,9 @@ import bisect
 import hashlib
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from sandwich.compiler.gemm_runner import (
     gemm_args,
     pack_weight,
     workspace_view,
+    wrap,
 )
 from sandwich.compiler.target import CpuInfo, detect_cpu
 from sandwich.errors import CacheError, ShapeError
@@ -70,6 +72,12 @@ class PackedWeight:
     def nbytes(self) -> int:
         """Bytes of the packed arrays: what one call streams of this weight."""
         return sum(x.nbytes for x in self.data)
+
+    @cached_property
+    def tvm_args(self) -> tuple:
+        """The arrays as a kernel call's arguments (zero-copy TVM tensors), made on first use:
+        `GemmKernel.bind_each` swaps them into a bound call."""
+        return tuple(wrap(x) for x in self.data)
 
 
 def cache_fingerprint(cpu: CpuInfo) -> str:
@@ -317,12 +325,45 @@ class GemmKernel:
                              "made now would not see later writes)")
         return run
 
-    def _prepare(self, a, wp, out):
-        """Check one call's operands; returns (A as the kernel reads it, out, the call). The
-        call holds its buffers (and, for a padded N, its own scratch of N columns)."""
+    def bind_each(self, a: np.ndarray, weights: Sequence[PackedWeight],
+                  out: np.ndarray) -> Callable[[int], np.ndarray]:
+        """C = A @ weights[i] into `out`, i named by each call: `bind` for a site whose weight
+        changes from call to call among weights this GEMM packed (an MoE layer's experts, a
+        decode step's choice), so one bound call serves every expert at the cost of the
+        kernel alone (each weight's TVM arguments are made once, `PackedWeight.tvm_args`)."""
+        if not weights:
+            raise ShapeError("GemmKernel.bind_each needs at least one packed weight")
+        for wp in weights[1:]:
+            self._check_packed(wp)
+        given = a
+        a, out, args, finish = self._operands(a, weights[0], out)
+        if a is not given:
+            raise ShapeError("GemmKernel.bind_each needs a C-contiguous float32 activation")
+        n_w = len(weights[0].data)
+
+        def run(i: int, keep=(a, weights)) -> np.ndarray:  # keep: the buffers outlive the call
+            args[1: 1 + n_w] = weights[i].tvm_args
+            return finish(args)
+        return run
+
+    def _check_packed(self, wp) -> None:
         if not isinstance(wp, PackedWeight) or (wp.n, wp.k) != (self.n_out, self.k):
             raise ShapeError(f"weights were not packed by this GEMM (N={self.n_out}, K={self.k}); "
                              f"use gemm.pack(w)")
+
+    def _prepare(self, a, wp, out):
+        """Check one call's operands; returns (A as the kernel reads it, out, the call). The
+        call holds its buffers (and, for a padded N, its own scratch of N columns)."""
+        a, out, args, finish = self._operands(a, wp, out)
+
+        def run(keep=(a, wp.data)) -> np.ndarray:  # keep: the buffers outlive the call
+            return finish(args)
+        return a, out, run
+
+    def _operands(self, a, wp, out):
+        """(A as the kernel reads it, out, the kernel's arguments with `wp`'s, finish(args):
+        runs the kernel on them and returns out)."""
+        self._check_packed(wp)
         a = check_activation(a, self.k)
         m = a.shape[0]
         if out is None:
@@ -342,18 +383,13 @@ class GemmKernel:
                 self._ws = aligned_empty((t_k * m * self.n,))
             ws = workspace_view(self._ws, t_k, m, self.n)
         func = self._func(schedule)
-        if self.n == self.n_out:
-            args = gemm_args(a, wp.data, out, schedule, ws)
+        # padded N: the kernel writes a scratch of N columns, the caller gets the first n_out
+        full = out if self.n == self.n_out else aligned_empty((m, self.n))
+        args = gemm_args(a, wp.data, full, schedule, ws)
 
-            def run(keep=(a, wp.data, ws)) -> np.ndarray:  # keep: the buffers outlive the call
-                func(*args)
-                return out
-        else:  # padded N: the kernel writes the scratch, the caller gets the first n_out columns
-            full = aligned_empty((m, self.n))
-            args = gemm_args(a, wp.data, full, schedule, ws)
-
-            def run(keep=(a, wp.data, ws)) -> np.ndarray:
-                func(*args)
+        def finish(args: list, keep=(ws, full)) -> np.ndarray:
+            func(*args)
+            if full is not out:
                 np.copyto(out, full[:, :self.n_out])
-                return out
-        return a, out, run
+            return out
+        return a, out, args, finish
