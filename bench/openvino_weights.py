@@ -52,6 +52,11 @@ def _asym(qw: QuantizedWeight, g: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     k, n = qw.shape
     q = unpack4(qw.q, g)
     d, m = (a.reshape(n, k // g, 1) for a in (qw.scales, qw.mins))
+    if qw.fmt.super_group:  # int4-k: d sc and -dmin m, the float32 products ggml makes
+        per = qw.fmt.super_group // g
+        sd, md = (np.repeat(a.astype(np.float32), per, axis=1).reshape(n, k // g, 1)
+                  for a in (qw.super_scales, qw.super_mins))
+        d, m = sd * d.astype(np.float32), -(md * m.astype(np.float32))
     flat = d == 0
     with np.errstate(divide="ignore", invalid="ignore"):
         zp = np.where(flat, np.float32(-1), -m.astype(np.float32) / d.astype(np.float32))

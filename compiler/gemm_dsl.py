@@ -122,7 +122,8 @@ def family_tunables(schedule: KernelSchedule, k: int) -> dict[str, int]:
     return {"mu_m": mk.mu_m, "mu_n": mk.mu_n, "pack_n": schedule.pack_n,
             "t_m": pl.t_m, "t_n": pl.t_n, "t_k": pl.t_k,
             "bits": fmt.bits, "asym": int(not fmt.symmetric),
-            "s32": int(fmt.scale_dtype == "float32"), "act": int(int_activations(fmt, k))}
+            "s32": int(fmt.scale_dtype == "float32"), "act": int(int_activations(fmt, k)),
+            "sup": int(bool(fmt.super_group))}
 
 
 def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int, l2_bytes: int,

@@ -22,14 +22,17 @@ def weight_format(dtype: str) -> WeightFormat:
 
 def weight_args(dtype: str, k: int) -> tuple[str, ...]:
     """The kernel's weight arrays for a dtype and K, in call order: the values are Q8Q / Q4Q
-    (dot8's bytes) where the family uses 8-bit activations, else Q8 / Q4."""
+    (dot8's bytes) where the family uses 8-bit activations, else Q8 / Q4; then the scales
+    (and minimums), as QuantizedWeight.arrays orders them."""
     fmt = weight_format(dtype)
     if fmt.bits == 32:
         return ("W",)
     if fmt.bits == 16:
         return ("WB",)
-    scales = "SF" if fmt.scale_dtype == "float32" else "S"
     values = ("Q8" if fmt.bits == 8 else "Q4") + ("Q" if int_activations(fmt, k) else "")
+    if fmt.super_group:  # Q4_K: 6-bit factors, then their fp16 multipliers
+        return (values, "SK", "ZK", "SD", "ZD")
+    scales = "SF" if fmt.scale_dtype == "float32" else "S"
     return (values, scales) + (("Z",) if not fmt.symmetric else ())
 
 

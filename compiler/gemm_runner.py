@@ -46,7 +46,8 @@ def pack_quantized(qw: QuantizedWeight, pack_n: int, *, quads: bool | None = Non
     """A weight in bf16 (pack_bf16) or an int format -> the family's arrays in call order
     (gemm_formats.weight_args):
     values [N / pack_n, K (int8) or K / 2 (int4), pack_n], then scales and, when asymmetric,
-    minimums [N / pack_n, K / G, pack_n] in the format's scale type; done once at load time.
+    minimums [N / pack_n, K / G, pack_n] in the format's scale type (int4-k: then its fp16
+    multipliers [N / pack_n, K / 256, pack_n]); done once at load time.
     int4 bytes are re-paired so that byte k / 2 holds value k (low nibble) and k + 1 (high).
     With `quads` (the family's 8-bit activations, gemm_formats.int_activations), the values
     are Q8Q / Q4Q instead (dot8_values): what one dot8 lane takes, in 32-bit elements."""
@@ -65,9 +66,7 @@ def pack_quantized(qw: QuantizedWeight, pack_n: int, *, quads: bool | None = Non
     elif qw.fmt.bits == 4:
         values = values[:, 0::2] | (values[:, 1::2] << np.uint8(4))
     out = []
-    for a in (values, qw.scales, qw.mins):
-        if a is None:
-            continue
+    for a in (values, *(a for key, a in qw.arrays().items() if key != "q")):
         packed = aligned_empty((n // pack_n, a.shape[1], pack_n), a.dtype)
         packed[...] = a.reshape(n // pack_n, pack_n, a.shape[1]).transpose(0, 2, 1)
         out.append(packed)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from sandwich.errors import ConfigError
-from sandwich.gguf_blocks import STORED_AS, from_gguf_blocks
+from sandwich.gguf_blocks import from_gguf_blocks, loads_into
 from sandwich.gguf_config import (
     GGUF_ARCHITECTURES,
     ROPE_PERMUTED,
@@ -126,12 +126,12 @@ class GGUFTensor:
 
     def blocks(self, fmt: WeightFormat) -> QuantizedWeight | None:
         """W = T.T in `fmt` from the stored blocks, without re-quantizing, when the tensor's
-        type loads into `fmt` (Q8_0 into int8-g32, Q4_0, Q4_1 and Q4_K into int4-g32-asym);
-        else None."""
-        if not fmt.quantized or STORED_AS.get(self.dtype) != fmt.name:
+        type loads into `fmt` (Q8_0 into int8-g32, Q4_0 into int4-g32, Q4_1 into
+        int4-g32-asym, Q4_K into int4-k or int4-g32-asym: gguf_blocks.loads_into); else None."""
+        if not fmt.quantized or fmt.name not in loads_into(self.dtype):
             return None
         try:
-            qw = from_gguf_blocks(self.raw.data, self.dtype, self.shape)
+            qw = from_gguf_blocks(self.raw.data, self.dtype, self.shape, fmt.name)
         except ConfigError as e:
             raise GGUFError(f"{self.path}: tensor '{self.raw.name}': {e}") from None
         if self.rope_heads:  # the HF row order is a permutation of whole rows (columns of W)

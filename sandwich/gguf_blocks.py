@@ -1,8 +1,8 @@
 """A GGUF tensor's stored bytes as a `QuantizedWeight`, as stored: Q8_0, Q4_0 and Q4_1 blocks
-split into values and fp16 scales (no re-quantizing), F32 and BF16 rows as they are; and
-Q4_K's super-blocks as int4-g32-asym groups, the same 4-bit values with each group's scale and
-minimum multiplied out (fp16, as Q4_1 keeps them) instead of 6-bit factors of a super-block's
-two fp16 scales.
+split into values and fp16 scales (no re-quantizing), F32 and BF16 rows as they are, Q4_K's
+super-blocks as int4-k (the same nibbles, 6-bit factors and fp16 d and dmin); and Q4_K into
+int4-g32-asym groups too, the same 4-bit values with each group's scale and minimum multiplied
+out (fp16, as Q4_1 keeps them), for a run that asks for that format.
 
 Which weight format a GGUF type loads into (`STORED_AS`), and which one its values are
 re-quantized to when no format holds them (`NEAREST`), is decided here too."""
@@ -20,7 +20,10 @@ BLOCKS = {"Q8_0": ("int8-g32", 34, 2), "Q4_0": ("int4-g32", 18, 2),
 ROWS = {"F32": ("fp32", np.float32), "BF16": ("bf16", np.uint16)}
 Q4_K_BLOCK = 144  # 256 values: fp16 d and dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles
 # GGUF type -> the format that holds its values without re-quantizing
-STORED_AS = {t: f for t, (f, *_) in {**BLOCKS, **ROWS}.items()} | {"Q4_K": "int4-g32-asym"}
+STORED_AS = {t: f for t, (f, *_) in {**BLOCKS, **ROWS}.items()} | {"Q4_K": "int4-k"}
+# GGUF type -> other formats its blocks load into with the values as stored (the scales'
+# products rounded once to fp16)
+ALSO_LOADS = {"Q4_K": ("int4-g32-asym",)}
 # the other types -> the format whose bits come nearest from above (F16: bf16; 5 and 6 bits:
 # int8), or from below where nothing smaller exists (2 and 3 bits: int4, weight_choice)
 NEAREST = {"F16": "bf16", "Q5_0": "int8-g32", "Q5_1": "int8-g32", "Q5_K": "int8-g32",
@@ -42,8 +45,16 @@ def ggml_type_name(ggml_type: object) -> str:
     return name
 
 
-def from_gguf_blocks(raw: np.ndarray, ggml_type: object, shape: tuple[int, int]) -> QuantizedWeight:
-    """The weight W = T.T of a GGUF tensor T, from T's bytes (`ReaderTensor.data`) and type.
+def loads_into(ggml_type: object) -> tuple[str, ...]:
+    """The formats a GGUF type's blocks load into without re-quantizing (STORED_AS's first)."""
+    name = ggml_type_name(ggml_type)
+    return ((STORED_AS[name],) if name in STORED_AS else ()) + ALSO_LOADS.get(name, ())
+
+
+def from_gguf_blocks(raw: np.ndarray, ggml_type: object, shape: tuple[int, int],
+                     fmt: str | None = None) -> QuantizedWeight:
+    """The weight W = T.T of a GGUF tensor T, from T's bytes (`ReaderTensor.data`) and type,
+    in `fmt` (one of `loads_into(type)`; None: STORED_AS's).
 
     `shape` is T's shape in HF's (out, in) = (N, K) order, as `GGUFTensor.shape` gives it: GGUF
     blocks run along a row of T, that is along K for each output column of W, which is the
@@ -61,14 +72,17 @@ def from_gguf_blocks(raw: np.ndarray, ggml_type: object, shape: tuple[int, int])
         fmt_name, dtype = ROWS[name]
         want = n * k * np.dtype(dtype).itemsize
     else:
-        fmt_name, block, head = BLOCKS.get(name, ("int4-g32-asym", Q4_K_BLOCK, 0))
+        fmt_name, block, head = BLOCKS.get(name, ("int4-k", Q4_K_BLOCK, 0))
         if k % values:
             raise ConfigError(f"GGUF tensor of type {name}: K = {k} is not a multiple of {values}")
         want = n * (k // values) * block
     if data.size != want:
         raise ConfigError(f"GGUF tensor of type {name} and shape (N, K) = ({n}, {k}) must hold "
                           f"{want} bytes, got {data.size}")
-    fmt = parse_format(fmt_name)
+    if fmt is not None and parse_format(fmt).name not in loads_into(name):
+        raise ConfigError(f"GGUF type {name} does not load into {fmt} as stored (it loads into "
+                          f"{', '.join(loads_into(name))})")
+    fmt = parse_format(fmt or fmt_name)
     if name in ROWS:
         return QuantizedWeight(fmt, (k, n), data.view(dtype).reshape(n, k).copy())
     if name == "Q4_K":
@@ -93,21 +107,26 @@ def q4_k_factors(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _from_q4_k(b: np.ndarray, fmt) -> QuantizedWeight:
-    """(N, K/256, 144) Q4_K blocks -> int4-g32-asym. A sub-block of 32 is `d*sc*q - dmin*m`:
-    its scale d*sc and minimum -dmin*m, rounded once to fp16 (within 2^-11 of ggml's float
-    products; its values are the stored nibbles). Sub-block 2c holds the low nibbles of bytes
-    32c..32c+31, 2c+1 their high ones; a group here keeps j and j+16 in one byte."""
+    """(N, K/256, 144) Q4_K blocks -> int4-k, every number as stored; or int4-g32-asym, where a
+    sub-block of 32 (`d*sc*q - dmin*m`) takes its scale d*sc and minimum -dmin*m rounded once
+    to fp16 (within 2^-11 of ggml's float products; its values are the stored nibbles).
+    Sub-block 2c holds the low nibbles of bytes 32c..32c+31, 2c+1 their high ones; a group here
+    keeps j and j+16 in one byte."""
     n, blocks = b.shape[:2]
-    d = np.ascontiguousarray(b[..., 0:2]).view(np.float16).astype(np.float32)  # (N, B, 1)
-    dmin = np.ascontiguousarray(b[..., 2:4]).view(np.float16).astype(np.float32)
+    d16 = np.ascontiguousarray(b[..., 0:2]).view(np.float16)  # (N, B, 1)
+    dmin16 = np.ascontiguousarray(b[..., 2:4]).view(np.float16)
     sc, mn = q4_k_factors(b[..., 4:16])
     qs = b[..., 16:].reshape(n, blocks, 4, 1, 32)
     nibbles = np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=3)  # (N, B, 4, 2, 32)
+    q = pack4(nibbles.reshape(n, blocks * 8, 32))
+    if fmt.super_group:
+        return QuantizedWeight(fmt, (blocks * 256, n), q, sc.reshape(n, -1), mn.reshape(n, -1),
+                               d16[..., 0], dmin16[..., 0])
+    d, dmin = d16.astype(np.float32), dmin16.astype(np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
         scales = (d * sc).astype(np.float16).reshape(n, -1)
         mins = (-(dmin * mn)).astype(np.float16).reshape(n, -1)
     if not (np.isfinite(scales).all() and np.isfinite(mins).all()):
         raise ConfigError("Q4_K block scales or minimums do not fit float16 (the file is "
                           "damaged, or its values are beyond int4-g32-asym's range)")
-    q = pack4(nibbles.reshape(n, blocks * 8, 32))
     return QuantizedWeight(fmt, (blocks * 256, n), q, scales, mins)

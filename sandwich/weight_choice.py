@@ -1,5 +1,5 @@
 """`--weights auto`, every command's default: a GGUF file runs in the format most of its GEMM
-weights are stored in (a Q4_K_M file as int4-g32-asym, a Q8_0 one as int8-g32), its lm_head
+weights are stored in (a Q4_K_M file as int4-k, a Q8_0 one as int8-g32), its lm_head
 in its own type's where that has more bits, so its blocks load as they are and the model
 stays about the size it is on disk; anything else runs in fp32.
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from sandwich.gguf_blocks import NEAREST, STORED_AS, ggml_type_name
+from sandwich.gguf_blocks import NEAREST, STORED_AS, ggml_type_name, loads_into
 from sandwich.gguf_config import gguf_path, is_gguf, open_reader
 from sandwich.weight_formats import parse_format, parse_weights
 
@@ -18,6 +18,9 @@ from sandwich.weight_formats import parse_format, parse_weights
 # embedding where the file has its own output matrix (a row lookup, not a GEMM)
 NOT_GEMMS = ("ffn_gate_inp.weight",)
 EMBEDDING, OUTPUT = "token_embd.weight", "output.weight"
+# the format a Q4_K tensor runs in where int4-k cannot group a GEMM's K by its 256 values
+SUPER_GROUP = 256
+KEEP_K = {"int4-k": "int4-g32-asym"}
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ def _what_becomes(fmt: str, types: dict[str, tuple[int, int]], *, count: bool = 
     """"int8-g32: 3 Q8_0 tensors as stored, 2 F16 re-quantized" (`count`: with the counts)."""
     def listed(pick: bool) -> str:
         return ", ".join(f"{n} {t}" if count else t for t, (n, _) in types.items()
-                         if (STORED_AS.get(t) == fmt) == pick)
+                         if (fmt in loads_into(t)) == pick)
 
     stored, other = listed(True), listed(False)
     verb = "re-quantized" if parse_format(fmt).quantized else "converted"
@@ -65,12 +68,13 @@ def format_for_type(ggml_type: str) -> str:
     return STORED_AS.get(ggml_type) or NEAREST.get(ggml_type, "int4-g32")
 
 
-def auto_weights(model: object) -> WeightsChoice:
+def auto_weights(model: object, tp: int = 1) -> WeightsChoice:
     """The spec `--weights auto` runs `model` in. A GGUF path or installed model's name: the
     layers in the format most of their GEMM weights' values are stored in (the more precise
     one on a tie); the lm_head in its own type's format where that has more bits (llama.cpp's
     Q4_K_M keeps output.weight in Q6_K, a Q4_1 file may keep its tied embedding in Q8_0),
-    else the layers'. Anything else: fp32."""
+    else the layers'. Anything else: fp32. `tp`: the tensor-parallel degree the model will
+    run at (it splits some GEMMs' K)."""
     if not isinstance(model, str) or not is_gguf(model):
         return WeightsChoice("fp32")
     tensors = open_reader(gguf_path(model)).tensors
@@ -95,6 +99,14 @@ def auto_weights(model: object) -> WeightsChoice:
         by_format[format_for_type(name)] += v
     head = format_for_type(head_type) if head_type is not None else None
     base = max(by_format, key=lambda f: (by_format[f], parse_format(f).bits)) if by_format else head
+    # int4-k groups K by 256: a model with a GEMM whose K (or a rank's share of it) is not
+    # whole super-groups runs Q4_K's values as int4-g32-asym groups instead (llama.cpp's own
+    # Q4_K_M keeps such tensors in other types)
+    whole = all(int(t.shape[0]) % (SUPER_GROUP * tp) == 0 for t in tensors
+                if len(t.shape) >= 2 and not t.name.endswith(NOT_GEMMS))
+    if not whole:
+        base = KEEP_K.get(base, base)
+        head = KEEP_K.get(head, head)
     keep = head is not None and parse_format(head).bits > parse_format(base).bits
     spec = f"{base},lm_head={head}" if keep else base
     ordered = sorted(types, key=values.get, reverse=True)

@@ -1,9 +1,10 @@
 """Weight formats, defined in one place: their names, quantize and dequantize, and the bytes a
-decode step streams; the int formats reproduce llama.cpp's Q8_0, Q4_0 and Q4_1 bit for bit."""
+decode step streams; the int formats reproduce llama.cpp's Q8_0, Q4_0 and Q4_1 bit for bit,
+and int4-k holds Q4_K's blocks as they are."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -22,6 +23,9 @@ class WeightFormat:
     symmetric: bool = True  # False: a scale and a minimum per group (Q4_1)
     scale_dtype: str | None = None  # "float16" where GGUF stores fp16 scales
     ggml_type: str | None = None
+    # values per fp16 multiplier of the groups' 6-bit scale and minimum factors (Q4_K's
+    # super-block of 256: value = d * sc * q - dmin * m); None: each group's own fp16 scale
+    super_group: int | None = None
 
     @property
     def quantized(self) -> bool:
@@ -38,7 +42,8 @@ class WeightFormat:
         if not self.quantized:
             return values
         per_group = np.dtype(self.scale_dtype).itemsize * (1 if self.symmetric else 2)
-        return values + n * (k // self.group_size(k)) * per_group
+        supers = n * (k // self.super_group) * 2 * 2 if self.super_group else 0
+        return values + n * (k // self.group_size(k)) * per_group + supers
 
 
 FORMATS: tuple[WeightFormat, ...] = (
@@ -50,8 +55,12 @@ FORMATS: tuple[WeightFormat, ...] = (
       for g in (32, 64, 128)),
     *(WeightFormat(f"int4-g{g}-asym", 4, g, False, "float16", "Q4_1" if g == 32 else None)
       for g in (32, 64, 128)),
+    # Q4_K as stored: 4.625 bits a value (the 6-bit factors kept a byte each), where
+    # int4-g32-asym's fp16 scale and minimum per group take 5
+    WeightFormat("int4-k", 4, 32, False, "uint8", "Q4_K", super_group=256),
 )
-ALIASES = {"int4": "int4-g32", "int4-asym": "int4-g32-asym"}
+ALIASES = {"int4": "int4-g32", "int4-asym": "int4-g32-asym", "q4_k": "int4-k"}
+K_FACTOR_MAX = 63  # Q4_K's scale and minimum factors are 6 bits
 _BY_NAME = {f.name: f for f in FORMATS}
 
 
@@ -130,6 +139,9 @@ def layout(fmt: WeightFormat, k: int, n: int) -> dict[str, tuple[tuple[int, ...]
         out["scales"] = (groups, np.dtype(fmt.scale_dtype))
         if not fmt.symmetric:
             out["mins"] = (groups, np.dtype(fmt.scale_dtype))
+        if fmt.super_group:
+            supers = (n, k // fmt.super_group)
+            out["super_scales"] = out["super_mins"] = (supers, np.dtype(np.float16))
     return out
 
 
@@ -142,13 +154,18 @@ class QuantizedWeight:
       or for int4, K/2 bytes: within each group of g values, byte j holds value j in its low
       nibble and value j + g/2 in its high nibble (GGUF's order), each as 0..15;
     - `scales[n, i]` (and `mins[n, i]` when asymmetric): group i of column n is
-      `(nibble - 8) * scale` (symmetric int4), `int8 * scale`, or `nibble * scale + min`."""
+      `(nibble - 8) * scale` (symmetric int4), `int8 * scale`, or `nibble * scale + min`;
+    - int4-k (Q4_K): `scales` and `mins` are 6-bit factors, and `super_scales[n, j]`,
+      `super_mins[n, j]` the fp16 d and dmin of super-group j: group i of column n is
+      `nibble * d * scale - dmin * min`, d and dmin those of its super-group."""
 
     fmt: WeightFormat
     shape: tuple[int, int]  # (K, N)
     q: np.ndarray
     scales: np.ndarray | None = None
     mins: np.ndarray | None = None
+    super_scales: np.ndarray | None = None
+    super_mins: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         k, n = self.shape
@@ -163,10 +180,11 @@ class QuantizedWeight:
     @property
     def nbytes(self) -> int:
         """Bytes of the stored arrays: what one decode step streams from memory."""
-        return sum(a.nbytes for a in (self.q, self.scales, self.mins) if a is not None)
+        return sum(a.nbytes for a in self.arrays().values())
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """The stored arrays by name (`q`, then `scales` and `mins` where the format has them)."""
+        """The stored arrays by name (`q`, then `scales`, `mins`, `super_scales` and
+        `super_mins` where the format has them), in the order a kernel takes them."""
         return {key: getattr(self, key) for key in layout(self.fmt, *self.shape)}
 
 
@@ -175,8 +193,9 @@ def check_shape(fmt: WeightFormat, shape: tuple[int, ...]) -> tuple[int, int]:
     if len(shape) != 2:
         raise ConfigError(f"a weight must be 2-D (K, N), got shape {tuple(shape)}")
     k, n = (int(d) for d in shape)
-    if fmt.group and k % fmt.group:
-        raise ConfigError(f"{fmt.name} needs K a multiple of {fmt.group}, got weight "
+    step = fmt.super_group or fmt.group
+    if step and k % step:
+        raise ConfigError(f"{fmt.name} needs K a multiple of {step}, got weight "
                           f"(K, N) = ({k}, {n})")
     return k, n
 
@@ -272,12 +291,35 @@ def _quantize(w: np.ndarray, fmt: WeightFormat, k: int, n: int) -> QuantizedWeig
         qs = np.trunc(b * _inverse(d) + np.float32(8.5), dtype=np.float32)
         q = pack4(qs.astype(np.uint8).clip(0, 15))
         return QuantizedWeight(fmt, (k, n), q, _scales(fmt, d[..., 0], cols))
+    if fmt.super_group:
+        return _quantize_k(b, fmt, k, n)
     lo, hi = b.min(axis=-1, keepdims=True), b.max(axis=-1, keepdims=True)  # Q4_1
     d = (hi - lo) / 15
     qs = np.trunc((b - lo) * _inverse(d) + np.float32(0.5), dtype=np.float32)
     q = pack4(qs.astype(np.uint8).clip(0, 15))
     return QuantizedWeight(fmt, (k, n), q, _scales(fmt, d[..., 0], cols),
                            _scales(fmt, lo[..., 0], cols))
+
+
+def _quantize_k(b: np.ndarray, fmt: WeightFormat, k: int, n: int) -> QuantizedWeight:
+    """(N, K/32, 32) float32 groups -> int4-k: each group's scale (max - min) / 15 and minimum
+    min(x, 0) as 6-bit factors of its super-group's largest over 63 (fp16), then the values
+    rounded against the factors as stored. Simpler than llama.cpp's search for the best
+    factors (a Q4_K file's own blocks load as they are, sandwich/gguf_blocks.py)."""
+    per = fmt.super_group // fmt.group
+    lo = np.minimum(b.min(axis=-1), 0)  # (N, K/32)
+    step = (b.max(axis=-1) - lo) / 15
+    step, neg = step.reshape(n, -1, per), (-lo).reshape(n, -1, per)
+    d = _scales(replace(fmt, scale_dtype="float16"), step.max(axis=-1, keepdims=True) / K_FACTOR_MAX, b)
+    dmin = _scales(replace(fmt, scale_dtype="float16"), neg.max(axis=-1, keepdims=True) / K_FACTOR_MAX, b)
+    d32, dmin32 = d.astype(np.float32), dmin.astype(np.float32)
+    sc = round_away(step * _inverse(d32)).clip(0, K_FACTOR_MAX)
+    mn = round_away(neg * _inverse(dmin32)).clip(0, K_FACTOR_MAX)
+    scale = (d32 * sc).reshape(n, -1, 1)
+    low = (dmin32 * mn).reshape(n, -1, 1)
+    qs = round_away((b + low) * _inverse(scale)).clip(0, 15)
+    return QuantizedWeight(fmt, (k, n), pack4(qs.astype(np.uint8)), sc.astype(np.uint8).reshape(n, -1),
+                           mn.astype(np.uint8).reshape(n, -1), d[..., 0], dmin[..., 0])
 
 
 def dequantize(qw: QuantizedWeight) -> np.ndarray:
@@ -294,6 +336,11 @@ def dequantize(qw: QuantizedWeight) -> np.ndarray:
             cols = qw.q.reshape(n, k // g, g).astype(np.float32) * d
         elif fmt.symmetric:
             cols = d * (unpack4(qw.q, g).astype(np.int8) - np.int8(8)).astype(np.float32)
+        elif fmt.super_group:  # Q4_K: d * sc * q - dmin * m, the products in float32 as ggml
+            per = fmt.super_group // g
+            sd = np.repeat(qw.super_scales.astype(np.float32), per, axis=1)[..., None]
+            md = np.repeat(qw.super_mins.astype(np.float32), per, axis=1)[..., None]
+            cols = (sd * d) * unpack4(qw.q, g).astype(np.float32) - md * qw.mins.astype(np.float32)[..., None]
         else:
             cols = d * unpack4(qw.q, g).astype(np.float32) + qw.mins.astype(np.float32)[..., None]
     return np.ascontiguousarray(cols.reshape(n, k).T)
@@ -314,15 +361,20 @@ def take_rows(qw: QuantizedWeight, rows: slice) -> QuantizedWeight:
     k, n = qw.shape
     lo, hi, step = rows.indices(k)
     g = qw.fmt.group_size(k) if qw.fmt.quantized else 1
-    if step != 1 or hi <= lo or (qw.fmt.group and (lo % g or hi % g)):
+    whole = qw.fmt.super_group or g
+    if step != 1 or hi <= lo or (qw.fmt.group and (lo % whole or hi % whole)):
         raise ShapeError(f"rows {lo}:{hi} of a {qw.fmt.name} weight with K={k}: a shard of K "
-                         f"must be whole groups of {g}")
+                         f"must be whole groups of {whole}")
     per = 2 if qw.fmt.bits == 4 else 1  # int4: two values a byte, within a group
     pick = {"q": qw.q[:, lo // per: hi // per]}
     for key in ("scales", "mins"):
         a = getattr(qw, key)
         if a is not None:
             pick[key] = a if qw.fmt.group is None else a[:, lo // g: hi // g]
+    for key in ("super_scales", "super_mins"):
+        a = getattr(qw, key)
+        if a is not None:
+            pick[key] = a[:, lo // whole: hi // whole]
     return QuantizedWeight(qw.fmt, (hi - lo, n), **pick)
 
 

@@ -31,11 +31,13 @@ def _cpu():
 
 @pytest.mark.tvm
 @pytest.mark.parametrize("fmt, vnni", [*((f, True) for f in INT_FORMATS),
-                                       ("int8-g32", False), ("int4-g32-asym", False)])
+                                       ("int8-g32", False), ("int4-g32-asym", False),
+                                       ("int4-k", False)])
 def test_every_int_format_matches_numpy_at_20_random_m(fmt, vnni):
     """One family per format: a 3-row tile (so the 2 and 1-row tail tiles run too), split-K
-    over two threads for half the formats, a K panel that is not a multiple of the group.
-    `vnni` False builds for the host without AVX512-VNNI: dot8 as two pmaddwd."""
+    over two threads for half the formats, a K panel that is not a multiple of the group, two
+    of int4-k's super-groups of 256. `vnni` False builds for the host without AVX512-VNNI:
+    dot8 as two pmaddwd."""
     import dataclasses
 
     from sandwich.compiler.gemm_dsl import build_gemm_dsl
@@ -45,7 +47,7 @@ def test_every_int_format_matches_numpy_at_20_random_m(fmt, vnni):
     if not vnni:
         cpu = dataclasses.replace(cpu, mattr=tuple(a for a in cpu.mattr if a != "+avx512vnni"))
     lanes = cpu.lanes_f32
-    n, k = 6 * lanes, 256
+    n, k = 6 * lanes, 512
     i = INT_FORMATS.index(fmt)
     t_k = 2 if i % 2 else 1
     schedule = KernelSchedule(MicroKernel(3, 2 * lanes), ComputeSlice(6, 4 * lanes, 48),
@@ -136,13 +138,10 @@ def test_gguf_q8_0_blocks_run_as_stored_and_give_transformers_logits(q8_gguf, ca
     layer's input rounded to 8 bits per 32 values as our kernels round it (without that
     rounding, 1e-2 apart: it is the only difference)."""
     from sandwich.gguf_blocks import from_gguf_blocks
-    from sandwich.runtime.executor import Executor
     from sandwich.runtime.loader import load_model
 
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    import torch
-
     tune_model(q8_gguf, cache, weights="int8-g32")
     model = load_model(q8_gguf, cache, threads=2, weights="int8-g32")
     raw = model.layers[0]  # o: one tensor, no RoPE permutation: its blocks as the file has them
@@ -153,7 +152,18 @@ def test_gguf_q8_0_blocks_run_as_stored_and_give_transformers_logits(q8_gguf, ca
                          "int8-g32")
     for got, want in zip(raw.o.data, stored, strict=True):
         np.testing.assert_array_equal(got, want)
-    hf = transformers.LlamaForCausalLM.from_pretrained(str(q8_gguf.parent), gguf_file=q8_gguf.name,
+    assert _error_against_transformers(q8_gguf, model) <= 1e-4
+
+
+def _error_against_transformers(gguf, model) -> float:
+    """Max relative error of our last-token logits against HF transformers reading the same
+    GGUF, each linear layer's input rounded to 8 bits per 32 values as our kernels round it."""
+    import torch
+    import transformers
+
+    from sandwich.runtime.executor import Executor
+
+    hf = transformers.LlamaForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
                                                        dtype=torch.float32).eval()
     ex = Executor(model, max_batch=1, max_seq=32, max_tokens=16, ops="dsl", threads=2)
     prompt = [5, 9, 200, 17, 33, 100, 250, 7]
@@ -167,7 +177,34 @@ def test_gguf_q8_0_blocks_run_as_stored_and_give_transformers_logits(q8_gguf, ca
     with torch.no_grad():
         ref = hf(torch.tensor([prompt])).logits[0, -1].numpy()
     _, logits = ex.start(prompt)
-    assert np.abs(logits - ref).max() / np.abs(ref).max() <= 1e-4
+    return float(np.abs(logits - ref).max() / np.abs(ref).max())
+
+
+@pytest.mark.tvm
+def test_a_q4_k_file_runs_as_int4_k_by_default_with_its_blocks_and_transformers_logits(tmp_path, cache):
+    """Issue 26: a Q4_K file's blocks run as stored (int4-k: the nibbles, 6-bit factors and
+    fp16 d, dmin of each super-block), the default for it, and the logits match transformers
+    on the same file as the Q8_0 case does."""
+    from gguf_tiny import TYPES
+
+    from sandwich.gguf_blocks import from_gguf_blocks
+    from sandwich.runtime.gguf_file import GGUFCheckpoint
+    from sandwich.runtime.loader import load_model
+    from sandwich.weight_choice import auto_weights
+
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    types = dict.fromkeys([*TYPES, "token_embd.weight"], "Q4_K")
+    path = write_tiny_gguf(tmp_path / "q4k.gguf", types=types,
+                           config=dict(hidden=256, ffn=512, layers=1))[0]
+    assert auto_weights(str(path)).weights == "int4-k"
+    tune_model(path, cache, weights="int4-k", seq_max=1)
+    model = load_model(path, cache, threads=2, weights="int4-k")
+    t = GGUFCheckpoint(path).get("model.layers.0.self_attn.o_proj.weight")
+    stored = pack_weight(from_gguf_blocks(t.raw.data, "Q4_K", t.shape), model.gemms.o.pack_n, "int4-k")
+    for got, want in zip(model.layers[0].o.data, stored, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert _error_against_transformers(path, model) <= 1e-4
 
 
 @pytest.mark.tvm

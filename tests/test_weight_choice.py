@@ -9,7 +9,7 @@ from gguf.quants import dequantize as gg_dequantize
 from gguf_tiny import q4_k_blocks, write_tiny_gguf
 from test_weight_formats import one_line
 
-from sandwich.errors import ConfigError
+from sandwich.errors import ConfigError, ShapeError
 from sandwich.gguf_blocks import from_gguf_blocks
 from sandwich.weight_choice import auto_weights
 from sandwich.weight_formats import dequantize, parse_format, parse_weights, take_rows
@@ -26,20 +26,36 @@ def random_q4_k(rng, rows: int, k: int, d: float | None = None) -> np.ndarray:
     return b.reshape(rows, -1)
 
 
+def test_q4_k_blocks_load_as_int4_k_every_number_as_stored():
+    for seed in range(3):  # any d, dmin, factors and nibbles: ggml's float products exactly
+        raw = random_q4_k(np.random.default_rng(seed), 8, 768)
+        qw = from_gguf_blocks(raw, "q4_k", (8, 768))
+        assert qw.fmt == parse_format("int4-k") and qw.shape == (768, 8)
+        assert np.array_equal(dequantize(qw), gg_dequantize(raw, T.Q4_K).T)  # bit for bit
+        assert qw.nbytes == 8 * 768 * 37 // 64  # 4.625 bits a value: Q4_K's 4.5 with byte factors
+        half = take_rows(qw, slice(256, 768))  # a tensor-parallel share: whole super-groups
+        assert np.array_equal(dequantize(half), dequantize(qw)[256:])
+        with pytest.raises(ShapeError, match="whole groups of 256"):
+            take_rows(qw, slice(0, 384))
+
+
 def test_q4_k_blocks_load_as_int4_g32_asym_groups_as_ggml_dequantizes_them():
     rng = np.random.default_rng(0)
     exact = random_q4_k(rng, 16, 512, d=2.0**-10)
-    qw = from_gguf_blocks(exact, T.Q4_K, (16, 512))
+    qw = from_gguf_blocks(exact, T.Q4_K, (16, 512), "int4-g32-asym")
     assert qw.fmt == ASYM and qw.shape == (512, 16)
     assert np.array_equal(dequantize(qw), gg_dequantize(exact, T.Q4_K).T)  # bit for bit
     assert qw.nbytes == 16 * 512 * 20 // 32  # Q4_1's 5 bits a value against Q4_K's 4.5
     for seed in range(3):  # each group's scale and min rounded once to fp16
         raw = random_q4_k(np.random.default_rng(seed), 8, 768)
         want = gg_dequantize(raw, T.Q4_K).T
-        got = dequantize(from_gguf_blocks(raw, "q4_k", (8, 768)))
+        got = dequantize(from_gguf_blocks(raw, "q4_k", (8, 768), "int4-asym"))
         assert np.abs(got - want).max() <= 2.0**-10 * np.abs(want).max()
     half = take_rows(qw, slice(256, 512))  # a tensor-parallel share of K: whole groups
     assert np.array_equal(dequantize(half), dequantize(qw)[256:])
+    with pytest.raises(ConfigError) as e:  # a format its blocks do not hold
+        from_gguf_blocks(exact, T.Q4_K, (16, 512), "int4-g32")
+    assert "does not load into int4-g32 as stored" in one_line(e)
 
 
 def test_q4_k_blocks_that_cannot_load_are_one_line_errors():
@@ -49,7 +65,7 @@ def test_q4_k_blocks_that_cannot_load_are_one_line_errors():
     huge[..., 0:2] = np.array([60000], np.float16).view(np.uint8)
     cases = {"K = 128 is not a multiple of 256": (raw, T.Q4_K, (8, 128)),
              "must hold 576 bytes, got 288": (raw[:2], T.Q4_K, (4, 256)),
-             "do not fit float16": (huge.reshape(4, -1), T.Q4_K, (4, 256))}
+             "do not fit float16": (huge.reshape(4, -1), T.Q4_K, (4, 256), "int4-g32-asym")}
     for what, args in cases.items():
         with pytest.raises(ConfigError) as e:
             from_gguf_blocks(*args)
@@ -83,13 +99,16 @@ def test_a_q4_k_file_loads_its_blocks_as_stored_rope_rows_put_back(q4_k_file):
         t = ck.get(name)
         assert t.dtype == "Q4_K"
         assert t.blocks(parse_format("int4-g32")) is None  # Q4_0's format is another one
-        qw = t.blocks(ASYM)
         want = t.to_f32().T  # the gguf package's dequantizer, q/k rows in HF's order
+        assert np.array_equal(dequantize(t.blocks(parse_format("int4-k"))), want), name
+        qw = t.blocks(ASYM)
         assert np.abs(dequantize(qw) - want).max() <= 2.0**-10 * np.abs(want).max(), name
     choice = auto_weights(str(q4_k_file))  # the embedding is tied: the lm_head's too
-    assert choice.weights == "int4-g32-asym"
-    assert choice.describe() == ("int4-g32-asym: 7 Q4_K tensors as stored; lm_head "
-                                 "int4-g32-asym: Q4_K as stored")
+    assert choice.weights == "int4-k"
+    assert choice.describe() == "int4-k: 7 Q4_K tensors as stored; lm_head int4-k: Q4_K as stored"
+    # under TP=2 a rank's share of K (256 / 2) is not a whole super-group: Q4_1's layout
+    assert auto_weights(str(q4_k_file), tp=2).describe() == (
+        "int4-g32-asym: 7 Q4_K tensors as stored; lm_head int4-g32-asym: Q4_K as stored")
 
 
 def _headers_only(path, tensors: dict[str, tuple[str, tuple[int, ...]]]):
@@ -120,13 +139,16 @@ def test_auto_runs_a_file_in_the_format_most_of_its_gemm_values_are_stored_in(tm
         "token_embd.weight": ("Q6_K", (4096, 512)),  # a row lookup beside output.weight
     }
     choice = auto_weights(_headers_only(tmp_path / "km.gguf", q4_k_m))
-    assert choice.weights == "int4-g32-asym,lm_head=int8-g32"  # Q6_K's 6 bits: 8 here, not 4
-    assert choice.describe() == ("int4-g32-asym: 5 Q4_K tensors as stored, 2 Q6_K re-quantized; "
+    assert choice.weights == "int4-k,lm_head=int8-g32"  # Q6_K's 6 bits: 8 here, not 4
+    assert choice.describe() == ("int4-k: 5 Q4_K tensors as stored, 2 Q6_K re-quantized; "
                                  "lm_head int8-g32: Q6_K re-quantized")
+    narrow = q4_k_m | {"blk.0.ffn_down.weight": ("Q8_0", (512, 576))}  # a K of 576: not 256s
+    assert auto_weights(_headers_only(tmp_path / "n.gguf", narrow)).weights == (
+        "int4-g32-asym,lm_head=int8-g32")
     tied = {k: v for k, v in q4_k_m.items() if k != "output.weight"}  # the embedding is lm_head
     assert auto_weights(_headers_only(tmp_path / "tied.gguf", tied)).weights == choice.weights
     head_q4 = q4_k_m | {"output.weight": ("Q4_0", (1024, 512))}  # fewer bits: the layers' format
-    assert auto_weights(_headers_only(tmp_path / "q4.gguf", head_q4)).weights == "int4-g32-asym"
+    assert auto_weights(_headers_only(tmp_path / "q4.gguf", head_q4)).weights == "int4-k"
     tie = {"blk.0.attn_q.weight": ("Q4_0", (256, 256)), "blk.0.attn_k.weight": ("Q8_0", (256, 256)),
            "output.weight": ("Q4_0", (64, 256))}
     assert auto_weights(_headers_only(tmp_path / "tie.gguf", tie)).weights == "int8-g32"  # more bits

@@ -61,7 +61,16 @@ def bound(fmt, w: np.ndarray) -> np.ndarray:
     qmax, step, half = {(8, True): (127, big / 127, 0.5), (4, True): (8, big / 8, 1.0),
                         (4, False): (15, (hi - lo) / 15, 0.5)}[(fmt.bits, fmt.symmetric)]
     e = step * half + step * qmax * 1e-6  # float32 arithmetic
-    if fmt.scale_dtype == "float16":  # relative 2^-11, or 2^-25 among the subnormals
+    if fmt.super_group:  # int4-k: the step and the minimum are 6-bit factors of d and dmin (the
+        # super-group's largest over 63, fp16): a step off by d / 2 moves the 15th up to 15 d / 2
+        per = fmt.super_group // g
+        def sup(x):  # a group's super-group's largest of x over 63, plus fp16's rounding
+            top = x.reshape(n, -1, per).max(-1, keepdims=True) / 63
+            return np.repeat(top, per, axis=1).reshape(n, -1, 1) * (1 + 2.0**-10)
+
+        d, dmin = sup((hi - np.minimum(lo, 0)) / 15), sup(-np.minimum(lo, 0))
+        e = e + 15 * d / 2 + dmin / 2 + 16 * 63 * 2.0**-25  # and d, dmin fp16 subnormals
+    elif fmt.scale_dtype == "float16":  # relative 2^-11, or 2^-25 among the subnormals
         e = e + qmax * np.maximum(step * 2.0**-11, 2.0**-25)
         if not fmt.symmetric:
             e = e + np.maximum(np.abs(lo) * 2.0**-11, 2.0**-25)
@@ -96,6 +105,8 @@ def test_round_trip_within_the_format_error_bound(name):
     assert (err <= bound(fmt, w)).all(), float((err - bound(fmt, w)).max())
     assert (back[:, 4] == 0).all()  # zeros stay zeros, and in a symmetric format in any group
     assert (back[32:64, 0] == 0).all() or not (fmt.symmetric or fmt.group == 32)
+    if fmt.super_group:  # int4-k's steps are 6-bit factors of an fp16 per super-group: neither
+        return  # a constant nor its own output comes back exactly (the bound above holds)
     if fmt.bits != 8:  # a constant fp16 holds comes back exactly (int8: through a scale)
         assert (back[:, 1] == 0.75).all()
     if fmt.name == "fp32":
@@ -207,17 +218,19 @@ def test_take_columns_permutes_without_requantizing(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_take_rows_cuts_a_share_of_k_with_the_whole_ks_scales(name):
     """A tensor-parallel rank's share of K: the values one process has (int8's one scale per
-    column stays the whole column's, not its half's); a cut inside a group is an error."""
-    w = weights()
+    column stays the whole column's, not its half's); a cut inside a group is an error (for
+    int4-k, inside a super-group of 256)."""
+    k = 2 * K if parse_format(name).super_group else K
+    w = weights(k=k)
     qw = quantize(w, name)
-    half = take_rows(qw, slice(K // 2, K))
-    assert half.shape == (K // 2, N)
-    assert np.array_equal(dequantize(half), dequantize(qw)[K // 2:])
+    half = take_rows(qw, slice(k // 2, k))
+    assert half.shape == (k // 2, N)
+    assert np.array_equal(dequantize(half), dequantize(qw)[k // 2:])
     if name == "int8":  # quantized alone, the half would get its own scales
         assert not np.array_equal(dequantize(half), dequantize(quantize(w[K // 2:], name)))
     if parse_format(name).group:
         with pytest.raises(ShapeError, match="must be whole groups") as e:
-            take_rows(qw, slice(16, K))
+            take_rows(qw, slice(16, k))
         one_line(e)
 
 
@@ -253,9 +266,10 @@ def test_round_away_rounds_halves_away_from_zero_exactly():
 def test_a_large_weight_quantizes_in_pieces_to_the_same_arrays(name, monkeypatch):
     import sandwich.weight_formats as wf
 
-    w = weights(7, k=128, n=200)
+    k = 256 if parse_format(name).super_group else 128
+    w = weights(7, k=k, n=200)
     whole = quantize(w, name)
-    monkeypatch.setattr(wf, "PIECE_VALUES", 128 * 9)  # pieces of 9 columns, the last of 2
+    monkeypatch.setattr(wf, "PIECE_VALUES", k * 9)  # pieces of 9 columns, the last of 2
     pieces = quantize(w, name)
     for key, a in whole.arrays().items():
         assert np.array_equal(a.view(np.uint8), getattr(pieces, key).view(np.uint8)), key

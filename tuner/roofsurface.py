@@ -273,6 +273,8 @@ def dequantization(fmt_name: str, k: int = SIGNATURE_K, *, bf16_dot: bool = True
         per_group = arrays * (2 if fmt.scale_dtype == "float16" else 1)
         if fmt.bits == 4 and fmt.symmetric:
             per_group += 1
+        if fmt.super_group:  # a scale and a minimum each made from a byte factor and an fp16
+            per_group = 2 * 3  # multiplier: widen the byte, convert, multiply
         epilogue = per_group / fmt.group_size(k)
     return Dequantization(kind, ops, epilogue)
 

@@ -25,11 +25,12 @@ def threads_of(args) -> int:
 def add_weights_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default="auto", type=_weights_format, metavar="FORMAT",
                    help="how the GEMMs store their weights: auto (default: a GGUF file's own "
-                   "format, the one most of its weights are stored in, e.g. int4-g32-asym for "
-                   "Q4_K or Q4_1, int8-g32 for Q8_0; fp32 for anything else), fp32, bf16 "
+                   "format, the one most of its weights are stored in, e.g. int4-k for Q4_K, "
+                   "int4-g32-asym for Q4_1, int8-g32 for Q8_0; fp32 for anything else), fp32, bf16 "
                    "(activations rounded to bf16 too: vdpbf16ps where the CPU has avx512_bf16), "
                    "int8-g32 (llama.cpp's Q8_0), int8 (a scale per column), int4 (= int4-g32, "
-                   "Q4_0), int4-g64, int4-g128, int4-g32-asym (Q4_1), ...; int formats "
+                   "Q4_0), int4-g64, int4-g128, int4-g32-asym (Q4_1), int4-k (Q4_K: K a multiple "
+                   "of 256), ...; int formats "
                    "dequantize in the kernel")
 
 
@@ -42,7 +43,9 @@ def resolve_weights(args) -> None:
     from sandwich.weight_choice import auto_weights
 
     model = getattr(args, "model", None)
-    choices = [auto_weights(m) for m in (model if isinstance(model, list) else [model])] or [
+    tp = getattr(args, "tp", 1)
+    tp = tp if isinstance(tp, int) and tp > 0 else 1  # a bad --tp is its command's error
+    choices = [auto_weights(m, tp) for m in (model if isinstance(model, list) else [model])] or [
         auto_weights(None)]  # `bench serving` takes several models: one format for the run
     if len({c.weights for c in choices}) > 1:
         raise ConfigError(f"--weights auto gives these models different formats "
