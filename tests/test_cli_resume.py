@@ -15,12 +15,12 @@ from cli_run import run
 def test_concurrent_tunes_share_a_cache(tmp_path, tiny_config):
     cache = tmp_path / "shared"
     args = [sys.executable, "-m", "sandwich.cli", "tune", "--model", str(tiny_config),
-            "--seq-max", "8", "--budget", "tiny", "--no-progress", "--plan", "off", "--cache-dir", str(cache)]
+            "--seq-max", "4", "--budget", "tiny", "--no-progress", "--plan", "off", "--cache-dir", str(cache)]
     procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
-    v = run("cache", "verify", "--numerics", "6", "--seq-max", "8", cache=cache)
+    v = run("cache", "verify", "--numerics", "6", "--seq-max", "4", cache=cache)
     assert v.returncode == 0 and "verified" in v.stdout, v.stdout + v.stderr
 
 

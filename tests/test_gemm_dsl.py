@@ -95,6 +95,14 @@ def test_int_formats_are_right_in_the_reference_interpreter(fmt, act):
                act=act)
 
 
+@pytest.mark.parametrize("act", [0, 1])
+def test_int4_k_is_right_in_the_reference_interpreter(act):
+    """int4-k (Q4_K's factors of an fp16 d and dmin per 256 values) without TVM, over two
+    super-groups: split-K, K panels of 48, a 3-row tile with its tails."""
+    _interpret(dict(mu_m=3, mu_n=4, pack_n=8, t_m=1, t_n=1, t_k=2), (1, 2, 48), 5, "int4-k",
+               k=512, act=act)
+
+
 @pytest.mark.parametrize("tun, sl, m", [
     (dict(mu_m=3, mu_n=4, pack_n=8, t_m=1, t_n=1, t_k=2), (1, 2, 48), 7),
     (dict(mu_m=2, mu_n=4, pack_n=4, t_m=2, t_n=2, t_k=1), (1, 2, 16), 9),
@@ -147,7 +155,9 @@ def _interpret(tun: dict, sl: tuple, m: int, fmt: str, *, k: int, act: int = 0,
               "Q4Q": np.zeros((n // pack, k // 8, pack), np.int32),
               "WB": np.zeros((n // pack, k // 2, pack), np.int32),
               **{name: np.zeros((n // pack, k // g, pack), dt)
-                 for name, dt in (("S", np.float16), ("SF", np.float32), ("Z", np.float16))}}
+                 for name, dt in (("S", np.float16), ("SF", np.float32), ("Z", np.float16),
+                                  ("SK", np.uint8), ("ZK", np.uint8))},
+              **{name: np.zeros((n // pack, k // 256, pack), np.float16) for name in ("SD", "ZD")}}
     packed = pack_weight(qw if f.quantized or f.bits == 16 else w, pack, dtype, quads=bool(act))
     names = weight_args(dtype, k)
     if f.quantized and not act:  # the same format read as Q8 / Q4 (act = 0)
@@ -157,7 +167,7 @@ def _interpret(tun: dict, sl: tuple, m: int, fmt: str, *, k: int, act: int = 0,
     c = np.full((m, n), np.nan, np.float32)
     ws = np.full((tun["t_k"] * m, n), np.nan, np.float32)
     tunables = {**tun, "bits": f.bits, "asym": int(not f.symmetric),
-                "s32": int(f.scale_dtype == "float32"), "act": act}
+                "s32": int(f.scale_dtype == "float32"), "act": act, "sup": int(bool(f.super_group))}
     run(load_kernel("gemm_family"), tunables=tunables, vlen=4, M=m, N=n, K=k, G=g, L2=l2, A=a, C=c,
         WS=ws, bmb=sl[0], bnt=sl[1], bk=sl[2], **arrays)
     rows = quantized_activations(a) if act else round_bf16(a) if f.bits == 16 else a
