@@ -193,23 +193,25 @@ def test_bad_weight_format_is_one_line_config_error(tied_dir, fmt, match):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("fmt", ["int4-g32-asym", "int4-g32", "int8-g32"])
+@pytest.mark.parametrize("fmt", ["int4-g32-asym", "int4-g32", "int8-g32", "int4-k"])
 def test_compressed_weight_of_flat_groups(fmt):
     """Groups with one value everywhere (scale 0; for Q4_1 the minimum alone) decompress to
-    that value: the asymmetric zero point -min/scale would divide by zero."""
+    that value: the asymmetric zero point -min/scale would divide by zero. int4-k (K of 256:
+    one super-group) decompresses with its d*sc and dmin*m as float32 scales and minimums."""
     import openvino as ov
     import openvino.opset13 as ops
 
     from sandwich.bench.openvino_weights import compressed_weight
-    from sandwich.weight_formats import dequantize, quantize
+    from sandwich.weight_formats import dequantize, parse_format, quantize
 
-    w = np.random.default_rng(1).standard_normal((64, 4)).astype(np.float32)  # (K, N)
+    k = 256 if parse_format(fmt).super_group else 64
+    w = np.random.default_rng(1).standard_normal((k, 4)).astype(np.float32)  # (K, N)
     w[:32, 1] = 0.75
     w[32:, 2] = 0.0
     qw = quantize(w, fmt)
-    x = ops.parameter([2, 64], np.float32)
+    x = ops.parameter([2, k], np.float32)
     model = ov.Model([ops.matmul(x, compressed_weight(ops, qw), False, True)], [x])
     compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
                                                       "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0})
-    a = np.random.default_rng(2).standard_normal((2, 64)).astype(np.float32)
+    a = np.random.default_rng(2).standard_normal((2, k)).astype(np.float32)
     np.testing.assert_allclose(compiled([a])[0], a @ dequantize(qw), rtol=1e-5, atol=1e-5)
