@@ -12,7 +12,13 @@ from __future__ import annotations
 import numpy as np
 
 from sandwich.errors import ConfigError
-from sandwich.weight_formats import QuantizedWeight, WeightFormat, parse_weights, unpack4
+from sandwich.weight_formats import (
+    QuantizedWeight,
+    WeightFormat,
+    asym_group_scales,
+    parse_weights,
+    unpack4,
+)
 
 
 def check_format(weights: str) -> WeightFormat:
@@ -51,12 +57,9 @@ def _asym(qw: QuantizedWeight, g: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     in f32. A group with d = 0 holds m everywhere: q = 0, zp = -1 and the scale m instead."""
     k, n = qw.shape
     q = unpack4(qw.q, g)
-    d, m = (a.reshape(n, k // g, 1) for a in (qw.scales, qw.mins))
-    if qw.fmt.super_group:  # int4-k: d sc and -dmin m, the float32 products ggml makes
-        per = qw.fmt.super_group // g
-        sd, md = (np.repeat(a.astype(np.float32), per, axis=1).reshape(n, k // g, 1)
-                  for a in (qw.super_scales, qw.super_mins))
-        d, m = sd * d.astype(np.float32), -(md * m.astype(np.float32))
+    # int4-k's scales and minimums are made from its factors (float32); the others' as stored
+    pair = asym_group_scales(qw) if qw.fmt.super_group else (qw.scales, qw.mins)
+    d, m = (a.reshape(n, k // g, 1) for a in pair)
     flat = d == 0
     with np.errstate(divide="ignore", invalid="ignore"):
         zp = np.where(flat, np.float32(-1), -m.astype(np.float32) / d.astype(np.float32))

@@ -18,8 +18,7 @@ from sandwich.weight_formats import parse_format, parse_weights
 # embedding where the file has its own output matrix (a row lookup, not a GEMM)
 NOT_GEMMS = ("ffn_gate_inp.weight",)
 EMBEDDING, OUTPUT = "token_embd.weight", "output.weight"
-# the format a Q4_K tensor runs in where int4-k cannot group a GEMM's K by its 256 values
-SUPER_GROUP = 256
+# the format a Q4_K tensor runs in where int4-k cannot group a GEMM's K by its super-groups
 KEEP_K = {"int4-k": "int4-g32-asym"}
 
 
@@ -99,14 +98,16 @@ def auto_weights(model: object, tp: int = 1) -> WeightsChoice:
         by_format[format_for_type(name)] += v
     head = format_for_type(head_type) if head_type is not None else None
     base = max(by_format, key=lambda f: (by_format[f], parse_format(f).bits)) if by_format else head
-    # int4-k groups K by 256: a model with a GEMM whose K (or a rank's share of it) is not
-    # whole super-groups runs Q4_K's values as int4-g32-asym groups instead (llama.cpp's own
-    # Q4_K_M keeps such tensors in other types)
-    whole = all(int(t.shape[0]) % (SUPER_GROUP * tp) == 0 for t in tensors
-                if len(t.shape) >= 2 and not t.name.endswith(NOT_GEMMS))
-    if not whole:
-        base = KEEP_K.get(base, base)
-        head = KEEP_K.get(head, head)
+    # a format grouping K in super-groups (int4-k: 256) gives way to KEEP_K's where a GEMM's K,
+    # or a rank's share of it, is not whole super-groups (llama.cpp's own Q4_K_M keeps such
+    # tensors in other types)
+    ks = {int(t.shape[0]) for t in tensors if len(t.shape) >= 2 and not t.name.endswith(NOT_GEMMS)}
+
+    def fitted(fmt: str | None) -> str | None:
+        step = parse_format(fmt).super_group if fmt is not None else None
+        return KEEP_K[fmt] if step and any(k % (step * tp) for k in ks) else fmt
+
+    base, head = fitted(base), fitted(head)
     keep = head is not None and parse_format(head).bits > parse_format(base).bits
     spec = f"{base},lm_head={head}" if keep else base
     ordered = sorted(types, key=values.get, reverse=True)

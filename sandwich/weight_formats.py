@@ -336,14 +336,21 @@ def dequantize(qw: QuantizedWeight) -> np.ndarray:
             cols = qw.q.reshape(n, k // g, g).astype(np.float32) * d
         elif fmt.symmetric:
             cols = d * (unpack4(qw.q, g).astype(np.int8) - np.int8(8)).astype(np.float32)
-        elif fmt.super_group:  # Q4_K: d * sc * q - dmin * m, the products in float32 as ggml
-            per = fmt.super_group // g
-            sd = np.repeat(qw.super_scales.astype(np.float32), per, axis=1)[..., None]
-            md = np.repeat(qw.super_mins.astype(np.float32), per, axis=1)[..., None]
-            cols = (sd * d) * unpack4(qw.q, g).astype(np.float32) - md * qw.mins.astype(np.float32)[..., None]
-        else:
-            cols = d * unpack4(qw.q, g).astype(np.float32) + qw.mins.astype(np.float32)[..., None]
+        else:  # value * scale + minimum (Q4_1; Q4_K: d * sc * q - dmin * m)
+            scale, low = asym_group_scales(qw)
+            cols = scale[..., None] * unpack4(qw.q, g).astype(np.float32) + low[..., None]
     return np.ascontiguousarray(cols.reshape(n, k).T)
+
+
+def asym_group_scales(qw: QuantizedWeight) -> tuple[np.ndarray, np.ndarray]:
+    """Each group's scale and minimum, (N, K / g) float32, of an asymmetric int4 weight: the
+    stored ones, or int4-k's d * sc and -(dmin * m), the float32 products ggml makes."""
+    scale, low = qw.scales.astype(np.float32), qw.mins.astype(np.float32)
+    if qw.fmt.super_group:
+        per = qw.fmt.super_group // qw.fmt.group_size(qw.shape[0])
+        d, dmin = (np.repeat(a.astype(np.float32), per, axis=1) for a in (qw.super_scales, qw.super_mins))
+        scale, low = d * scale, -(dmin * low)
+    return scale, low
 
 
 def take_columns(qw: QuantizedWeight, index: np.ndarray) -> QuantizedWeight:
