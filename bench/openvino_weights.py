@@ -17,7 +17,9 @@ from sandwich.weight_formats import (
     WeightFormat,
     asym_group_scales,
     parse_weights,
+    six_group_scales,
     unpack4,
+    unpack6,
 )
 
 
@@ -77,6 +79,10 @@ def compressed_weight(ops, qw: QuantizedWeight):
     scales = qw.scales.reshape(n, k // g, 1)
     if fmt.bits == 8:
         w = ops.convert(ops.constant(qw.q.reshape(n, k // g, g)), np.float32)
+    elif fmt.bits == 6:  # int6-k: value - 32 as i8, each group's d * sc as an f32 scale
+        six = unpack6(qw.q, qw.high).reshape(n, k // g, g).astype(np.int8) - np.int8(32)
+        w = ops.convert(ops.constant(six), np.float32)
+        scales = six_group_scales(qw).reshape(n, k // g, 1)
     elif fmt.symmetric:
         w = ops.convert(_int4_constant(unpack4(qw.q, g).astype(np.int8) - np.int8(8), True), np.float32)
     else:

@@ -18,6 +18,7 @@ from sandwich.compiler.lower_tir import to_tvmscript
 from sandwich.compiler.target import CpuInfo
 from sandwich.errors import ConfigError, DSLError, first_line
 from sandwich.types import KernelSchedule
+from sandwich.weight_formats import WeightFormat
 
 KERNEL = "gemm_family"
 
@@ -118,12 +119,16 @@ def family_source_sha256() -> str:
 def family_tunables(schedule: KernelSchedule, k: int) -> dict[str, int]:
     """The kernel's tunables for a schedule's family (its slice is a runtime argument)."""
     mk, pl = schedule.micro_kernel, schedule.polymerization
-    fmt = weight_format(schedule.dtype)
     return {"mu_m": mk.mu_m, "mu_n": mk.mu_n, "pack_n": schedule.pack_n,
             "t_m": pl.t_m, "t_n": pl.t_n, "t_k": pl.t_k,
-            "bits": fmt.bits, "asym": int(not fmt.symmetric),
+            **format_tunables(weight_format(schedule.dtype), k)}
+
+
+def format_tunables(fmt: WeightFormat, k: int) -> dict[str, int]:
+    """The tunables that follow from the weight format (and K, for act)."""
+    return {"bits": fmt.bits, "asym": int(not fmt.symmetric),
             "s32": int(fmt.scale_dtype == "float32"), "act": int(int_activations(fmt, k)),
-            "sup": int(bool(fmt.super_group))}
+            "sup": int(bool(fmt.super_group) and fmt.bits == 4)}
 
 
 def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int, l2_bytes: int,

@@ -15,8 +15,9 @@ def weight_format(dtype: str) -> WeightFormat:
     """The weight format a schedule's dtype names ("float32" is fp32); the family builds
     every format of sandwich/weight_formats.py."""
     fmt = format_of(dtype)
-    if fmt.bits not in (32, 16, 8, 4):
-        raise ConfigError(f"no GEMM kernel for {fmt.name} weights (built: fp32, bf16, int8, int4)")
+    if fmt.bits not in (32, 16, 8, 6, 4):
+        raise ConfigError(f"no GEMM kernel for {fmt.name} weights (built: fp32, bf16, int8, "
+                          f"int6, int4)")
     return fmt
 
 
@@ -29,6 +30,8 @@ def weight_args(dtype: str, k: int) -> tuple[str, ...]:
         return ("W",)
     if fmt.bits == 16:
         return ("WB",)
+    if fmt.bits == 6:  # Q6_K: the values' low and high bits, 8-bit factors, fp16 d per 256
+        return ("Q6Q", "Q6H", "SC", "SD")
     values = ("Q8" if fmt.bits == 8 else "Q4") + ("Q" if int_activations(fmt, k) else "")
     if fmt.super_group:  # Q4_K: 6-bit factors, then their fp16 multipliers
         return (values, "SK", "ZK", "SD", "ZD")
@@ -39,8 +42,9 @@ def weight_args(dtype: str, k: int) -> tuple[str, ...]:
 def int_activations(fmt: WeightFormat, k: int) -> bool:
     """Whether the family computes this format's products on 8-bit integer activations
     (tunable act = 1), as llama.cpp's Q8_0 and Q4_0 dot products do: every int format whose
-    groups are whole blocks of 32 values."""
-    return fmt.quantized and fmt.group_size(k) % ACT_BLOCK == 0
+    groups are whole blocks of 32 values, and the 6-bit one (two groups of 16 a block, which
+    the family sums apart)."""
+    return fmt.quantized and (fmt.group_size(k) % ACT_BLOCK == 0 or fmt.bits == 6)
 
 
 def quantized_activations(a: np.ndarray) -> np.ndarray:

@@ -8,7 +8,7 @@ from sandwich.compiler.gemm_formats import ACT_BLOCK, int_activations, weight_fo
 from sandwich.compiler.gemm_template import slice_args
 from sandwich.errors import ShapeError
 from sandwich.types import KernelSchedule
-from sandwich.weight_formats import QuantizedWeight, quantize, unpack4
+from sandwich.weight_formats import QuantizedWeight, quantize, unpack4, unpack6
 
 
 def pack_weights(w: np.ndarray, pack_n: int) -> np.ndarray:
@@ -50,23 +50,28 @@ def pack_quantized(qw: QuantizedWeight, pack_n: int, *, quads: bool | None = Non
     multipliers [N / pack_n, K / 256, pack_n]); done once at load time.
     int4 bytes are re-paired so that byte k / 2 holds value k (low nibble) and k + 1 (high).
     With `quads` (the family's 8-bit activations, gemm_formats.int_activations), the values
-    are Q8Q / Q4Q instead (dot8_values): what one dot8 lane takes, in 32-bit elements."""
+    are Q8Q / Q4Q instead (dot8_values): what one dot8 lane takes, in 32-bit elements; 6-bit
+    values are always Q6Q and Q6H (six_bit_values), then int6-k's factors and d."""
     k, n = qw.shape
     if n % pack_n:
         raise ShapeError(f"weight N={n} is not a multiple of the packed width {pack_n}")
     if qw.fmt.bits == 16:
         return [pack_bf16(qw, pack_n)]
-    values = qw.q
-    if qw.fmt.bits == 4:
-        if k % 2:
-            raise ShapeError(f"int4 weights need an even K, got K={k}")
-        values = unpack4(qw.q, qw.fmt.group_size(k)).reshape(n, k)
-    if int_activations(qw.fmt, k) if quads is None else quads:
-        values = dot8_values(values, qw.fmt.bits)
-    elif qw.fmt.bits == 4:
-        values = values[:, 0::2] | (values[:, 1::2] << np.uint8(4))
+    if qw.fmt.bits == 6:  # the family reads 6-bit values only as dot8 takes them
+        values = six_bit_values(unpack6(qw.q, qw.high))
+    else:
+        v = qw.q
+        if qw.fmt.bits == 4:
+            if k % 2:
+                raise ShapeError(f"int4 weights need an even K, got K={k}")
+            v = unpack4(qw.q, qw.fmt.group_size(k)).reshape(n, k)
+        if int_activations(qw.fmt, k) if quads is None else quads:
+            v = dot8_values(v, qw.fmt.bits)
+        elif qw.fmt.bits == 4:
+            v = v[:, 0::2] | (v[:, 1::2] << np.uint8(4))
+        values = (v,)
     out = []
-    for a in (values, *(a for key, a in qw.arrays().items() if key != "q")):
+    for a in (*values, *(a for key, a in qw.arrays().items() if key not in ("q", "high"))):
         packed = aligned_empty((n // pack_n, a.shape[1], pack_n), a.dtype)
         packed[...] = a.reshape(n // pack_n, pack_n, a.shape[1]).transpose(0, 2, 1)
         out.append(packed)
@@ -89,6 +94,24 @@ def dot8_values(values: np.ndarray, bits: int) -> np.ndarray:
         v = values.astype(np.uint8).reshape(n, k // 32, 4, 2, 4)  # [n, block, q, high, u]
         quads = (v[:, :, :, 0] | (v[:, :, :, 1] << np.uint8(4))).transpose(0, 1, 3, 2)
     return np.ascontiguousarray(quads).reshape(n, -1).view("<i4").astype(np.int32, copy=False)
+
+
+def six_bit_values(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """6-bit values [N, K] (0..63) -> (Q6Q [N, K / 8], Q6H [N, K / 16]) int32, per block of 32
+    along K as the family's dot8 takes them against the 6-bit activation layout (element 8 b + u
+    holds values 32 b + 4 u + q, so quads 0-3 are the block's first group of 16 and 4-7 its
+    second): Q6Q's element 4 b + u holds the low four bits of quad u in its low nibbles and of
+    quad u + 4 in its high ones; Q6H's element 2 b + h holds the high two bits of group h's quad
+    u in bits 2 u and 2 u + 1 of each byte."""
+    n, k = values.shape
+    if k % ACT_BLOCK:
+        raise ShapeError(f"6-bit weights need K a multiple of {ACT_BLOCK}, got K={k}")
+    v = values.astype(np.uint8).reshape(n, k // 32, 2, 4, 4)  # [n, block, group, u, q]
+    low, high = v & np.uint8(15), v >> np.uint8(4)
+    q6q = low[:, :, 0] | (low[:, :, 1] << np.uint8(4))  # [n, block, u, q]
+    q6h = sum(high[:, :, :, u] << np.uint8(2 * u) for u in range(4))  # [n, block, group, q]
+    return tuple(np.ascontiguousarray(a).reshape(n, -1).view("<i4").astype(np.int32, copy=False)
+                 for a in (q6q, q6h.astype(np.uint8)))
 
 
 def pack_bf16(qw: QuantizedWeight, pack_n: int) -> np.ndarray:

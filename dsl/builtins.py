@@ -33,6 +33,10 @@ FUNCS: dict[str, tuple[tuple[str, ...], str]] = {
     # nibbles(w, h): the low (h = 0) or high (h = 1) nibble of each of w's 4 bytes, each in
     # its byte: (w >> 4 h) & 0x0F0F0F0F, so that dot8 can take 8 int4 values packed in w
     "nibbles": (("int", "int"), "i32"),
+    # high2(w, s): the 2-bit field s of each of w's 4 bytes, moved to bits 4 and 5 of its byte:
+    # ((w >> 2 s) & 0x03030303) << 4, the high bits of 6-bit values whose low four are nibbles
+    # (Q6_K), so that nibbles(...) + high2(...) is 4 bytes of 6-bit values for dot8
+    "high2": (("int", "int"), "i32"),
     # bf16pair(x, y): x and y rounded to bf16 (nearest even), their bits as lo + 65536 * hi
     "bf16pair": (("float", "float"), "i32"),
 }

@@ -70,6 +70,11 @@ def _nibbles(w: int, h: int) -> int:
     return _i32((w >> 4 * h) & 0x0F0F0F0F)
 
 
+def _high2(w: int, s: int) -> int:
+    """The 2-bit field s of each byte of w, at bits 4 and 5 of its byte (dsl/builtins.py)."""
+    return _i32(((w >> 2 * s) & 0x03030303) << 4)
+
+
 def _bf16(bits: int) -> float:
     """The f32 value of 16 bf16 bits."""
     return float(np.array([(bits & 0xFFFF) << 16], np.uint32).view(np.float32)[0])
@@ -98,6 +103,7 @@ _FUNCS = {"exp": _exp, "log": math.log, "sqrt": math.sqrt, "rsqrt": lambda x: 1 
           "cos": math.cos, "erf": math.erf, "floor": math.floor, "ceil": math.ceil,
           "pow": math.pow, "fma": lambda a, b, c: a * b + c, "max": max, "min": min, "abs": abs,
           "select": lambda c, a, b: a if c else b, "madd16": _madd16, "dot8": _dot8, "nibbles": _nibbles,
+          "high2": _high2,
           "dotbf16": _dotbf16, "bf16pair": _bf16pair}
 
 

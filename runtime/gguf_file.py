@@ -127,7 +127,8 @@ class GGUFTensor:
     def blocks(self, fmt: WeightFormat) -> QuantizedWeight | None:
         """W = T.T in `fmt` from the stored blocks, without re-quantizing, when the tensor's
         type loads into `fmt` (Q8_0 into int8-g32, Q4_0 into int4-g32, Q4_1 into
-        int4-g32-asym, Q4_K into int4-k or int4-g32-asym: gguf_blocks.loads_into); else None."""
+        int4-g32-asym, Q4_K into int4-k or int4-g32-asym, Q6_K into int6-k:
+        gguf_blocks.loads_into); else None."""
         if not fmt.quantized or fmt.name not in loads_into(self.dtype):
             return None
         try:

@@ -1,8 +1,9 @@
 """A GGUF tensor's stored bytes as a `QuantizedWeight`, as stored: Q8_0, Q4_0 and Q4_1 blocks
 split into values and fp16 scales (no re-quantizing), F32 and BF16 rows as they are, Q4_K's
-super-blocks as int4-k (the same nibbles, 6-bit factors and fp16 d and dmin); and Q4_K into
-int4-g32-asym groups too, the same 4-bit values with each group's scale and minimum multiplied
-out (fp16, as Q4_1 keeps them), for a run that asks for that format.
+super-blocks as int4-k (the same nibbles, 6-bit factors and fp16 d and dmin), Q6_K's as int6-k
+(the same 6-bit values, int8 factors and fp16 d); and Q4_K into int4-g32-asym groups too, the
+same 4-bit values with each group's scale and minimum multiplied out (fp16, as Q4_1 keeps
+them), for a run that asks for that format.
 
 Which weight format a GGUF type loads into (`STORED_AS`), and which one its values are
 re-quantized to when no format holds them (`NEAREST`), is decided here too."""
@@ -12,22 +13,25 @@ from __future__ import annotations
 import numpy as np
 
 from sandwich.errors import ConfigError
-from sandwich.weight_formats import QuantizedWeight, pack4, parse_format
+from sandwich.weight_formats import QuantizedWeight, pack4, pack6, parse_format
 
 # GGUF type -> (weight format, bytes of one block of 32 values, bytes before its values)
 BLOCKS = {"Q8_0": ("int8-g32", 34, 2), "Q4_0": ("int4-g32", 18, 2),
           "Q4_1": ("int4-g32-asym", 20, 4)}
 ROWS = {"F32": ("fp32", np.float32), "BF16": ("bf16", np.uint16)}
 Q4_K_BLOCK = 144  # 256 values: fp16 d and dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles
+Q6_K_BLOCK = 210  # 256 values: 128 bytes of low 4 bits, 64 of high 2, 16 int8 factors, fp16 d
+# GGUF super-block type -> (weight format, bytes of one block of 256 values)
+SUPER_BLOCKS = {"Q4_K": ("int4-k", Q4_K_BLOCK), "Q6_K": ("int6-k", Q6_K_BLOCK)}
 # GGUF type -> the format that holds its values without re-quantizing
-STORED_AS = {t: f for t, (f, *_) in {**BLOCKS, **ROWS}.items()} | {"Q4_K": "int4-k"}
+STORED_AS = {t: f for t, (f, *_) in {**BLOCKS, **ROWS, **SUPER_BLOCKS}.items()}
 # GGUF type -> other formats its blocks load into with the values as stored (the scales'
 # products rounded once to fp16)
 ALSO_LOADS = {"Q4_K": ("int4-g32-asym",)}
-# the other types -> the format whose bits come nearest from above (F16: bf16; 5 and 6 bits:
-# int8), or from below where nothing smaller exists (2 and 3 bits: int4, weight_choice)
+# the other types -> the format whose bits come nearest from above (F16: bf16; 5 bits: int8),
+# or from below where nothing smaller exists (2 and 3 bits: int4, weight_choice)
 NEAREST = {"F16": "bf16", "Q5_0": "int8-g32", "Q5_1": "int8-g32", "Q5_K": "int8-g32",
-           "Q6_K": "int8-g32", "Q8_1": "int8-g32", "Q8_K": "int8-g32"}
+           "Q8_1": "int8-g32", "Q8_K": "int8-g32"}
 
 
 def ggml_type_name(ggml_type: object) -> str:
@@ -67,12 +71,12 @@ def from_gguf_blocks(raw: np.ndarray, ggml_type: object, shape: tuple[int, int],
         raise ConfigError(f"GGUF tensor of type {name}: expected a 2-D (N, K) shape, got {shape}")
     n, k = (int(d) for d in shape)
     data = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
-    values = 256 if name == "Q4_K" else 32
+    values = 256 if name in SUPER_BLOCKS else 32
     if name in ROWS:
         fmt_name, dtype = ROWS[name]
         want = n * k * np.dtype(dtype).itemsize
     else:
-        fmt_name, block, head = BLOCKS.get(name, ("int4-k", Q4_K_BLOCK, 0))
+        fmt_name, block, head = BLOCKS.get(name) or (*SUPER_BLOCKS[name], 0)
         if k % values:
             raise ConfigError(f"GGUF tensor of type {name}: K = {k} is not a multiple of {values}")
         want = n * (k // values) * block
@@ -87,6 +91,8 @@ def from_gguf_blocks(raw: np.ndarray, ggml_type: object, shape: tuple[int, int],
         return QuantizedWeight(fmt, (k, n), data.view(dtype).reshape(n, k).copy())
     if name == "Q4_K":
         return _from_q4_k(data.reshape(n, k // 256, Q4_K_BLOCK), fmt)
+    if name == "Q6_K":
+        return _from_q6_k(data.reshape(n, k // 256, Q6_K_BLOCK), fmt)
     b = data.reshape(n, k // 32, block)
     q = b[..., head:].reshape(n, -1)
     if name == "Q8_0":
@@ -130,3 +136,20 @@ def _from_q4_k(b: np.ndarray, fmt) -> QuantizedWeight:
         raise ConfigError("Q4_K block scales or minimums do not fit float16 (the file is "
                           "damaged, or its values are beyond int4-g32-asym's range)")
     return QuantizedWeight(fmt, (blocks * 256, n), q, scales, mins)
+
+
+def _from_q6_k(b: np.ndarray, fmt) -> QuantizedWeight:
+    """(N, K/256, 210) Q6_K blocks -> int6-k, every number as stored. Each half of a block
+    (128 values) has 64 bytes of `ql` and 32 of `qh`: value 32s + l (s < 4, l < 32) takes
+    its low 4 bits from byte l + 32 (s % 2) of ql (low nibble for s < 2, high for s >= 2)
+    and its high 2 from bits 2s, 2s + 1 of byte l of qh (ggml's dequantize_row_q6_K)."""
+    n, blocks = b.shape[:2]
+    ql = b[..., 0:128].reshape(n, blocks, 2, 1, 64)
+    low = np.concatenate([ql & np.uint8(0x0F), ql >> np.uint8(4)], axis=3)  # (N, B, 2, 2, 64)
+    qh = b[..., 128:192].reshape(n, blocks, 2, 1, 32)
+    top = (qh >> np.arange(0, 8, 2, dtype=np.uint8)[:, None]) & np.uint8(3)  # (N, B, 2, 4, 32)
+    values = low.reshape(n, -1) | (top.reshape(n, -1) << np.uint8(4))
+    q, high = pack6(values)
+    scales = np.ascontiguousarray(b[..., 192:208]).view(np.int8).reshape(n, -1)
+    d = np.ascontiguousarray(b[..., 208:210]).view(np.float16)[..., 0]  # (N, B)
+    return QuantizedWeight(fmt, (blocks * 256, n), q, scales, super_scales=d, high=high)

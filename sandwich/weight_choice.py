@@ -1,7 +1,8 @@
 """`--weights auto`, every command's default: a GGUF file runs in the format most of its GEMM
 weights are stored in (a Q4_K_M file as int4-k, a Q8_0 one as int8-g32), its lm_head
-in its own type's where that has more bits, so its blocks load as they are and the model
-stays about the size it is on disk; anything else runs in fp32.
+in its own type's where that has more bits (Q4_K_M's Q6_K output.weight as int6-k), so its
+blocks load as they are and the model stays about the size it is on disk; anything else runs
+in fp32.
 
 Only the header is read (tensor types and shapes), so a command can decide before it loads."""
 
@@ -18,8 +19,10 @@ from sandwich.weight_formats import parse_format, parse_weights
 # embedding where the file has its own output matrix (a row lookup, not a GEMM)
 NOT_GEMMS = ("ffn_gate_inp.weight",)
 EMBEDDING, OUTPUT = "token_embd.weight", "output.weight"
-# the format a Q4_K tensor runs in where int4-k cannot group a GEMM's K by its super-groups
-KEEP_K = {"int4-k": "int4-g32-asym"}
+# the format a K-quant tensor runs in where its format cannot group a GEMM's K by its
+# super-groups of 256: the nearest that stores any K a multiple of 32 (Q4_K: Q4_1's layout,
+# the same nibbles; Q6_K: int8-g32, the nearest above its 6 bits)
+KEEP_K = {"int4-k": "int4-g32-asym", "int6-k": "int8-g32"}
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Weight formats, defined in one place: their names, quantize and dequantize, and the bytes a
 decode step streams; the int formats reproduce llama.cpp's Q8_0, Q4_0 and Q4_1 bit for bit,
-and int4-k holds Q4_K's blocks as they are."""
+and int4-k and int6-k hold Q4_K's and Q6_K's blocks as they are."""
 
 from __future__ import annotations
 
@@ -18,13 +18,14 @@ class WeightFormat:
     hold the same numbers, so a GGUF tensor of that type loads without re-quantizing."""
 
     name: str
-    bits: int  # 32, 16, 8 or 4 per value
+    bits: int  # 32, 16, 8, 6 or 4 per value
     group: int | None = None
-    symmetric: bool = True  # False: a scale and a minimum per group (Q4_1)
+    symmetric: bool = True  # False: a scale and a minimum per group (Q4_1, Q4_K)
     scale_dtype: str | None = None  # "float16" where GGUF stores fp16 scales
     ggml_type: str | None = None
-    # values per fp16 multiplier of the groups' 6-bit scale and minimum factors (Q4_K's
-    # super-block of 256: value = d * sc * q - dmin * m); None: each group's own fp16 scale
+    # values per fp16 multiplier of the groups' scale (and minimum) factors (the K-quants'
+    # super-block of 256: Q4_K's d * sc * q - dmin * m, Q6_K's d * sc * q); None: each group's
+    # own scale
     super_group: int | None = None
 
     @property
@@ -41,8 +42,10 @@ class WeightFormat:
         values = k * n * self.bits // 8
         if not self.quantized:
             return values
-        per_group = np.dtype(self.scale_dtype).itemsize * (1 if self.symmetric else 2)
-        supers = n * (k // self.super_group) * 2 * 2 if self.super_group else 0
+        arrays = 1 if self.symmetric else 2  # scales, and minimums where asymmetric
+        per_group = np.dtype(self.scale_dtype).itemsize * arrays
+        # an fp16 d per super-group, and a dmin where the groups have minimums
+        supers = n * (k // self.super_group) * 2 * arrays if self.super_group else 0
         return values + n * (k // self.group_size(k)) * per_group + supers
 
 
@@ -58,9 +61,14 @@ FORMATS: tuple[WeightFormat, ...] = (
     # Q4_K as stored: 4.625 bits a value (the 6-bit factors kept a byte each), where
     # int4-g32-asym's fp16 scale and minimum per group take 5
     WeightFormat("int4-k", 4, 32, False, "uint8", "Q4_K", super_group=256),
+    # Q6_K as stored: 6.5625 bits a value (4 low bits and 2 high ones apart, a signed byte
+    # factor per 16, an fp16 d per 256), where int8-g32 takes 8.5
+    WeightFormat("int6-k", 6, 16, True, "int8", "Q6_K", super_group=256),
 )
-ALIASES = {"int4": "int4-g32", "int4-asym": "int4-g32-asym", "q4_k": "int4-k"}
+ALIASES = {"int4": "int4-g32", "int4-asym": "int4-g32-asym", "q4_k": "int4-k", "q6_k": "int6-k"}
 K_FACTOR_MAX = 63  # Q4_K's scale and minimum factors are 6 bits
+Q6_K_FACTOR = -128  # Q6_K's largest group step is d * -128 (its factors are signed bytes)
+Q6_K_VALUE = -32  # and a group's value of largest magnitude is its step * -32
 _BY_NAME = {f.name: f for f in FORMATS}
 
 
@@ -131,9 +139,12 @@ def weights_flag(name: str | WeightFormat | WeightSpec) -> str:
 
 
 def layout(fmt: WeightFormat, k: int, n: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """(shape, dtype) of each array of a (K, N) weight in `fmt`: what a kernel allocates."""
-    out = {"q": ((n, k // 2 if fmt.bits == 4 else k),
-                 np.dtype({32: np.float32, 16: np.uint16, 8: np.int8, 4: np.uint8}[fmt.bits]))}
+    """(shape, dtype) of each array of a (K, N) weight in `fmt`: what a kernel allocates, in
+    the order it takes them."""
+    dtype = {32: np.float32, 16: np.uint16, 8: np.int8, 6: np.uint8, 4: np.uint8}[fmt.bits]
+    out = {"q": ((n, k // 2 if fmt.bits in (4, 6) else k), np.dtype(dtype))}
+    if fmt.bits == 6:  # the 2 high bits of each value, four a byte
+        out["high"] = ((n, k // 4), np.dtype(np.uint8))
     if fmt.quantized:
         groups = (n, k // fmt.group_size(k))
         out["scales"] = (groups, np.dtype(fmt.scale_dtype))
@@ -141,7 +152,9 @@ def layout(fmt: WeightFormat, k: int, n: int) -> dict[str, tuple[tuple[int, ...]
             out["mins"] = (groups, np.dtype(fmt.scale_dtype))
         if fmt.super_group:
             supers = (n, k // fmt.super_group)
-            out["super_scales"] = out["super_mins"] = (supers, np.dtype(np.float16))
+            out["super_scales"] = (supers, np.dtype(np.float16))
+            if not fmt.symmetric:
+                out["super_mins"] = (supers, np.dtype(np.float16))
     return out
 
 
@@ -157,7 +170,12 @@ class QuantizedWeight:
       `(nibble - 8) * scale` (symmetric int4), `int8 * scale`, or `nibble * scale + min`;
     - int4-k (Q4_K): `scales` and `mins` are 6-bit factors, and `super_scales[n, j]`,
       `super_mins[n, j]` the fp16 d and dmin of super-group j: group i of column n is
-      `nibble * d * scale - dmin * min`, d and dmin those of its super-group."""
+      `nibble * d * scale - dmin * min`, d and dmin those of its super-group;
+    - int6-k (Q6_K): each value is 6 bits, 0..63: `q[n]` (K/2 bytes) holds their low 4 bits,
+      value 2j in byte j's low nibble and 2j + 1 in its high one; `high[n]` (K/4 bytes) their
+      bits 4 and 5, value 4j + i's in bits 2i and 2i + 1 of byte j (`pack6`). `scales[n, i]`
+      is group i's signed int8 factor (16 values), `super_scales[n, j]` the fp16 d of
+      super-group j: a value is `(d * scale) * (value - 32)`, in float32 as ggml computes."""
 
     fmt: WeightFormat
     shape: tuple[int, int]  # (K, N)
@@ -166,6 +184,7 @@ class QuantizedWeight:
     mins: np.ndarray | None = None
     super_scales: np.ndarray | None = None
     super_mins: np.ndarray | None = None
+    high: np.ndarray | None = None  # last: the other fields are also given by position
 
     def __post_init__(self) -> None:
         k, n = self.shape
@@ -183,7 +202,7 @@ class QuantizedWeight:
         return sum(a.nbytes for a in self.arrays().values())
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """The stored arrays by name (`q`, then `scales`, `mins`, `super_scales` and
+        """The stored arrays by name (`q`, then `high`, `scales`, `mins`, `super_scales` and
         `super_mins` where the format has them), in the order a kernel takes them."""
         return {key: getattr(self, key) for key in layout(self.fmt, *self.shape)}
 
@@ -238,6 +257,25 @@ def unpack4(q: np.ndarray, g: int) -> np.ndarray:
     return np.concatenate([b & np.uint8(0x0F), b >> np.uint8(4)], axis=-1)
 
 
+def pack6(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(N, K) values 0..63 -> int6-k's (q, high): (N, K/2) low nibbles, value 2j low and
+    2j + 1 high in byte j, and (N, K/4) high bit pairs, value 4j + i's at bits 2i of byte j."""
+    v = np.asarray(values, np.uint8)
+    low, top = v & np.uint8(0x0F), (v >> np.uint8(4)).reshape(v.shape[0], -1, 4)
+    q = low[:, 0::2] | (low[:, 1::2] << np.uint8(4))
+    high = top[..., 0] | (top[..., 1] << 2) | (top[..., 2] << 4) | (top[..., 3] << 6)
+    return np.ascontiguousarray(q), high.astype(np.uint8)
+
+
+def unpack6(q: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """int6-k's (N, K/2) `q` and (N, K/4) `high` -> (N, K) values 0..63: the inverse of pack6."""
+    n = q.shape[0]
+    low = np.stack([q & np.uint8(0x0F), q >> np.uint8(4)], axis=-1).reshape(n, -1)
+    shifts = np.arange(0, 8, 2, dtype=np.uint8)
+    top = ((high[..., None] >> shifts) & np.uint8(3)).reshape(n, -1)
+    return low | (top << np.uint8(4))
+
+
 def _scales(fmt: WeightFormat, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """`x` in the format's scale dtype, or a ConfigError when a scale does not fit it."""
     with np.errstate(over="ignore"):
@@ -285,6 +323,8 @@ def _quantize(w: np.ndarray, fmt: WeightFormat, k: int, n: int) -> QuantizedWeig
         d = np.abs(b).max(axis=-1, keepdims=True) / 127
         q = round_away(b * _inverse(d)).astype(np.int8).reshape(n, k)
         return QuantizedWeight(fmt, (k, n), q, _scales(fmt, d[..., 0], cols))
+    if fmt.bits == 6:
+        return _quantize_6(b, fmt, k, n)
     if fmt.symmetric:  # Q4_0: d = (the value of largest magnitude) / -8, q = x / d + 8
         big = np.take_along_axis(b, np.abs(b).argmax(axis=-1)[..., None], axis=-1)
         d = big / -8
@@ -322,8 +362,28 @@ def _quantize_k(b: np.ndarray, fmt: WeightFormat, k: int, n: int) -> QuantizedWe
                            mn.astype(np.uint8).reshape(n, -1), d[..., 0], dmin[..., 0])
 
 
+def _quantize_6(b: np.ndarray, fmt: WeightFormat, k: int, n: int) -> QuantizedWeight:
+    """(N, K/16, 16) float32 groups -> int6-k, shaped as ggml's quantize_row_q6_K_ref without
+    its search for each group's best step: a group's step is its value of largest magnitude
+    over -32, d the super-group's step of largest magnitude over -128 (fp16), each step a
+    signed byte factor of d, then the values rounded against the factors as stored. Used only
+    for tensors a file does not hold as Q6_K (those load as they are, gguf_blocks.py)."""
+    per = fmt.super_group // fmt.group
+    big = np.take_along_axis(b, np.abs(b).argmax(axis=-1)[..., None], axis=-1)[..., 0]
+    step = (big / np.float32(Q6_K_VALUE)).reshape(n, -1, per)  # (N, K/256, 16)
+    top = np.take_along_axis(step, np.abs(step).argmax(axis=-1)[..., None], axis=-1)
+    d = _scales(replace(fmt, scale_dtype="float16"), top / np.float32(Q6_K_FACTOR), b)
+    sc = round_away(step * _inverse(d.astype(np.float32))).clip(-128, 127)
+    scale = (d.astype(np.float32) * sc).reshape(n, -1, 1)
+    qs = round_away(b * _inverse(scale)).clip(-32, 31) + 32
+    q, high = pack6(qs.astype(np.uint8).reshape(n, k))
+    return QuantizedWeight(fmt, (k, n), q, sc.astype(np.int8).reshape(n, -1),
+                           super_scales=d[..., 0], high=high)
+
+
 def dequantize(qw: QuantizedWeight) -> np.ndarray:
-    """The float32 (K, N) weight `qw` stands for (as ggml dequantizes Q8_0, Q4_0, Q4_1)."""
+    """The float32 (K, N) weight `qw` stands for (as ggml dequantizes Q8_0, Q4_0, Q4_1,
+    Q4_K and Q6_K)."""
     fmt, (k, n) = qw.fmt, qw.shape
     if fmt.bits == 32:
         cols = qw.q
@@ -334,12 +394,22 @@ def dequantize(qw: QuantizedWeight) -> np.ndarray:
         d = qw.scales.astype(np.float32)[..., None]
         if fmt.bits == 8:
             cols = qw.q.reshape(n, k // g, g).astype(np.float32) * d
+        elif fmt.bits == 6:  # (d * sc) * (value - 32), Q6_K's float32 products
+            values = unpack6(qw.q, qw.high).reshape(n, k // g, g).astype(np.float32) - 32
+            cols = six_group_scales(qw)[..., None] * values
         elif fmt.symmetric:
             cols = d * (unpack4(qw.q, g).astype(np.int8) - np.int8(8)).astype(np.float32)
         else:  # value * scale + minimum (Q4_1; Q4_K: d * sc * q - dmin * m)
             scale, low = asym_group_scales(qw)
             cols = scale[..., None] * unpack4(qw.q, g).astype(np.float32) + low[..., None]
     return np.ascontiguousarray(cols.reshape(n, k).T)
+
+
+def six_group_scales(qw: QuantizedWeight) -> np.ndarray:
+    """Each group's scale, (N, K / 16) float32, of an int6-k weight: d * sc, the float32
+    product ggml makes (exact: 11 and 8 significant bits)."""
+    per = qw.fmt.super_group // qw.fmt.group_size(qw.shape[0])
+    return np.repeat(qw.super_scales.astype(np.float32), per, axis=1) * qw.scales.astype(np.float32)
 
 
 def asym_group_scales(qw: QuantizedWeight) -> tuple[np.ndarray, np.ndarray]:
@@ -372,8 +442,10 @@ def take_rows(qw: QuantizedWeight, rows: slice) -> QuantizedWeight:
     if step != 1 or hi <= lo or (qw.fmt.group and (lo % whole or hi % whole)):
         raise ShapeError(f"rows {lo}:{hi} of a {qw.fmt.name} weight with K={k}: a shard of K "
                          f"must be whole groups of {whole}")
-    per = 2 if qw.fmt.bits == 4 else 1  # int4: two values a byte, within a group
+    per = 2 if qw.fmt.bits in (4, 6) else 1  # int4, int6-k's low bits: two values a byte
     pick = {"q": qw.q[:, lo // per: hi // per]}
+    if qw.high is not None:  # int6-k's high bits: four values a byte
+        pick["high"] = qw.high[:, lo // 4: hi // 4]
     for key in ("scales", "mins"):
         a = getattr(qw, key)
         if a is not None:

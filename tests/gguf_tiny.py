@@ -106,8 +106,10 @@ def _tensor(w: np.ndarray, kind: str):
     if kind == "F16":
         return w.astype(np.float16), None
     qtype = gguf.GGMLQuantizationType[kind]
-    if kind == "Q4_K":  # the gguf package reads Q4_K but does not write it
+    if kind == "Q4_K":  # the gguf package reads Q4_K and Q6_K but does not write them
         return q4_k_blocks(w), qtype
+    if kind == "Q6_K":
+        return q6_k_blocks(w), qtype
     return quantize(w.astype(np.float32), qtype), qtype
 
 
@@ -136,6 +138,27 @@ def q4_k_blocks(w: np.ndarray) -> np.ndarray:
     qs = (q[:, :, 0::2] | (q[:, :, 1::2] << 4)).reshape(rows, k // 256, 128)
     head = np.concatenate([d.view(np.uint8), dmin.view(np.uint8)], axis=-1)
     return np.concatenate([head.reshape(rows, k // 256, 4), packed, qs], axis=-1).reshape(rows, -1)
+
+
+def q6_k_blocks(w: np.ndarray) -> np.ndarray:
+    """Rows of `w` (K a multiple of 256) as Q6_K super-blocks, bytes (rows, K/256*210), laid
+    out as ggml's block_q6_K: ql (128 bytes: in each half of 128 values, byte l holds value l
+    low and l + 64 high, of their low 4 bits), qh (64: byte l of a half holds the high 2 bits
+    of values l, l + 32, l + 64, l + 96), 16 int8 factors, fp16 d. The values are int6-k's
+    quantizer's, so loading these blocks (gguf_blocks._from_q6_k) gives its arrays back."""
+    from sandwich.weight_formats import quantize, unpack6
+
+    rows, k = w.shape
+    qw = quantize(np.ascontiguousarray(w.T, np.float32), "int6-k")
+    v = unpack6(qw.q, qw.high).reshape(rows, k // 256, 2, 4, 32)  # (row, block, half, s, l)
+    low, top = v & 0x0F, v >> 4
+    ql = np.concatenate([low[..., 0, :] | (low[..., 2, :] << 4),
+                         low[..., 1, :] | (low[..., 3, :] << 4)], axis=-1)  # (row, block, half, 64)
+    qh = top[..., 0, :] | (top[..., 1, :] << 2) | (top[..., 2, :] << 4) | (top[..., 3, :] << 6)
+    scales = qw.scales.view(np.uint8).reshape(rows, k // 256, 16)
+    d = qw.super_scales.view(np.uint8).reshape(rows, k // 256, 2)
+    parts = [ql.reshape(rows, k // 256, 128), qh.reshape(rows, k // 256, 64), scales, d]
+    return np.concatenate(parts, axis=-1).astype(np.uint8).reshape(rows, -1)
 
 
 def write_tiny_gguf(path: Path, *, seed: int = 0, arch: str = "llama", vocab: str = "gpt2",

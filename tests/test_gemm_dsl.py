@@ -10,7 +10,7 @@ import pytest
 
 os.environ.setdefault("TVM_NUM_THREADS", "2")
 
-from sandwich.compiler.gemm_dsl import build_gemm_dsl, gemm_dsl_tvmscript  # noqa: E402
+from sandwich.compiler.gemm_dsl import build_gemm_dsl, format_tunables, gemm_dsl_tvmscript  # noqa: E402
 from sandwich.compiler.gemm_runner import call_gemm, pack_weights  # noqa: E402
 from sandwich.compiler.lower_tir import to_tvmscript  # noqa: E402
 from sandwich.compiler.target import detect_cpu  # noqa: E402
@@ -104,6 +104,18 @@ def test_int4_k_is_right_in_the_reference_interpreter(act):
 
 
 @pytest.mark.parametrize("tun, sl, m", [
+    (dict(mu_m=3, mu_n=4, pack_n=8, t_m=1, t_n=1, t_k=2), (1, 2, 48), 5),
+    (dict(mu_m=2, mu_n=4, pack_n=4, t_m=2, t_n=2, t_k=1), (1, 2, 64), 9),
+])
+def test_int6_k_is_right_in_the_reference_interpreter(tun, sl, m):
+    """int6-k (Q6_K: 6-bit values, a signed factor per 16 and an fp16 d per 256) without TVM,
+    over two super-groups, on the activations as the kernel quantizes them in consecutive
+    quads: split-K with K panels of 48 (not whole blocks of 32), a 3-row tile with its tails;
+    threads over M and N, each quantizing only its own rows."""
+    _interpret(tun, sl, m, "int6-k", k=512, act=1, rtol=1e-6)
+
+
+@pytest.mark.parametrize("tun, sl, m", [
     (dict(mu_m=3, mu_n=4, pack_n=8, t_m=1, t_n=1, t_k=2), (1, 2, 48), 7),
     (dict(mu_m=2, mu_n=4, pack_n=4, t_m=2, t_n=2, t_k=1), (1, 2, 16), 9),
 ])
@@ -153,10 +165,12 @@ def _interpret(tun: dict, sl: tuple, m: int, fmt: str, *, k: int, act: int = 0,
               "Q4": np.zeros((n // pack, k // 2, pack), np.uint8),
               "Q8Q": np.zeros((n // pack, k // 4, pack), np.int32),
               "Q4Q": np.zeros((n // pack, k // 8, pack), np.int32),
+              "Q6Q": np.zeros((n // pack, k // 8, pack), np.int32),
+              "Q6H": np.zeros((n // pack, k // 16, pack), np.int32),
               "WB": np.zeros((n // pack, k // 2, pack), np.int32),
               **{name: np.zeros((n // pack, k // g, pack), dt)
                  for name, dt in (("S", np.float16), ("SF", np.float32), ("Z", np.float16),
-                                  ("SK", np.uint8), ("ZK", np.uint8))},
+                                  ("SK", np.uint8), ("ZK", np.uint8), ("SC", np.int8))},
               **{name: np.zeros((n // pack, k // 256, pack), np.float16) for name in ("SD", "ZD")}}
     packed = pack_weight(qw if f.quantized or f.bits == 16 else w, pack, dtype, quads=bool(act))
     names = weight_args(dtype, k)
@@ -166,8 +180,7 @@ def _interpret(tun: dict, sl: tuple, m: int, fmt: str, *, k: int, act: int = 0,
     a = rng.standard_normal((m, k)).astype(np.float32)
     c = np.full((m, n), np.nan, np.float32)
     ws = np.full((tun["t_k"] * m, n), np.nan, np.float32)
-    tunables = {**tun, "bits": f.bits, "asym": int(not f.symmetric),
-                "s32": int(f.scale_dtype == "float32"), "act": act, "sup": int(bool(f.super_group))}
+    tunables = {**format_tunables(f, k), **tun, "act": act}
     run(load_kernel("gemm_family"), tunables=tunables, vlen=4, M=m, N=n, K=k, G=g, L2=l2, A=a, C=c,
         WS=ws, bmb=sl[0], bnt=sl[1], bk=sl[2], **arrays)
     rows = quantized_activations(a) if act else round_bf16(a) if f.bits == 16 else a

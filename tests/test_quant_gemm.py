@@ -32,11 +32,11 @@ def _cpu():
 @pytest.mark.tvm
 @pytest.mark.parametrize("fmt, vnni", [*((f, True) for f in INT_FORMATS),
                                        ("int8-g32", False), ("int4-g32-asym", False),
-                                       ("int4-k", False)])
+                                       ("int4-k", False), ("int6-k", False)])
 def test_every_int_format_matches_numpy_at_20_random_m(fmt, vnni):
     """One family per format: a 3-row tile (so the 2 and 1-row tail tiles run too), split-K
     over two threads for half the formats, a K panel that is not a multiple of the group, two
-    of int4-k's super-groups of 256. `vnni` False builds for the host without AVX512-VNNI:
+    of int4-k's and int6-k's super-groups of 256. `vnni` False builds for the host without AVX512-VNNI:
     dot8 as two pmaddwd."""
     import dataclasses
 
@@ -183,8 +183,9 @@ def _error_against_transformers(gguf, model) -> float:
 @pytest.mark.tvm
 def test_a_q4_k_file_runs_as_int4_k_by_default_with_its_blocks_and_transformers_logits(tmp_path, cache):
     """Issue 26: a Q4_K file's blocks run as stored (int4-k: the nibbles, 6-bit factors and
-    fp16 d, dmin of each super-block), the default for it, and the logits match transformers
-    on the same file as the Q8_0 case does."""
+    fp16 d, dmin of each super-block), the default for it, and its Q6_K (tied) head's as
+    int6-k (6-bit values, a signed factor per 16, fp16 d), as in llama.cpp's Q4_K_M; the
+    logits match transformers on the same file as the Q8_0 case does."""
     from gguf_tiny import TYPES
 
     from sandwich.gguf_blocks import from_gguf_blocks
@@ -194,16 +195,20 @@ def test_a_q4_k_file_runs_as_int4_k_by_default_with_its_blocks_and_transformers_
 
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    types = dict.fromkeys([*TYPES, "token_embd.weight"], "Q4_K")
+    types = dict.fromkeys(TYPES, "Q4_K") | {"token_embd.weight": "Q6_K"}
     path = write_tiny_gguf(tmp_path / "q4k.gguf", types=types,
                            config=dict(hidden=256, ffn=512, layers=1))[0]
-    assert auto_weights(str(path)).weights == "int4-k"
-    tune_model(path, cache, weights="int4-k", seq_max=1)
-    model = load_model(path, cache, threads=2, weights="int4-k")
-    t = GGUFCheckpoint(path).get("model.layers.0.self_attn.o_proj.weight")
-    stored = pack_weight(from_gguf_blocks(t.raw.data, "Q4_K", t.shape), model.gemms.o.pack_n, "int4-k")
-    for got, want in zip(model.layers[0].o.data, stored, strict=True):
-        np.testing.assert_array_equal(got, want)
+    spec = "int4-k,lm_head=int6-k"
+    assert auto_weights(str(path)).weights == spec
+    tune_model(path, cache, weights=spec, seq_max=1)
+    model = load_model(path, cache, threads=2, weights=spec)
+    ckpt = GGUFCheckpoint(path)
+    for (got, gemm), name, ggml in [((model.layers[0].o, model.gemms.o), "model.layers.0.self_attn.o_proj.weight", "Q4_K"),
+                                    ((model.lm_head, model.gemms.lm_head), "model.embed_tokens.weight", "Q6_K")]:
+        t = ckpt.get(name)
+        stored = gemm.pack(from_gguf_blocks(t.raw.data, ggml, t.shape))
+        for a, b in zip(got.data, stored.data, strict=True):
+            np.testing.assert_array_equal(a, b)
     assert _error_against_transformers(path, model) <= 1e-4
 
 

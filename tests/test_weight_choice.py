@@ -1,18 +1,18 @@
-"""A GGUF file's own weight format: Q4_K super-blocks load as int4-g32-asym groups without a
-round trip through fp32, and `--weights auto` (every command's default) runs a file in the
-format most of its GEMM weights are stored in."""
+"""A GGUF file's own weight format: Q4_K super-blocks load as int4-k or int4-g32-asym groups
+and Q6_K ones as int6-k without a round trip through fp32, and `--weights auto` (every
+command's default) runs a file in the format most of its GEMM weights are stored in."""
 
 import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as T
 from gguf.quants import dequantize as gg_dequantize
-from gguf_tiny import q4_k_blocks, write_tiny_gguf
+from gguf_tiny import q4_k_blocks, q6_k_blocks, write_tiny_gguf
 from test_weight_formats import one_line
 
 from sandwich.errors import ConfigError, ShapeError
 from sandwich.gguf_blocks import from_gguf_blocks
 from sandwich.weight_choice import auto_weights
-from sandwich.weight_formats import dequantize, parse_format, parse_weights, take_rows
+from sandwich.weight_formats import dequantize, parse_format, parse_weights, quantize, take_rows
 
 ASYM = parse_format("int4-g32-asym")
 
@@ -24,6 +24,43 @@ def random_q4_k(rng, rows: int, k: int, d: float | None = None) -> np.ndarray:
     heads = (rng.random((rows, k // 256, 2)) * 0.01) if d is None else np.full((rows, k // 256, 2), d)
     b[..., 0:4] = heads.astype(np.float16).view(np.uint8).reshape(rows, k // 256, 4)
     return b.reshape(rows, -1)
+
+
+def random_q6_k(rng, rows: int, k: int) -> np.ndarray:
+    """Random Q6_K bytes: every ql, qh and int8 factor bit pattern; d random finite fp16 of
+    either sign, up to 0.01."""
+    b = rng.integers(0, 256, (rows, k // 256, 210), dtype=np.uint8)
+    d = (rng.random((rows, k // 256, 1)) - 0.5) * 0.02
+    b[..., 208:210] = d.astype(np.float16).view(np.uint8)
+    return b.reshape(rows, -1)
+
+
+def test_q6_k_blocks_load_as_int6_k_every_number_as_stored():
+    for seed in range(3):  # any d, factors and values: ggml's float products exactly
+        raw = random_q6_k(np.random.default_rng(seed), 8, 768)
+        qw = from_gguf_blocks(raw, "q6_k", (8, 768))
+        assert qw.fmt == parse_format("int6-k") and qw.shape == (768, 8)
+        assert np.array_equal(dequantize(qw), gg_dequantize(raw, T.Q6_K).T)  # bit for bit
+        assert qw.nbytes == raw.nbytes == 8 * 768 * 210 // 256  # 6.5625 bits a value, as Q6_K
+        half = take_rows(qw, slice(256, 768))  # a tensor-parallel share: whole super-groups
+        assert np.array_equal(dequantize(half), dequantize(qw)[256:])
+        with pytest.raises(ShapeError, match="whole groups of 256"):
+            take_rows(qw, slice(0, 384))
+    with pytest.raises(ConfigError) as e:  # a format its blocks do not hold
+        from_gguf_blocks(raw, T.Q6_K, (8, 768), "int8-g32")
+    assert "does not load into int8-g32 as stored (it loads into int6-k)" in one_line(e)
+
+
+def test_q6_k_blocks_that_cannot_load_are_one_line_errors():
+    raw = random_q6_k(np.random.default_rng(1), 4, 256)
+    cases = {"K = 128 is not a multiple of 256": (raw, T.Q6_K, (8, 128)),
+             "must hold 840 bytes, got 420": (raw[:2], T.Q6_K, (4, 256)),
+             "must hold 840 bytes, got 576": (random_q4_k(np.random.default_rng(1), 4, 256),
+                                             T.Q6_K, (4, 256))}  # Q4_K's bytes called Q6_K
+    for what, args in cases.items():
+        with pytest.raises(ConfigError) as e:
+            from_gguf_blocks(*args)
+        assert what in one_line(e)
 
 
 def test_q4_k_blocks_load_as_int4_k_every_number_as_stored():
@@ -77,6 +114,12 @@ def test_the_test_writer_makes_blocks_ggml_reads():
     back = gg_dequantize(q4_k_blocks(w), T.Q4_K)
     step = (w.reshape(6, 2, 8, 32).max(-1) - np.minimum(w.reshape(6, 2, 8, 32).min(-1), 0)) / 15
     assert np.abs(back - w).max() <= step.max()  # a layout mix-up is off by whole values
+    blocks = q6_k_blocks(w)  # int6-k's quantizer's arrays, laid out as block_q6_K
+    qw = quantize(w.T, "int6-k")
+    assert np.array_equal(gg_dequantize(blocks, T.Q6_K), dequantize(qw).T)
+    stored = from_gguf_blocks(blocks, T.Q6_K, w.shape)  # the inverse of the writer
+    for key, a in qw.arrays().items():
+        assert np.array_equal(a, getattr(stored, key)), key
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +154,34 @@ def test_a_q4_k_file_loads_its_blocks_as_stored_rope_rows_put_back(q4_k_file):
         "int4-g32-asym: 7 Q4_K tensors as stored; lm_head int4-g32-asym: Q4_K as stored")
 
 
+@pytest.fixture(scope="module")
+def q4_k_m_file(tmp_path_factory):
+    """A one-layer llama GGUF in llama.cpp's Q4_K_M mix: Q6_K for v, down and the (tied)
+    embedding, Q4_K for the other matrices."""
+    from gguf_tiny import TYPES
+
+    path = tmp_path_factory.mktemp("q4km") / "tiny-q4km.gguf"
+    types = dict.fromkeys(TYPES, "Q4_K") | dict.fromkeys(
+        ["attn_v.weight", "ffn_down.weight", "token_embd.weight"], "Q6_K")
+    return write_tiny_gguf(path, types=types, config=dict(hidden=256, ffn=512, layers=1))[0]
+
+
+def test_a_q4_k_m_file_loads_its_q6_k_blocks_as_int6_k_and_its_lm_head_runs_in_it(q4_k_m_file):
+    from sandwich.runtime.gguf_file import GGUFCheckpoint
+
+    ck = GGUFCheckpoint(q4_k_m_file)
+    six = [n for n in ck.keys() if ck.get(n).dtype == "Q6_K"]
+    assert len(six) == 3
+    for name in six:
+        t = ck.get(name)
+        assert t.blocks(parse_format("int8-g32")) is None  # Q6_K loads only into int6-k
+        assert np.array_equal(dequantize(t.blocks(parse_format("int6-k"))), t.to_f32().T), name
+    choice = auto_weights(str(q4_k_m_file))
+    assert choice.weights == "int4-k,lm_head=int6-k"
+    assert choice.describe() == ("int4-k: 5 Q4_K tensors as stored, 2 Q6_K re-quantized; "
+                                 "lm_head int6-k: Q6_K as stored")
+
+
 def _headers_only(path, tensors: dict[str, tuple[str, tuple[int, ...]]]):
     """A GGUF holding just `tensors` (name -> (type, shape, K last)), zero bytes: what the
     choice reads is the header."""
@@ -138,13 +209,16 @@ def test_auto_runs_a_file_in_the_format_most_of_its_gemm_values_are_stored_in(tm
         "blk.0.attn_norm.weight": ("F32", (512,)), "output.weight": ("Q6_K", (1024, 512)),
         "token_embd.weight": ("Q6_K", (4096, 512)),  # a row lookup beside output.weight
     }
-    choice = auto_weights(_headers_only(tmp_path / "km.gguf", q4_k_m))
-    assert choice.weights == "int4-k,lm_head=int8-g32"  # Q6_K's 6 bits: 8 here, not 4
+    km = _headers_only(tmp_path / "km.gguf", q4_k_m)
+    choice = auto_weights(km)
+    assert choice.weights == "int4-k,lm_head=int6-k"  # Q6_K's blocks as they are
     assert choice.describe() == ("int4-k: 5 Q4_K tensors as stored, 2 Q6_K re-quantized; "
-                                 "lm_head int8-g32: Q6_K re-quantized")
+                                 "lm_head int6-k: Q6_K as stored")
     narrow = q4_k_m | {"blk.0.ffn_down.weight": ("Q8_0", (512, 576))}  # a K of 576: not 256s
     assert auto_weights(_headers_only(tmp_path / "n.gguf", narrow)).weights == (
-        "int4-g32-asym,lm_head=int8-g32")
+        "int4-g32-asym,lm_head=int8-g32")  # KEEP_K: Q4_1's layout, and int8-g32 above 6 bits
+    assert auto_weights(km, tp=4).weights == (
+        "int4-g32-asym,lm_head=int8-g32")  # a rank's share of K = 512 is 128: not 256s
     tied = {k: v for k, v in q4_k_m.items() if k != "output.weight"}  # the embedding is lm_head
     assert auto_weights(_headers_only(tmp_path / "tied.gguf", tied)).weights == choice.weights
     head_q4 = q4_k_m | {"output.weight": ("Q4_0", (1024, 512))}  # fewer bits: the layers' format

@@ -1,6 +1,7 @@
 """Weight formats (issue 26, item 1): names, round trips within each format's error bound,
 bit-exact agreement with the `gguf` package's Q8_0, Q4_0, Q4_1 and BF16, GGUF blocks loaded
-as stored, the bytes streamed, and bad names and shapes as one-line errors."""
+as stored, the bytes streamed, int6-k's split 6-bit values, and bad names and shapes as
+one-line errors."""
 
 import numpy as np
 import pytest
@@ -13,11 +14,15 @@ from sandwich.gguf_blocks import from_gguf_blocks
 from sandwich.weight_formats import (
     FORMATS,
     QuantizedWeight,
+    concat_columns,
     dequantize,
+    pack6,
+    pad_columns,
     parse_format,
     quantize,
     take_columns,
     take_rows,
+    unpack6,
 )
 
 NAMES = [f.name for f in FORMATS]
@@ -58,6 +63,8 @@ def bound(fmt, w: np.ndarray) -> np.ndarray:
     b = w.T.reshape(n, k // g, g).astype(np.float64)
     hi, lo = b.max(-1, keepdims=True), b.min(-1, keepdims=True)
     big = np.maximum(np.abs(hi), np.abs(lo))
+    if fmt.bits == 6:
+        return np.broadcast_to(_int6_k_bound(big, fmt), b.shape).reshape(n, k).T
     qmax, step, half = {(8, True): (127, big / 127, 0.5), (4, True): (8, big / 8, 1.0),
                         (4, False): (15, (hi - lo) / 15, 0.5)}[(fmt.bits, fmt.symmetric)]
     e = step * half + step * qmax * 1e-6  # float32 arithmetic
@@ -77,6 +84,19 @@ def bound(fmt, w: np.ndarray) -> np.ndarray:
     return np.broadcast_to(e, b.shape).reshape(n, k).T
 
 
+def _int6_k_bound(big: np.ndarray, fmt) -> np.ndarray:
+    """int6-k's error bound per group (N, K/16, 1) of largest magnitude `big`: a step of big / 32
+    (a whole one where the other end clips at 31); the step an int8 factor of d (the super-
+    group's largest step over 128, fp16), off by up to d / 2, or d where 128 clips to 127, moves
+    the 32nd value by 32 d; and d as an fp16 subnormal (2^-25 off, times 128 * 32)."""
+    n = big.shape[0]
+    step = big / 32
+    per = fmt.super_group // fmt.group
+    d = step.reshape(n, -1, per).max(-1, keepdims=True) / 128 * (1 + 2.0**-10)
+    d = np.repeat(d, per, axis=1).reshape(step.shape)
+    return step * (1 + 32e-6) + 32 * d + 4096 * 2.0**-25
+
+
 def test_names_parse_and_unknown_ones_are_one_line_errors():
     assert NAMES[:4] == ["fp32", "bf16", "int8", "int8-g32"]
     for name in NAMES:
@@ -88,6 +108,7 @@ def test_names_parse_and_unknown_ones_are_one_line_errors():
     assert g["int8"] == (8, None, True, None)
     assert g["int4-g64-asym"] == (4, 64, False, None)
     assert g["int4-g32"][3] == "Q4_0" and g["int8-g32"][3] == "Q8_0"
+    assert g["int6-k"] == (6, 16, True, "Q6_K") and parse_format("Q6_K").name == "int6-k"
     for bad in ("int3", "int4-g16", "fp8", ""):
         with pytest.raises(ConfigError) as e:
             parse_format(bad)
@@ -133,6 +154,8 @@ def test_bytes_per_weight_match_the_gguf_blocks():
     assert per["int4-g32-asym"] == 20 / 32  # Q4_1
     assert per["int4-g64"] == 34 / 64 and per["int4-g128"] == 66 / 128
     assert per["int4-g128-asym"] == 68 / 128
+    assert per["int4-k"] * 8 == 4.625  # Q4_K's 144 bytes a 256, its factors a byte each: 148
+    assert per["int6-k"] == 210 / 256 and per["int6-k"] * 8 == 6.5625  # Q6_K's block of 256
 
 
 @pytest.mark.parametrize("name", list(GGUF_TWINS))
@@ -273,3 +296,51 @@ def test_a_large_weight_quantizes_in_pieces_to_the_same_arrays(name, monkeypatch
     pieces = quantize(w, name)
     for key, a in whole.arrays().items():
         assert np.array_equal(a.view(np.uint8), getattr(pieces, key).view(np.uint8)), key
+
+
+def test_int6_k_splits_each_6_bit_value_into_low_nibbles_and_high_bit_pairs():
+    v = np.random.default_rng(3).integers(0, 64, (5, 512), dtype=np.uint8)
+    q, high = pack6(v)
+    assert (q.shape, high.shape, q.dtype, high.dtype) == ((5, 256), (5, 128), np.uint8, np.uint8)
+    assert np.array_equal(unpack6(q, high), v)
+    j = 7  # plain consecutive pairs and quads, not int4's pairing across a group's halves
+    assert q[0, j] == (v[0, 2 * j] & 15) | (v[0, 2 * j + 1] & 15) << 4
+    assert high[0, j] == sum(int(v[0, 4 * j + i] >> 4) << (2 * i) for i in range(4))
+
+
+def test_int6_k_quantizes_as_ggml_shapes_q6_k():
+    """The value of largest magnitude in a super-group is its step * -32 (stored 0) and that
+    group's factor -128 (d = the step / -128); an all-zero group is factor 0, values 32."""
+    w = weights(4, k=512)
+    qw = quantize(w, "int6-k")
+    assert list(qw.arrays()) == ["q", "high", "scales", "super_scales"]
+    assert qw.mins is None and qw.super_mins is None
+    values = unpack6(qw.q, qw.high)
+    for col, sup in ((0, 0), (7, 1)):
+        part = w[256 * sup: 256 * (sup + 1), col]
+        at = 256 * sup + int(np.abs(part).argmax())
+        assert values[col, at] == 0 and qw.scales[col, at // 16] == -128
+        assert np.sign(qw.super_scales[col, sup]) == np.sign(w[at, col])  # d * -128 * -32
+    assert (qw.scales[0, 2:4] == 0).all() and (values[0, 32:64] == 32).all()
+    assert (dequantize(qw)[32:64, 0] == 0).all() and not np.signbit(dequantize(qw)[32:64, 0]).any()
+    with pytest.raises(ConfigError) as e:
+        quantize(np.ones((128, 2), np.float32), "int6-k")
+    assert "int6-k needs K a multiple of 256" in one_line(e)
+    with pytest.raises(ConfigError) as e:  # d = 1e9 / 4096 is past fp16's 65504
+        quantize(np.full((256, 2), 1e9, np.float32), "int6-k")
+    assert "float16 scales" in one_line(e)
+
+
+def test_int6_k_high_bits_follow_the_columns_and_rows_they_belong_to():
+    w = weights(6, k=512)
+    qw = quantize(w, "int6-k")
+    both = concat_columns([take_columns(qw, np.arange(0, 10)), take_columns(qw, np.arange(10, N))])
+    assert np.array_equal(both.high, qw.high) and np.array_equal(dequantize(both), dequantize(qw))
+    padded = pad_columns(qw, N + 8)
+    assert padded.high.shape == (N + 8, 128) and (dequantize(padded)[:, N:] == 0).all()
+    assert np.array_equal(dequantize(padded)[:, :N], dequantize(qw))
+    tail = take_rows(qw, slice(256, 512))  # whole super-groups: its own high bits and d
+    assert tail.high.shape == (N, 64) and np.array_equal(dequantize(tail), dequantize(qw)[256:])
+    with pytest.raises(ShapeError) as e:
+        take_rows(qw, slice(0, 128))  # whole groups of 16, not of 256
+    assert "must be whole groups of 256" in one_line(e)

@@ -229,8 +229,10 @@ VALUE_OPS = {32: 0.0, 16: 0.0, 8: 2.0, 4: 2.5}
 # stored as unsigned bytes (value + 128) that vpdpbusd takes as they are, 0 ops; int4 keeps 8
 # nibbles in a 32-bit lane, split with an and, a shift and an and for 8 weight vectors, 3/8 op
 # a weight vector; the znver4 assembly of an 8 x 32 tile does it twice (LLVM recomputes the
-# split rather than keep it in registers for 8 rows), 0.75.
-ACT8_VALUE_OPS = {8: 0.0, 4: 0.75}
+# split rather than keep it in registers for 8 rows), 0.75. 6-bit (int6-k) adds each byte's
+# high two bits to the nibbles (high2: a shift, an and, a shift; then an add) for both words
+# of an element: 11 ops per 8 weight vectors, counted at the nibble split's rate.
+ACT8_VALUE_OPS = {8: 0.0, 6: 11 / 8, 4: 0.75}
 # Per row and block of 32 values, besides its 8 dot8 per column vector, the kernel converts
 # the block's integer sums to f32 and scales them by the activation scale (vcvtdq2ps and an
 # FMA), and per group of G values once more by the weight scale (an FMA): the matrix term
@@ -260,7 +262,8 @@ def dequantization(fmt_name: str, k: int = SIGNATURE_K, *, bf16_dot: bool = True
     """What our GEMM family does to one weight vector of this format before its products."""
     fmt = parse_format(fmt_name)
     if int_activations(fmt, k):
-        kind, ops = ("nibbles", ACT8_VALUE_OPS[4]) if fmt.bits == 4 else (None, ACT8_VALUE_OPS[8])
+        kind = "nibbles" if fmt.bits in (4, 6) else None
+        ops = ACT8_VALUE_OPS[fmt.bits]
     elif fmt.bits == 16:
         kind, ops = (None, 0.0) if bf16_dot else ("bf16-widen", BF16_WIDEN_OPS)
     elif fmt.bits in (8, 4):
@@ -273,8 +276,10 @@ def dequantization(fmt_name: str, k: int = SIGNATURE_K, *, bf16_dot: bool = True
         per_group = arrays * (2 if fmt.scale_dtype == "float16" else 1)
         if fmt.bits == 4 and fmt.symmetric:
             per_group += 1
-        if fmt.super_group:  # a scale and a minimum each made from a byte factor and an fp16
-            per_group = 2 * 3  # multiplier: widen the byte, convert, multiply
+        if fmt.super_group and not fmt.symmetric:  # a scale and a minimum each made from a
+            per_group = 2 * 3  # byte factor and an fp16 multiplier: widen, convert, multiply
+        elif fmt.super_group:  # int6-k: each group's signed factor widened, converted and
+            per_group = 3 + 1  # applied; d (converted, applied) once a block of two groups
         epilogue = per_group / fmt.group_size(k)
     return Dequantization(kind, ops, epilogue)
 
