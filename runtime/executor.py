@@ -360,7 +360,7 @@ class Executor:
         return self.buffers["carry"]
 
     def _layer(self, layer: int, segments: Sequence[Segment], n_tok: int, pos: np.ndarray) -> None:
-        b, ops, g = self.buffers, self.ops, self._gemms
+        b, ops, g = self.buffers, self.ops, self._gemms.at(layer)
         w = self.model.layers[layer]
         eps, d = self.cfg.rms_norm_eps, self.cfg.head_dim
         x, h, qkv = b["x"][:n_tok], b["h"][:n_tok], b["qkv"][:n_tok]

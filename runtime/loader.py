@@ -7,8 +7,8 @@ packed router and each expert's fused gate/up and down instead of the MLP (runti
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +27,7 @@ from sandwich.tuner.kernel_cache import GemmKernel, KernelCache, PackedWeight
 from sandwich.weight_formats import (
     QuantizedWeight,
     WeightFormat,
+    WeightSpec,
     concat_columns,
     format_of,
     gemm_dtype,
@@ -50,6 +51,28 @@ class ModelGemms:
     router: GemmKernel | None = None  # MoE: K=hidden, N=experts (+ the shared expert's gate)
     shared_gate_up: GemmKernel | None = None  # Qwen2-MoE's shared expert: K=hidden, N=2 shared
     shared_down: GemmKernel | None = None  # K=shared, N=hidden
+    # layer -> the GEMMs of a layer whose spec gives some op another format (WeightSpec's
+    # op@layer overrides: a Q4_K_M file's Q6_K ffn_down in some layers)
+    per_layer: Mapping[int, ModelGemms] = field(default_factory=dict)
+
+    def at(self, layer: int) -> ModelGemms:
+        """The GEMMs layer `layer` runs."""
+        return self.per_layer.get(layer, self)
+
+    def with_layer_formats(self, spec: WeightSpec, kernel: Callable[[GemmKernel, WeightFormat], GemmKernel]
+                           ) -> ModelGemms:
+        """These GEMMs with the spec's per-layer formats: `kernel(g, fmt)` is the kernel of g's
+        shape for weights in `fmt`. Layers with the same overrides share one ModelGemms."""
+        made: dict[tuple, ModelGemms] = {}
+        per_layer = {}
+        for layer, ops in spec.layered().items():
+            key = tuple(sorted((op, f.name) for op, f in ops.items()))
+            if key not in made:
+                swaps = {GEMM_FIELDS.get(op, op): kernel(getattr(self, GEMM_FIELDS.get(op, op)), f)
+                         for op, f in ops.items()}
+                made[key] = replace(self, **swaps)
+            per_layer[layer] = made[key]
+        return replace(self, per_layer=per_layer)
 
 
 # payload op names whose kernels ModelGemms holds under another name
@@ -128,9 +151,10 @@ def model_gemms(cfg: ModelConfig, cache: KernelCache, *, threads: int | None = N
     expert = "expert_" if cfg.is_moe else ""
 
     def gemm(n: int, k: int, op: str) -> GemmKernel:
-        return cache.gemm(n=n, k=k, dtype=gemm_dtype(op_format(spec, op)), threads=threads)
+        fmt = op_format(spec, op, cfg.num_hidden_layers)
+        return cache.gemm(n=n, k=k, dtype=gemm_dtype(fmt), threads=threads)
 
-    return ModelGemms(
+    base = ModelGemms(
         qkv=gemm((heads + 2 * kv) * d, h, "qkv"),
         o=gemm(h, heads * d, "o"),
         gate_up=gemm(2 * cfg.intermediate_size, h, expert + "gate_up"),
@@ -139,6 +163,8 @@ def model_gemms(cfg: ModelConfig, cache: KernelCache, *, threads: int | None = N
         router=gemm(cfg.router_outputs, h, "router") if cfg.is_moe else None,
         **_shared_gemms(cfg, gemm),
     )
+    return base.with_layer_formats(spec, lambda g, fmt: cache.gemm(
+        n=g.n_out, k=g.k, dtype=gemm_dtype(fmt), threads=threads))
 
 
 def _shared_gemms(cfg: ModelConfig, gemm: Callable[[int, int, str], GemmKernel]) -> dict[str, GemmKernel]:
@@ -264,6 +290,12 @@ def check_memory(cfg: ModelConfig, *, weights: str = "fp32", tp: int = 1,
 
 def check_same_layouts(a: ModelGemms, b: ModelGemms) -> None:
     """Both phases read one copy of the packed weights: their kernels must share a layout."""
+    for layer in a.per_layer:
+        _check_same_layouts(a.at(layer), b.at(layer))
+    _check_same_layouts(a, b)
+
+
+def _check_same_layouts(a: ModelGemms, b: ModelGemms) -> None:
     for name in ("qkv", "o", "gate_up", "down", "lm_head", "router", "shared_gate_up", "shared_down"):
         ga, gb = getattr(a, name), getattr(b, name)
         if ga is None or gb is None:
@@ -291,15 +323,15 @@ def pack_model(read: WeightReader, cfg: ModelConfig, rope: RopeSpec, gemms: Mode
     shared = slice(rank * s, (rank + 1) * s)
     layers = []
     for i in range(cfg.num_hidden_layers):
-        p = f"model.layers.{i}."
+        p, g = f"model.layers.{i}.", gemms.at(i)
         parts = [(p + "self_attn.q_proj.", q), (p + "self_attn.k_proj.", kv),
                  (p + "self_attn.v_proj.", kv)]
         layers.append(LayerWeights(
             input_norm=aligned_copy(read(p + "input_layernorm.weight")),
-            qkv=read.pack(gemms.qkv, [(name + "weight", rows) for name, rows in parts]),
-            o=read.pack(gemms.o, [(p + "self_attn.o_proj.weight", slice(None))], q),
+            qkv=read.pack(g.qkv, [(name + "weight", rows) for name, rows in parts]),
+            o=read.pack(g.o, [(p + "self_attn.o_proj.weight", slice(None))], q),
             post_norm=aligned_copy(read(p + "post_attention_layernorm.weight")),
-            **_ffn(read, p, cfg, gemms, mlp, shared),
+            **_ffn(read, p, cfg, g, mlp, shared),
             **_attention_extras(read, p, cfg, parts),
         ))
     embed = read("model.embed_tokens.weight")

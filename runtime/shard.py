@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sandwich.errors import CacheError, ConfigError
 from sandwich.models import ModelConfig
-from sandwich.payload import make_payload
+from sandwich.payload import make_payload, op_format
 from sandwich.runtime.loader import (
     GEMM_FIELDS,
     LlamaModel,
@@ -28,8 +28,8 @@ from sandwich.runtime.loader import (
     open_checkpoint,
     pack_model,
 )
-from sandwich.tuner.kernel_cache import KernelCache
-from sandwich.weight_formats import weights_flag
+from sandwich.tuner.kernel_cache import GemmKernel, KernelCache
+from sandwich.weight_formats import gemm_dtype, parse_weights, weights_flag
 
 
 def check_tp(cfg: ModelConfig, tp: int) -> None:
@@ -65,14 +65,20 @@ def shard_gemms(cfg: ModelConfig, cache: KernelCache, *, tp: int,
     """The GEMMs of the tp payload in the weight format `weights`, tuned for `threads` (a
     rank's CPU count)."""
     found = {}
-    for op in make_payload(cfg, tp=tp, seq_max=1, weights=weights).ops:
+    spec = parse_weights(weights)
+
+    def gemm(n: int, k: int, dtype: str, name: str) -> GemmKernel:
         try:
-            found[GEMM_FIELDS.get(op.name, op.name)] = cache.gemm(n=op.n, k=op.k, dtype=op.dtype,
-                                                                  threads=threads)
+            return cache.gemm(n=n, k=k, dtype=dtype, threads=threads)
         except CacheError as e:
-            raise CacheError(f"{e} (GEMM {op.name} at tensor-parallel degree {tp}: "
+            raise CacheError(f"{e} (GEMM {name} at tensor-parallel degree {tp}: "
                              f"tune with `--tp {tp}{weights_flag(weights)}`)") from None
-    return ModelGemms(**found)
+
+    for op in make_payload(cfg, tp=tp, seq_max=1, weights=weights).ops:
+        if op.dtype == gemm_dtype(op_format(spec, op.name, cfg.num_hidden_layers)):  # per-layer formats: below
+            found[GEMM_FIELDS.get(op.name, op.name)] = gemm(op.n, op.k, op.dtype, op.name)
+    return ModelGemms(**found).with_layer_formats(
+        spec, lambda g, fmt: gemm(g.n_out, g.k, gemm_dtype(fmt), f"of N={g.n_out} K={g.k}"))
 
 
 def load_shard(model_dir: str | Path, cache: KernelCache, *, rank: int, tp: int,

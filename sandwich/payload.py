@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, replace
 
 from sandwich.errors import ConfigError
@@ -28,12 +29,22 @@ HEAD_M_MAX = 64
 # GEMMs whose weights stay fp32 in every format: an MoE router (llama.cpp keeps ffn_gate_inp in
 # F32 in every quantization too), whose rounded logits would send tokens to other experts
 FP32_OPS = frozenset({"router"})
+# ops whose K tensor parallelism splits (row-parallel); the others split N or run whole
+K_SHARDED = frozenset({"o", "down", "expert_down", "shared_down"})
 
 
-def op_format(weights: str | WeightSpec, op: str) -> WeightFormat:
+def op_format(weights: str | WeightSpec, op: str, layers: int | None = None) -> WeightFormat:
     """The format op `op` stores its weights in under the spec `weights` (fp32 for FP32_OPS):
-    what the payload's ops and the loader's kernels both read."""
-    return parse_format("fp32") if op in FP32_OPS else parse_weights(weights).for_op(op)
+    what the payload's ops and the loader's kernels both read. With `layers` (the model's),
+    the format of the layers the spec gives no format of their own for the op, or where
+    every layer has one, layer 0's: the kernel a model's GEMMs hold for the op runs."""
+    if op in FP32_OPS:
+        return parse_format("fp32")
+    spec = parse_weights(weights)
+    fmt = spec.for_op(op)
+    if layers and all(spec.for_op(op, i) != fmt for i in range(layers)):
+        return spec.for_op(op, 0)
+    return fmt
 
 
 @dataclass(frozen=True)
@@ -79,10 +90,24 @@ def make_payload(cfg: ModelConfig, *, tp: int = 1, seq_max: int = 2048,
                k=cfg.hidden_size, m_max=HEAD_M_MAX),
     )
     spec = parse_weights(weights)
+    layered = spec.layered()
+    if layered and max(layered) >= layers:
+        raise ConfigError(f"weights '{spec.name}' name layer {max(layered)}; {cfg.name} has "
+                          f"{layers} (0 to {layers - 1})")
+    ops = tuple(part for op in ops for part in _by_format(op, spec, layers))
     for op in ops:
-        check_shape(op_format(spec, op.name), (op.k, op.n))  # fp32 (FP32_OPS) takes any K
-    ops = tuple(replace(op, dtype=gemm_dtype(op_format(spec, op.name))) for op in ops)
+        check_shape(format_of(op.dtype), (op.k, op.n))  # fp32 (FP32_OPS) takes any K
     return Payload(model=cfg.name, tp=tp, seq_max=seq_max, ops=ops)
+
+
+def _by_format(op: GemmOp, spec: WeightSpec, layers: int) -> tuple[GemmOp, ...]:
+    """`op` in its format, or one op per format where the spec gives the op another in some
+    layers (each counting its layers' share of the runs)."""
+    if op.name in FP32_OPS or op.name == "lm_head":
+        return (replace(op, dtype=gemm_dtype(op_format(spec, op.name))),)
+    per_layer = Counter(spec.for_op(op.name, i).name for i in range(layers))
+    return tuple(replace(op, dtype=gemm_dtype(fmt), count=op.count * n // layers)
+                 for fmt, n in sorted(per_layer.items()))
 
 
 def _ffn(cfg: ModelConfig, inter: int, tp: int) -> tuple[GemmOp, ...]:
@@ -107,8 +132,8 @@ def resident_bytes(cfg: ModelConfig, *, weights: str = "fp32", tp: int = 1) -> i
     the experts a token runs), plus the float32 embedding the ids look up."""
     total = 4 * cfg.vocab_size * cfg.hidden_size
     for op in make_payload(cfg, tp=tp, seq_max=1, weights=weights).ops:
-        stored = (cfg.num_hidden_layers * cfg.num_local_experts if op.name.startswith("expert_")
-                  else op.count)
+        stored = (op.count // cfg.num_experts_per_tok * cfg.num_local_experts
+                  if op.name.startswith("expert_") else op.count)  # count: layers x experts a token runs
         arrays = layout(format_of(op.dtype), op.k, op.n).values()
         total += stored * sum(math.prod(shape) * dtype.itemsize for shape, dtype in arrays)
     return total

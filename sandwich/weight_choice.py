@@ -13,12 +13,20 @@ from dataclasses import dataclass, field
 
 from sandwich.gguf_blocks import NEAREST, STORED_AS, ggml_type_name, loads_into
 from sandwich.gguf_config import gguf_path, is_gguf, open_reader
+from sandwich.payload import K_SHARDED
 from sandwich.weight_formats import parse_format, parse_weights
 
 # GGUF tensors that are not GEMM weights: the MoE router (always fp32 here), and the token
 # embedding where the file has its own output matrix (a row lookup, not a GEMM)
 NOT_GEMMS = ("ffn_gate_inp.weight",)
 EMBEDDING, OUTPUT = "token_embd.weight", "output.weight"
+# a layer's GEMM tensors (inside `blk.{i}.`) -> the op that runs them (sandwich/payload.py)
+LAYER_OPS = {"attn_q.weight": "qkv", "attn_k.weight": "qkv", "attn_v.weight": "qkv",
+             "attn_output.weight": "o", "ffn_gate.weight": "gate_up", "ffn_up.weight": "gate_up",
+             "ffn_down.weight": "down", "ffn_gate_exps.weight": "expert_gate_up",
+             "ffn_up_exps.weight": "expert_gate_up", "ffn_down_exps.weight": "expert_down",
+             "ffn_gate_shexp.weight": "shared_gate_up", "ffn_up_shexp.weight": "shared_gate_up",
+             "ffn_down_shexp.weight": "shared_down"}
 # the format a K-quant tensor runs in where its format cannot group a GEMM's K by its
 # super-groups of 256: the nearest that stores any K a multiple of 32 (Q4_K: Q4_1's layout,
 # the same nibbles; Q6_K: int8-g32, the nearest above its 6 bits)
@@ -27,13 +35,16 @@ KEEP_K = {"int4-k": "int4-g32-asym", "int6-k": "int8-g32"}
 
 @dataclass(frozen=True)
 class WeightsChoice:
-    """The weight spec chosen (a format, and the lm_head's where it differs), with what it
-    was chosen from: per GGUF type of the layers' GEMM weights, (tensors, values), and the
-    lm_head's type (output.weight, or the tied embedding)."""
+    """The weight spec chosen (a format, the lm_head's where it differs, and an op's in the
+    layers whose tensors of it are all stored in another), with what it was chosen from: per
+    GGUF type of the layers' GEMM weights the base format runs, (tensors, values); the same
+    for each per-layer override (by its spec key, `down@2.3`); the lm_head's type
+    (output.weight, or the tied embedding)."""
 
     weights: str
     types: dict[str, tuple[int, int]] = field(default_factory=dict)
     head_type: str | None = None
+    layer_types: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
 
     @property
     def from_file(self) -> bool:
@@ -41,10 +52,14 @@ class WeightsChoice:
         return bool(self.types) or self.head_type is not None
 
     def describe(self) -> str:
-        """What becomes of the file's tensors: "int4-g32-asym: 210 Q4_1 tensors as stored;
-        lm_head int8-g32: Q8_0 as stored"."""
+        """What becomes of the file's tensors: "int4-k: 24 Q4_K tensors as stored, 2 Q6_K
+        re-quantized; down@2.3 int6-k: 2 Q6_K tensors as stored; lm_head int6-k: Q6_K as
+        stored"."""
         spec = parse_weights(self.weights)
         text = _what_becomes(spec.base.name, self.types)
+        for key, fmt in spec.overrides:
+            if key in self.layer_types:
+                text += f"; {key} " + _what_becomes(fmt.name, self.layer_types[key])
         if self.head_type is not None:
             head = spec.for_op("lm_head").name
             text += "; lm_head " + _what_becomes(head, {self.head_type: (1, 0)}, count=False)
@@ -59,7 +74,8 @@ def _what_becomes(fmt: str, types: dict[str, tuple[int, int]], *, count: bool = 
 
     stored, other = listed(True), listed(False)
     verb = "re-quantized" if parse_format(fmt).quantized else "converted"
-    parts = ([f"{stored}{' tensors' if count else ''} as stored"] if stored else []) + (
+    noun = " tensor" if sum(n for n, _ in types.values()) == 1 else " tensors"
+    parts = ([f"{stored}{noun if count else ''} as stored"] if stored else []) + (
         [f"{other} {verb}"] if other else [])
     return f"{fmt}: {', '.join(parts)}" if parts else fmt
 
@@ -72,46 +88,88 @@ def format_for_type(ggml_type: str) -> str:
 
 def auto_weights(model: object, tp: int = 1) -> WeightsChoice:
     """The spec `--weights auto` runs `model` in. A GGUF path or installed model's name: the
-    layers in the format most of their GEMM weights' values are stored in (the more precise
-    one on a tie); the lm_head in its own type's format where that has more bits (llama.cpp's
-    Q4_K_M keeps output.weight in Q6_K, a Q4_1 file may keep its tied embedding in Q8_0),
-    else the layers'. Anything else: fp32. `tp`: the tensor-parallel degree the model will
-    run at (it splits some GEMMs' K)."""
+    spec's base is the format that holds the most values as stored (`_op_formats`: each
+    layer's op in its tensors' format); a layer's op whose own format has more bits runs in
+    it, a per-layer override (a Q4_K_M file's Q6_K ffn_down in some layers); the lm_head in its own type's format where that has more bits
+    (llama.cpp's Q4_K_M keeps output.weight in Q6_K, a Q4_1 file may keep its tied embedding
+    in Q8_0), else the layers'. Anything else: fp32. `tp`: the tensor-parallel degree the
+    model will run at (it splits some GEMMs' K)."""
     if not isinstance(model, str) or not is_gguf(model):
         return WeightsChoice("fp32")
     tensors = open_reader(gguf_path(model)).tensors
     names = {t.name for t in tensors}
     head_name = OUTPUT if OUTPUT in names else EMBEDDING
-    types: Counter[str] = Counter()
-    values: Counter[str] = Counter()
-    head_type = None
-    for t in tensors:
-        if len(t.shape) < 2 or t.name.endswith(NOT_GEMMS) or (t.name == EMBEDDING != head_name):
-            continue
-        if t.name == head_name:
-            head_type = ggml_type_name(t.tensor_type)
-            continue
-        name = ggml_type_name(t.tensor_type)
-        types[name] += 1
-        values[name] += int(t.n_elements)
-    if not values and head_type is None:  # no GEMM weight at all
+    head = next((t for t in tensors if t.name == head_name and len(t.shape) >= 2), None)
+    gemms = [t for t in tensors if len(t.shape) >= 2 and t is not head and t.name != EMBEDDING
+             and not t.name.endswith(NOT_GEMMS)]
+    if not gemms and head is None:  # no GEMM weight at all
         return WeightsChoice("fp32")
-    by_format: Counter[str] = Counter()
-    for name, v in values.items():
-        by_format[format_for_type(name)] += v
-    head = format_for_type(head_type) if head_type is not None else None
-    base = max(by_format, key=lambda f: (by_format[f], parse_format(f).bits)) if by_format else head
-    # a format grouping K in super-groups (int4-k: 256) gives way to KEEP_K's where a GEMM's K,
-    # or a rank's share of it, is not whole super-groups (llama.cpp's own Q4_K_M keeps such
-    # tensors in other types)
-    ks = {int(t.shape[0]) for t in tensors if len(t.shape) >= 2 and not t.name.endswith(NOT_GEMMS)}
+    head_type = ggml_type_name(head.tensor_type) if head is not None else None
+    by_type: Counter[str] = Counter()
+    for t in gemms:
+        by_type[format_for_type(ggml_type_name(t.tensor_type))] += int(t.n_elements)
+    # a tie goes to the more precise; a file of the lm_head alone runs in its format
+    major = (max(by_type, key=lambda f: (by_type[f], parse_format(f).bits)) if by_type
+             else format_for_type(head_type))
+    ops = _op_formats(gemms, major, tp)
+    runs: Counter[str] = Counter()
+    for fmt, ts in ops.values():
+        runs[fmt] += sum(int(t.n_elements) for t in ts)
+    base = max(runs, key=lambda f: (runs[f], parse_format(f).bits)) if runs else _fitted(major, [head], 1)
+    # an op keeps its own format where that has more bits than the base (the base would
+    # round its values again), else runs the base, in KEEP_K's where the base cannot group
+    # the op's K
+    bits = parse_format(base).bits
+    ops = {key: (fmt if parse_format(fmt).bits > bits
+                 else _fitted(base, ts, tp if key[0] in K_SHARDED else 1), ts)
+           for key, (fmt, ts) in ops.items()}
+    hfmt = _fitted(format_for_type(head_type), [head], 1) if head is not None else None  # TP splits N
+    keep = hfmt is not None and parse_format(hfmt).bits > parse_format(base).bits
+    groups: dict[tuple[str, str], list[int]] = {}
+    for (op, layer), (fmt, _) in sorted(ops.items()):
+        if fmt != base:
+            groups.setdefault((op, fmt), []).append(layer)
+    spec = parse_weights(",".join([base, *(f"{op}@{'.'.join(map(str, ls))}={fmt}"
+                                           for (op, fmt), ls in groups.items()),
+                                   *([f"lm_head={hfmt}"] if keep else [])])).name
+    layer_types = {f"{op}@{'.'.join(map(str, ls))}": _counted(
+        [t for layer in ls for t in ops[(op, layer)][1]]) for (op, fmt), ls in groups.items()}
+    based = [t for fmt, ts in ops.values() if fmt == base for t in ts]
+    return WeightsChoice(spec, _counted(based), head_type, layer_types)
 
-    def fitted(fmt: str | None) -> str | None:
-        step = parse_format(fmt).super_group if fmt is not None else None
-        return KEEP_K[fmt] if step and any(k % (step * tp) for k in ks) else fmt
 
-    base, head = fitted(base), fitted(head)
-    keep = head is not None and parse_format(head).bits > parse_format(base).bits
-    spec = f"{base},lm_head={head}" if keep else base
-    ordered = sorted(types, key=values.get, reverse=True)
-    return WeightsChoice(spec, {t: (types[t], values[t]) for t in ordered}, head_type)
+def _op_formats(gemms, major: str, tp: int) -> dict[tuple[str, int], tuple[str, list]]:
+    """(op, layer) -> (the format it runs in, its GGUF tensors): its tensors' stored type's
+    format where they share one type, else (Q4_K_M's attn_q and attn_k in Q4_K beside attn_v
+    in Q6_K, fused as one GEMM) the file's most common format `major`; where that format
+    cannot group their K (a rank's share under `tp`, for the ops that split K) by its
+    super-groups, KEEP_K's."""
+    by_op: dict[tuple[str, int], list] = {}
+    for t in gemms:
+        layer, _, rest = t.name.removeprefix("blk.").partition(".")
+        if t.name.startswith("blk.") and layer.isdigit() and rest in LAYER_OPS:
+            by_op.setdefault((LAYER_OPS[rest], int(layer)), []).append(t)
+    out = {}
+    for key, ts in by_op.items():
+        kinds = {ggml_type_name(t.tensor_type) for t in ts}
+        fmt = format_for_type(kinds.pop()) if len(kinds) == 1 else major
+        out[key] = (_fitted(fmt, ts, tp if key[0] in K_SHARDED else 1), ts)
+    return out
+
+
+def _fitted(fmt: str, tensors, tp: int) -> str:
+    """`fmt`, or KEEP_K's where it groups K by super-groups that some tensor's K (or a rank's
+    share of it) is not whole groups of (llama.cpp's own Q4_K_M keeps such tensors in other
+    types)."""
+    step = parse_format(fmt).super_group
+    return KEEP_K[fmt] if step and any(int(t.shape[0]) % (step * tp) for t in tensors) else fmt
+
+
+def _counted(tensors) -> dict[str, tuple[int, int]]:
+    """GGUF tensors -> type -> (tensors, values), the most values first."""
+    out: dict[str, tuple[int, int]] = {}
+    for t in tensors:
+        name = ggml_type_name(t.tensor_type)
+        n, v = out.get(name, (0, 0))
+        out[name] = (n + 1, v + int(t.n_elements))
+    return dict(sorted(out.items(), key=lambda kv: -kv[1][1]))

@@ -93,11 +93,12 @@ OP_NAMES = ("qkv", "o", "gate_up", "down", "lm_head", "expert_gate_up", "expert_
 class WeightSpec:
     """The formats of a model's GEMM weights: `base` for every op but those `overrides`
     names, e.g. the lm_head kept at 8 bits beside 4-bit layers (llama.cpp's Q4_K_M keeps
-    output.weight in Q6_K, SmolLM2's Q4_1 file its tied embedding in Q8_0). Written
-    `int4-g32-asym,lm_head=int8-g32`; a plain format name is a spec without overrides."""
+    output.weight in Q6_K, SmolLM2's Q4_1 file its tied embedding in Q8_0), or one op in some
+    layers only (Q4_K_M keeps ffn_down in Q6_K in some layers). Written
+    `int4-k,down@2.3=int6-k,lm_head=int6-k`; a plain format name is a spec without overrides."""
 
     base: WeightFormat
-    overrides: tuple[tuple[str, WeightFormat], ...] = ()
+    overrides: tuple[tuple[str, WeightFormat], ...] = ()  # (op or op@layer.layer..., format)
 
     @property
     def name(self) -> str:
@@ -108,14 +109,34 @@ class WeightSpec:
         """The name as a file name's part: int4-g32-asym-lm_head-int8-g32."""
         return self.name.replace(",", "-").replace("=", "-")
 
-    def for_op(self, op: str) -> WeightFormat:
-        """The format op `op`'s weights are stored in."""
+    def for_op(self, op: str, layer: int | None = None) -> WeightFormat:
+        """The format op `op`'s weights are stored in (in layer `layer`, where given)."""
+        if layer is not None:
+            for key, fmt in self.overrides:
+                name, _, layers = key.partition("@")
+                if name == op and layers and layer in _layers(layers):
+                    return fmt
         return dict(self.overrides).get(op, self.base)
+
+    def layered(self) -> dict[int, dict[str, WeightFormat]]:
+        """Layer -> {op: format} of the overrides that name layers."""
+        out: dict[int, dict[str, WeightFormat]] = {}
+        for key, fmt in self.overrides:
+            op, _, layers = key.partition("@")
+            for layer in _layers(layers) if layers else ():
+                out.setdefault(layer, {})[op] = fmt
+        return out
+
+
+def _layers(text: str) -> tuple[int, ...]:
+    """"2.3.27" -> (2, 3, 27)."""
+    return tuple(int(x) for x in text.split("."))
 
 
 def parse_weights(spec: str | WeightFormat | WeightSpec) -> WeightSpec:
-    """The spec `spec` names ("int8-g32", "int4-g32-asym,lm_head=int8-g32"), canonical: its
-    overrides sorted, those equal to the base dropped; a one-line ConfigError otherwise."""
+    """The spec `spec` names ("int8-g32", "int4-g32-asym,lm_head=int8-g32",
+    "int4-k,down@2.3=int6-k"), canonical: its overrides sorted, those equal to what they
+    override dropped; a one-line ConfigError otherwise."""
     if isinstance(spec, WeightSpec):
         return spec
     if isinstance(spec, WeightFormat):
@@ -124,12 +145,23 @@ def parse_weights(spec: str | WeightFormat | WeightSpec) -> WeightSpec:
     fmt = parse_format(base)
     overrides = {}
     for part in rest:
-        op, eq, name = part.partition("=")
-        if not eq or op.strip() not in OP_NAMES:
-            raise ConfigError(f"weights '{spec}': '{part}' is not OP=FORMAT with OP one of "
-                              f"{', '.join(OP_NAMES)}")
-        overrides[op.strip()] = parse_format(name)
-    return WeightSpec(fmt, tuple(sorted((op, f) for op, f in overrides.items() if f != fmt)))
+        key, eq, name = (x.strip() for x in part.partition("="))
+        op, at, layers = key.partition("@")
+        if not eq or op not in OP_NAMES or (at and not _layer_list(layers)):
+            raise ConfigError(f"weights '{spec}': '{part}' is not OP=FORMAT or "
+                              f"OP@LAYER.LAYER...=FORMAT with OP one of {', '.join(OP_NAMES)}")
+        if at:
+            key = f"{op}@{'.'.join(str(x) for x in sorted(set(_layers(layers))))}"
+        overrides[key] = parse_format(name)
+    whole = {op: f for op, f in overrides.items() if "@" not in op}
+    kept = {op: f for op, f in overrides.items()
+            if f != (whole.get(op.partition("@")[0], fmt) if "@" in op else fmt)}
+    return WeightSpec(fmt, tuple(sorted(kept.items())))
+
+
+def _layer_list(text: str) -> bool:
+    """Whether `text` is layer numbers joined by dots ("2.3.27")."""
+    return all(x.isdigit() for x in text.split("."))
 
 
 def weights_flag(name: str | WeightFormat | WeightSpec) -> str:

@@ -166,7 +166,7 @@ def write_tiny_gguf(path: Path, *, seed: int = 0, arch: str = "llama", vocab: st
                     config: dict | None = None) -> tuple[Path, object]:
     """Write the file with a gpt2 byte-level BPE vocabulary (and a chat template) or a llama
     SentencePiece one (`vocab="spm"`); `types` overrides TYPES (GGUF name -> GGML type, the
-    token embedding included); `ctx` the context length, `config` other CONFIG values;
+    token embedding included; a layer's own as "blk.1.ffn_down.weight"); `ctx` the context length, `config` other CONFIG values;
     returns (path, the trained tokenizer it carries)."""
     types = {**TYPES, "token_embd.weight": "Q8_0", **(types or {})}
     import gguf
@@ -216,7 +216,7 @@ def write_tiny_gguf(path: Path, *, seed: int = 0, arch: str = "llama", vocab: st
             t = rand(*shapes[gg])
             if arch in ROPE_PERMUTED and gg in ("attn_q.weight", "attn_k.weight"):
                 t = rope_permute(t, c["heads"] if gg == "attn_q.weight" else c["kv"])
-            data, raw = _tensor(t, types[gg])
+            data, raw = _tensor(t, types.get(f"blk.{i}.{gg}", types[gg]))
             w.add_tensor(f"blk.{i}.{gg}", data, raw_dtype=raw)
     w.add_tensor("output_norm.weight", 1 + rand(h))
     w.write_header_to_file()

@@ -103,7 +103,7 @@ def test_bench_kernels_refuses_a_broken_source_and_a_wrong_schedule(tmp_path):
     other.write_text("kernel scale(f32 x[4]) { x[0] = 1.0; }")
     source = builtin_kernels()["gemm_family"].read_text()
     wrong = tmp_path / "wrong.sw"  # the int8 products land twice
-    wrong.write_text(source.replace("accg[i, j] += (f32)acci[i, j] * ad[", "accg[i, j] += 2.0 * (f32)acci[i, j] * ad[", 1))
+    wrong.write_text(source.replace("accg[i, j] += (bits == 6 ?", "accg[i, j] += 2.0 * (bits == 6 ?", 1))
     for path, schedules, threads, match in (
             (tmp_path / "missing.sw", (INT8,), 2, "no such kernel source"),
             (broken, (INT8,), 2, "broken.sw"), (other, (INT8,), 2, "no kernel named gemm_family"),
@@ -151,7 +151,7 @@ def test_bench_streaming_times_each_round_against_the_read_and_the_resident_kern
             run(**kw)
     wrong = tmp_path / "wrong.sw"
     wrong.write_text(builtin_kernels()["gemm_family"].read_text().replace(
-        "accg[i, j] += (f32)acci[i, j] * ad[", "accg[i, j] += 2.0 * (f32)acci[i, j] * ad[", 1))
+        "accg[i, j] += (bits == 6 ?", "accg[i, j] += 2.0 * (bits == 6 ?", 1))
     with pytest.raises(SandwichError, match="is wrong"):
         run(src=str(wrong))
 

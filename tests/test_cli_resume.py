@@ -51,7 +51,7 @@ def test_sigkill_resumes_from_committed_records(tmp_path, tiny_config):
     p = run("tune", "--model", str(tiny_config), "--seq-max", "16", "--budget", "tiny",
             "--no-progress", "--plan", "off", cache=cache)
     assert p.returncode == 0, p.stderr
-    cached = sum(int(line.split()[4]) for line in p.stdout.splitlines()
+    cached = sum(int(line.split()[5]) for line in p.stdout.splitlines()  # op N K format searched cached
                  if line.split() and line.split()[0] in ("qkv", "o", "gate_up+lm_head", "down"))
     assert cached >= kept
     again = run("tune", "--model", str(tiny_config), "--seq-max", "16", "--budget", "tiny",
@@ -59,4 +59,4 @@ def test_sigkill_resumes_from_committed_records(tmp_path, tiny_config):
     assert again.returncode == 0
     rows = [line.split() for line in again.stdout.splitlines()
             if line.split() and line.split()[0] in ("qkv", "o", "gate_up+lm_head", "down")]
-    assert len(rows) == 4 and all(r[3] == "0" for r in rows)  # nothing searched again
+    assert len(rows) == 4 and all(r[3:5] == ["fp32", "0"] for r in rows)  # nothing searched again

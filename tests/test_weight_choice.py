@@ -149,9 +149,11 @@ def test_a_q4_k_file_loads_its_blocks_as_stored_rope_rows_put_back(q4_k_file):
     choice = auto_weights(str(q4_k_file))  # the embedding is tied: the lm_head's too
     assert choice.weights == "int4-k"
     assert choice.describe() == "int4-k: 7 Q4_K tensors as stored; lm_head int4-k: Q4_K as stored"
-    # under TP=2 a rank's share of K (256 / 2) is not a whole super-group: Q4_1's layout
+    # under TP=2 a rank's share of o's K (256 / 2) is not a whole super-group: Q4_1's layout
+    # for it; down's (512 / 2) is, and qkv, gate_up and the lm_head split N
     assert auto_weights(str(q4_k_file), tp=2).describe() == (
-        "int4-g32-asym: 7 Q4_K tensors as stored; lm_head int4-g32-asym: Q4_K as stored")
+        "int4-k: 6 Q4_K tensors as stored; o@0 int4-g32-asym: 1 Q4_K tensor as stored; "
+        "lm_head int4-k: Q4_K as stored")
 
 
 @pytest.fixture(scope="module")
@@ -177,8 +179,9 @@ def test_a_q4_k_m_file_loads_its_q6_k_blocks_as_int6_k_and_its_lm_head_runs_in_i
         assert t.blocks(parse_format("int8-g32")) is None  # Q6_K loads only into int6-k
         assert np.array_equal(dequantize(t.blocks(parse_format("int6-k"))), t.to_f32().T), name
     choice = auto_weights(str(q4_k_m_file))
-    assert choice.weights == "int4-k,lm_head=int6-k"
-    assert choice.describe() == ("int4-k: 5 Q4_K tensors as stored, 2 Q6_K re-quantized; "
+    assert choice.weights == "int4-k,down@0=int6-k,lm_head=int6-k"
+    assert choice.describe() == ("int4-k: 5 Q4_K tensors as stored, 1 Q6_K re-quantized; "
+                                 "down@0 int6-k: 1 Q6_K tensor as stored; "
                                  "lm_head int6-k: Q6_K as stored")
 
 
@@ -211,18 +214,20 @@ def test_auto_runs_a_file_in_the_format_most_of_its_gemm_values_are_stored_in(tm
     }
     km = _headers_only(tmp_path / "km.gguf", q4_k_m)
     choice = auto_weights(km)
-    assert choice.weights == "int4-k,lm_head=int6-k"  # Q6_K's blocks as they are
-    assert choice.describe() == ("int4-k: 5 Q4_K tensors as stored, 2 Q6_K re-quantized; "
+    # Q6_K's blocks as they are: the down matrix, and the output; v is fused with Q4_K's q, k
+    assert choice.weights == "int4-k,down@0=int6-k,lm_head=int6-k"
+    assert choice.describe() == ("int4-k: 5 Q4_K tensors as stored, 1 Q6_K re-quantized; "
+                                 "down@0 int6-k: 1 Q6_K tensor as stored; "
                                  "lm_head int6-k: Q6_K as stored")
     narrow = q4_k_m | {"blk.0.ffn_down.weight": ("Q8_0", (512, 576))}  # a K of 576: not 256s
     assert auto_weights(_headers_only(tmp_path / "n.gguf", narrow)).weights == (
-        "int4-g32-asym,lm_head=int8-g32")  # KEEP_K: Q4_1's layout, and int8-g32 above 6 bits
-    assert auto_weights(km, tp=4).weights == (
-        "int4-g32-asym,lm_head=int8-g32")  # a rank's share of K = 512 is 128: not 256s
+        "int4-k,down@0=int8-g32,lm_head=int6-k")  # that op alone in its own format
+    assert auto_weights(km, tp=4).weights == (  # a rank's share of o's and down's K = 512 is
+        "int4-k,down@0=int8-g32,lm_head=int6-k,o@0=int4-g32-asym")  # 128: int8-g32 above 6 bits
     tied = {k: v for k, v in q4_k_m.items() if k != "output.weight"}  # the embedding is lm_head
     assert auto_weights(_headers_only(tmp_path / "tied.gguf", tied)).weights == choice.weights
     head_q4 = q4_k_m | {"output.weight": ("Q4_0", (1024, 512))}  # fewer bits: the layers' format
-    assert auto_weights(_headers_only(tmp_path / "q4.gguf", head_q4)).weights == "int4-k"
+    assert auto_weights(_headers_only(tmp_path / "q4.gguf", head_q4)).weights == "int4-k,down@0=int6-k"
     tie = {"blk.0.attn_q.weight": ("Q4_0", (256, 256)), "blk.0.attn_k.weight": ("Q8_0", (256, 256)),
            "output.weight": ("Q4_0", (64, 256))}
     assert auto_weights(_headers_only(tmp_path / "tie.gguf", tie)).weights == "int8-g32"  # more bits
@@ -243,8 +248,16 @@ def test_a_weight_spec_names_the_lm_heads_format_beside_the_layers():
     assert parse_weights("int4,lm_head=int4-g32").name == "int4-g32"  # an override like the base
     assert parse_weights("int8-g32,o=int4,lm_head=fp32").name == "int8-g32,lm_head=fp32,o=int4-g32"
     assert parse_weights(spec) is spec and parse_weights(parse_format("bf16")).name == "bf16"
+    layered = parse_weights("int4-k, down@3.2 = q6_k, lm_head=int6-k, o@1=int4-k, qkv=int8-g32")
+    assert layered.name == "int4-k,down@2.3=int6-k,lm_head=int6-k,qkv=int8-g32"  # o@1: as o is
+    assert [layered.for_op("down", i).name for i in range(4)] == ["int4-k", "int4-k", "int6-k", "int6-k"]
+    assert layered.for_op("down").name == "int4-k" and layered.for_op("qkv", 2).name == "int8-g32"
+    assert {i: {op: f.name for op, f in ops.items()} for i, ops in layered.layered().items()} == {
+        2: {"down": "int6-k"}, 3: {"down": "int6-k"}}
     for bad, what in (("int4,head=int8", "'head=int8' is not OP=FORMAT"),
                       ("int4,lm_head", "'lm_head' is not OP=FORMAT"),
+                      ("int4,down@=int8-g32", "'down@=int8-g32' is not OP=FORMAT or OP@LAYER"),
+                      ("int4,down@1.x=int8-g32", "is not OP=FORMAT or OP@LAYER.LAYER...=FORMAT"),
                       ("int4,lm_head=int3", "unknown weight format 'int3'")):
         with pytest.raises(ConfigError) as e:
             parse_weights(bad)
@@ -271,6 +284,14 @@ def test_the_payload_gives_each_op_its_spec_format(tmp_path):
     assert make_payload(narrow, seq_max=8, weights="int8-g32,o=int4-g64").ops[1].dtype == "int4-g64"
     with pytest.raises(ConfigError, match="int4-g128 needs K a multiple of 128"):
         make_payload(narrow, seq_max=8, weights="int8-g32,lm_head=int4-g128")
+    # an op in another format in some layers: one op per format, each its layers' share
+    split = make_payload(cfg, seq_max=8, weights="int4,down@0.5=int8-g32").ops
+    assert [(op.name, op.dtype, op.count) for op in split if op.name == "down"] == [
+        ("down", "int4-g32", cfg.num_hidden_layers - 2), ("down", "int8-g32", 2)]
+    assert (resident_bytes(cfg, weights="int4,down@0.5=int8-g32") - resident_bytes(cfg, weights="int4")
+            == 2 * cfg.intermediate_size * cfg.hidden_size * 16 // 32)
+    with pytest.raises(ConfigError, match="name layer 12; .* has 12 .0 to 11."):
+        make_payload(cfg, seq_max=8, weights="int4,down@12=int8-g32")
 
 
 def test_the_command_line_takes_a_spec_and_refuses_a_bad_one(capsys):

@@ -67,6 +67,7 @@ class PackedWeight:
     data: tuple[np.ndarray, ...]
     n: int
     k: int
+    dtype: str = "float32"  # the weight format packed (a GEMM dtype: weight_formats.gemm_dtype)
 
     @property
     def nbytes(self) -> int:
@@ -291,7 +292,7 @@ class GemmKernel:
         if self.n_out != self.n:
             w = (pad_columns(w, self.n) if isinstance(w, QuantizedWeight)
                  else np.pad(np.asarray(w), ((0, 0), (0, self.n - self.n_out))))
-        return PackedWeight(pack_weight(w, self.pack_n, self.dtype), self.n_out, self.k)
+        return PackedWeight(pack_weight(w, self.pack_n, self.dtype), self.n_out, self.k, self.dtype)
 
     def __call__(self, a: np.ndarray, wp: PackedWeight, out: np.ndarray | None = None) -> np.ndarray:
         key = None
@@ -347,9 +348,9 @@ class GemmKernel:
         return run
 
     def _check_packed(self, wp) -> None:
-        if not isinstance(wp, PackedWeight) or (wp.n, wp.k) != (self.n_out, self.k):
-            raise ShapeError(f"weights were not packed by this GEMM (N={self.n_out}, K={self.k}); "
-                             f"use gemm.pack(w)")
+        if not isinstance(wp, PackedWeight) or (wp.n, wp.k, wp.dtype) != (self.n_out, self.k, self.dtype):
+            raise ShapeError(f"weights were not packed by this GEMM (N={self.n_out}, K={self.k}, "
+                             f"{self.dtype}); use gemm.pack(w)")
 
     def _prepare(self, a, wp, out):
         """Check one call's operands; returns (A as the kernel reads it, out, the call). The

@@ -38,6 +38,7 @@ class OpReport:
     names: list[str]
     n: int
     k: int
+    dtype: str = "float32"  # the weight format (a GEMM dtype)
     searched: int = 0
     cached: int = 0
     rebuilt: int = 0
@@ -223,7 +224,7 @@ def _tune_shape(measure: TvmMeasure | RpcMeasure | RpcPool, *, names: list[str],
     isa = Isa(cache.cpu.lanes_f32, cache.cpu.vector_registers)
     samples = op_samples(op, budget, seq_max)
     m_hi = _ranges(samples, seq_max)
-    report = OpReport(names, op.n, op.k)
+    report = OpReport(names, op.n, op.k, op.dtype)
     clocked = _Clocked(measure)
     model_s0 = _model_seconds(guide)
     search = SandwichSearch(n=op.n, k=op.k, pack_n=pack_n,

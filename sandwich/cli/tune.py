@@ -226,13 +226,16 @@ def cmd_tune(args) -> int:
     reports = tune_shapes(shapes, seq_max=args.seq_max, threads=threads, budget=budget, remote=remote,
                           cache=cache, progress=not args.no_progress, guides=guides)
     total = time.perf_counter() - t0
-    print(f"{'op':<14}{'N':>7}{'K':>7}{'searched':>10}{'cached':>8}{'trials':>8}{'compile s':>11}"
-          f"{'total s':>9}  best GFLOPS (M)")
+    from sandwich.weight_formats import format_of
+
+    print(f"{'op':<14}{'N':>7}{'K':>7}  {'format':<14}{'searched':>8}{'cached':>8}{'trials':>8}"
+          f"{'compile s':>11}{'total s':>9}  best GFLOPS (M)")
     for r in reports:
         best = max(r.results, key=lambda x: x.gflops, default=None)
         best_s = f"{best.gflops:.1f} ({best.m})" if best else "-"
-        print(f"{'+'.join(r.names):<14}{r.n:>7}{r.k:>7}{r.searched:>10}{r.cached:>8}{r.trials:>8}"
-              f"{r.compile_seconds:>11.1f}{r.seconds:>9.1f}  {best_s}")
+        fmt = format_of(r.dtype).name
+        print(f"{'+'.join(r.names):<14}{r.n:>7}{r.k:>7}  {fmt:<14}{r.searched:>8}{r.cached:>8}"
+              f"{r.trials:>8}{r.compile_seconds:>11.1f}{r.seconds:>9.1f}  {best_s}")
         if r.rebuilt:
             print(f"  rebuilt {r.rebuilt} kernel file(s) that were missing or altered")
     if remote is not None:
