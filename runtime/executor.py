@@ -46,7 +46,7 @@ def make_ops(kind: str | object, model: LlamaModel, *, max_tokens: int, max_batc
         return DslOps(max_tokens=max_tokens, max_batch=max_batch, heads=cfg.num_attention_heads,
                       kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
                       hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, max_seq=max_seq,
-                      cpu=model.gemms.qkv.cache.cpu,
+                      cpu=model.gemms.lm_head.cache.cpu,
                       threads=threads or len(os.sched_getaffinity(0)), qk_norm=cfg.qk_norm,
                       kv_dtype=kv_dtype, shared_intermediate=cfg.shared_expert_intermediate_size)
     if isinstance(kind, str):
@@ -105,6 +105,9 @@ class Executor:
             "x": aligned_zeros((t, h)),  # residual stream
             "h": aligned_zeros((t, h)),  # normed input of a GEMM
             "qkv": aligned_zeros((t, self.n_q + 2 * self.n_kv)),
+            # a layer that runs v apart (LayerWeights.v): q|k and v in buffers of their own
+            **({"qk": aligned_zeros((t, self.n_q + self.n_kv)), "v": aligned_zeros((t, self.n_kv))}
+               if any(w.v is not None for w in model.layers) else {}),
             "attn": aligned_zeros((t, self.n_q)),
             "proj": aligned_zeros((t, h)),  # o / down output before the residual add
             "gate_up": aligned_zeros((t, 2 * cfg.intermediate_size)),
@@ -363,15 +366,13 @@ class Executor:
         b, ops, g = self.buffers, self.ops, self._gemms.at(layer)
         w = self.model.layers[layer]
         eps, d = self.cfg.rms_norm_eps, self.cfg.head_dim
-        x, h, qkv = b["x"][:n_tok], b["h"][:n_tok], b["qkv"][:n_tok]
+        x, h = b["x"][:n_tok], b["h"][:n_tok]
         run = self._run
         run(layer, "norm1", n_tok, lambda: ops.bind("rmsnorm", x, w.input_norm, eps, out=h))
-        run(layer, "qkv", n_tok, lambda: g.qkv.bind(h, w.qkv, qkv))
-        if w.qkv_bias is not None:
-            np.add(qkv, w.qkv_bias, out=qkv)
-        q = qkv[:, : self.n_q].reshape(n_tok, -1, d)
-        k = qkv[:, self.n_q: self.n_q + self.n_kv].reshape(n_tok, -1, d)
-        v = qkv[:, self.n_q + self.n_kv:].reshape(n_tok, -1, d)
+        qk, v = self._qkv(layer, w, g, h, n_tok)
+        q = qk[:, : self.n_q].reshape(n_tok, -1, d)
+        k = qk[:, self.n_q: self.n_q + self.n_kv].reshape(n_tok, -1, d)
+        v = v.reshape(n_tok, -1, d)
         norms = None if w.q_norm is None else HeadNorms(w.q_norm, w.k_norm, eps)
         run(layer, "rope", n_tok, lambda: ops.bind("rope", q, k, pos, self.cos, self.sin, norms))
         kc, vc = self.kv.k(layer), self.kv.v(layer)
@@ -401,6 +402,26 @@ class Executor:
         if self.allreduce is not None:
             self.allreduce(proj)
         np.add(x, proj, out=x)
+
+    def _qkv(self, layer: int, w, g, h: np.ndarray, n_tok: int) -> tuple[np.ndarray, np.ndarray]:
+        """The QKV projection of `h`: (rows whose first columns are q then k, v's rows), from
+        one fused GEMM, or a q|k GEMM and a v GEMM where the layer runs v apart (its own
+        weight format: LayerWeights.v); the biases added (Qwen2)."""
+        b, bias = self.buffers, w.qkv_bias
+        if w.v is None:
+            qkv = b["qkv"][:n_tok]
+            self._run(layer, "qkv", n_tok, lambda: g.qkv.bind(h, w.qkv, qkv))
+            if bias is not None:
+                np.add(qkv, bias, out=qkv)
+            return qkv, qkv[:, self.n_q + self.n_kv:]
+        n_qk = self.n_q + self.n_kv
+        qk, v = b["qk"][:n_tok], b["v"][:n_tok]
+        self._run(layer, "qk", n_tok, lambda: g.qk.bind(h, w.qkv, qk))
+        self._run(layer, "v", n_tok, lambda: g.v.bind(h, w.v, v))
+        if bias is not None:
+            np.add(qk, bias[:n_qk], out=qk)
+            np.add(v, bias[n_qk:], out=v)
+        return qk, v
 
     def _run(self, layer: int, site: str, n_tok: int, bind: Callable[[], Callable[[], object]]) -> None:
         """Run one op on permanent buffers (`_call`)."""

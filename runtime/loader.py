@@ -43,7 +43,7 @@ class ModelGemms:
     """The tuned GEMM of each projection (ops sharing (N, K) share a kernel); in an MoE model
     gate_up and down are every expert's (same shapes as a dense MLP of the expert's width)."""
 
-    qkv: GemmKernel
+    qkv: GemmKernel | None  # None where every layer runs q|k and v apart (qk, v)
     o: GemmKernel
     gate_up: GemmKernel
     down: GemmKernel
@@ -51,6 +51,9 @@ class ModelGemms:
     router: GemmKernel | None = None  # MoE: K=hidden, N=experts (+ the shared expert's gate)
     shared_gate_up: GemmKernel | None = None  # Qwen2-MoE's shared expert: K=hidden, N=2 shared
     shared_down: GemmKernel | None = None  # K=shared, N=hidden
+    # a layer whose v projection runs apart (WeightSpec.split_v): q and k fused, and v
+    qk: GemmKernel | None = None  # K=hidden, N=(H + KVH) D
+    v: GemmKernel | None = None  # K=hidden, N=KVH D
     # layer -> the GEMMs of a layer whose spec gives some op another format (WeightSpec's
     # op@layer overrides: a Q4_K_M file's Q6_K ffn_down in some layers)
     per_layer: Mapping[int, ModelGemms] = field(default_factory=dict)
@@ -59,17 +62,30 @@ class ModelGemms:
         """The GEMMs layer `layer` runs."""
         return self.per_layer.get(layer, self)
 
-    def with_layer_formats(self, spec: WeightSpec, kernel: Callable[[GemmKernel, WeightFormat], GemmKernel]
-                           ) -> ModelGemms:
-        """These GEMMs with the spec's per-layer formats: `kernel(g, fmt)` is the kernel of g's
-        shape for weights in `fmt`. Layers with the same overrides share one ModelGemms."""
+    def with_layer_formats(self, spec: WeightSpec, kernel: Callable[[int, int, WeightFormat], GemmKernel],
+                           *, layers: int, qk: tuple[int, int], v: tuple[int, int]) -> ModelGemms:
+        """These GEMMs with the spec's per-layer formats: `kernel(n, k, fmt)` is the kernel of
+        that shape for weights in `fmt`; `qk` and `v` the (N, K) of a layer's fused q|k and of
+        its v where it runs v apart. Layers with the same overrides share one ModelGemms."""
+        shapes = {"qk": qk, "v": v}
         made: dict[tuple, ModelGemms] = {}
         per_layer = {}
-        for layer, ops in spec.layered().items():
+        layered = spec.layered()
+        for layer in range(layers):
+            split = spec.split_v(layer)
+            ops = {op: f for op, f in layered.get(layer, {}).items()
+                   if op != "v" and not (split and op == "qkv")}
+            if not ops and split is None:
+                continue
+            if split is not None:  # q and k in QKV's format, v in its own
+                ops |= {"qk": spec.for_op("qkv", layer), "v": split}
             key = tuple(sorted((op, f.name) for op, f in ops.items()))
             if key not in made:
-                swaps = {GEMM_FIELDS.get(op, op): kernel(getattr(self, GEMM_FIELDS.get(op, op)), f)
-                         for op, f in ops.items()}
+                swaps = {}
+                for op, f in ops.items():
+                    name = GEMM_FIELDS.get(op, op)
+                    g = getattr(self, name)
+                    swaps[name] = kernel(*(shapes[op] if op in shapes else (g.n_out, g.k)), f)
                 made[key] = replace(self, **swaps)
             per_layer[layer] = made[key]
         return replace(self, per_layer=per_layer)
@@ -82,7 +98,7 @@ GEMM_FIELDS = {"expert_gate_up": "gate_up", "expert_down": "down"}
 @dataclass(frozen=True)
 class LayerWeights:
     input_norm: np.ndarray  # (hidden,)
-    qkv: PackedWeight  # K=hidden, N=(H + 2 KVH) D
+    qkv: PackedWeight  # K=hidden, N=(H + 2 KVH) D; [q | k] only, N=(H + KVH) D, where `v` is set
     o: PackedWeight  # K=H D, N=hidden
     post_norm: np.ndarray  # (hidden,)
     gate_up: PackedWeight | None = None  # K=hidden, N=2 inter (None in an MoE layer)
@@ -91,6 +107,7 @@ class LayerWeights:
     qkv_bias: np.ndarray | None = None  # Qwen2: ((H + 2 KVH) D,), [q | k | v] as the GEMM's N
     q_norm: np.ndarray | None = None  # Qwen3: (D,), every q head's RMSNorm weight
     k_norm: np.ndarray | None = None  # Qwen3: (D,), every k head's
+    v: PackedWeight | None = None  # the v projection apart (ModelGemms.v), K=hidden, N=KVH D
 
 
 @dataclass(frozen=True)
@@ -154,8 +171,9 @@ def model_gemms(cfg: ModelConfig, cache: KernelCache, *, threads: int | None = N
         fmt = op_format(spec, op, cfg.num_hidden_layers)
         return cache.gemm(n=n, k=k, dtype=gemm_dtype(fmt), threads=threads)
 
+    fused = any(spec.split_v(i) is None for i in range(cfg.num_hidden_layers))
     base = ModelGemms(
-        qkv=gemm((heads + 2 * kv) * d, h, "qkv"),
+        qkv=gemm((heads + 2 * kv) * d, h, "qkv") if fused else None,  # None: every layer splits v
         o=gemm(h, heads * d, "o"),
         gate_up=gemm(2 * cfg.intermediate_size, h, expert + "gate_up"),
         down=gemm(h, cfg.intermediate_size, expert + "down"),
@@ -163,8 +181,9 @@ def model_gemms(cfg: ModelConfig, cache: KernelCache, *, threads: int | None = N
         router=gemm(cfg.router_outputs, h, "router") if cfg.is_moe else None,
         **_shared_gemms(cfg, gemm),
     )
-    return base.with_layer_formats(spec, lambda g, fmt: cache.gemm(
-        n=g.n_out, k=g.k, dtype=gemm_dtype(fmt), threads=threads))
+    return base.with_layer_formats(
+        spec, lambda n, k, fmt: cache.gemm(n=n, k=k, dtype=gemm_dtype(fmt), threads=threads),
+        layers=cfg.num_hidden_layers, qk=((heads + kv) * d, h), v=(kv * d, h))
 
 
 def _shared_gemms(cfg: ModelConfig, gemm: Callable[[int, int, str], GemmKernel]) -> dict[str, GemmKernel]:
@@ -296,7 +315,8 @@ def check_same_layouts(a: ModelGemms, b: ModelGemms) -> None:
 
 
 def _check_same_layouts(a: ModelGemms, b: ModelGemms) -> None:
-    for name in ("qkv", "o", "gate_up", "down", "lm_head", "router", "shared_gate_up", "shared_down"):
+    for name in ("qkv", "o", "gate_up", "down", "lm_head", "router", "shared_gate_up", "shared_down",
+                 "qk", "v"):
         ga, gb = getattr(a, name), getattr(b, name)
         if ga is None or gb is None:
             continue
@@ -326,13 +346,15 @@ def pack_model(read: WeightReader, cfg: ModelConfig, rope: RopeSpec, gemms: Mode
         p, g = f"model.layers.{i}.", gemms.at(i)
         parts = [(p + "self_attn.q_proj.", q), (p + "self_attn.k_proj.", kv),
                  (p + "self_attn.v_proj.", kv)]
+        weights = [(name + "weight", rows) for name, rows in parts]
+        apart = {} if g.v is None else {"v": read.pack(g.v, weights[2:])}
         layers.append(LayerWeights(
             input_norm=aligned_copy(read(p + "input_layernorm.weight")),
-            qkv=read.pack(g.qkv, [(name + "weight", rows) for name, rows in parts]),
+            qkv=read.pack(g.qkv, weights) if g.v is None else read.pack(g.qk, weights[:2]),
             o=read.pack(g.o, [(p + "self_attn.o_proj.weight", slice(None))], q),
             post_norm=aligned_copy(read(p + "post_attention_layernorm.weight")),
             **_ffn(read, p, cfg, g, mlp, shared),
-            **_attention_extras(read, p, cfg, parts),
+            **_attention_extras(read, p, cfg, parts), **apart,
         ))
     embed = read("model.embed_tokens.weight")
     head_name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"

@@ -75,10 +75,15 @@ def shard_gemms(cfg: ModelConfig, cache: KernelCache, *, tp: int,
                              f"tune with `--tp {tp}{weights_flag(weights)}`)") from None
 
     for op in make_payload(cfg, tp=tp, seq_max=1, weights=weights).ops:
-        if op.dtype == gemm_dtype(op_format(spec, op.name, cfg.num_hidden_layers)):  # per-layer formats: below
+        if op.name not in ("qk", "v") and op.dtype == gemm_dtype(
+                op_format(spec, op.name, cfg.num_hidden_layers)):  # per-layer formats: below
             found[GEMM_FIELDS.get(op.name, op.name)] = gemm(op.n, op.k, op.dtype, op.name)
+    local = shard_config(cfg, tp)
+    n_q, n_v = (local.num_attention_heads * local.head_dim, local.num_key_value_heads * local.head_dim)
+    found.setdefault("qkv", None)  # every layer runs v apart
     return ModelGemms(**found).with_layer_formats(
-        spec, lambda g, fmt: gemm(g.n_out, g.k, gemm_dtype(fmt), f"of N={g.n_out} K={g.k}"))
+        spec, lambda n, k, fmt: gemm(n, k, gemm_dtype(fmt), f"of N={n} K={k}"),
+        layers=cfg.num_hidden_layers, qk=(n_q + n_v, cfg.hidden_size), v=(n_v, cfg.hidden_size))
 
 
 def load_shard(model_dir: str | Path, cache: KernelCache, *, rank: int, tp: int,

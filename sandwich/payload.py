@@ -94,20 +94,30 @@ def make_payload(cfg: ModelConfig, *, tp: int = 1, seq_max: int = 2048,
     if layered and max(layered) >= layers:
         raise ConfigError(f"weights '{spec.name}' name layer {max(layered)}; {cfg.name} has "
                           f"{layers} (0 to {layers - 1})")
-    ops = tuple(part for op in ops for part in _by_format(op, spec, layers))
+    ops = tuple(part for op in ops for part in _by_format(op, spec, layers, kv_heads * d))
     for op in ops:
         check_shape(format_of(op.dtype), (op.k, op.n))  # fp32 (FP32_OPS) takes any K
     return Payload(model=cfg.name, tp=tp, seq_max=seq_max, ops=ops)
 
 
-def _by_format(op: GemmOp, spec: WeightSpec, layers: int) -> tuple[GemmOp, ...]:
+def _by_format(op: GemmOp, spec: WeightSpec, layers: int, n_v: int) -> tuple[GemmOp, ...]:
     """`op` in its format, or one op per format where the spec gives the op another in some
-    layers (each counting its layers' share of the runs)."""
+    layers (each counting its layers' share of the runs). A layer whose v projection runs
+    apart (WeightSpec.split_v) has a "qk" op (q and k fused, in QKV's format) and a "v" op
+    (N = `n_v`) in place of its QKV."""
     if op.name in FP32_OPS or op.name == "lm_head":
         return (replace(op, dtype=gemm_dtype(op_format(spec, op.name))),)
-    per_layer = Counter(spec.for_op(op.name, i).name for i in range(layers))
-    return tuple(replace(op, dtype=gemm_dtype(fmt), count=op.count * n // layers)
-                 for fmt, n in sorted(per_layer.items()))
+    per_layer: Counter[tuple[str, int, str]] = Counter()
+    for i in range(layers):
+        fmt, v = spec.for_op(op.name, i), spec.split_v(i) if op.name == "qkv" else None
+        if v is None:
+            per_layer[(op.name, op.n, fmt.name)] += 1
+        else:
+            per_layer[("qk", op.n - n_v, fmt.name)] += 1
+            per_layer[("v", n_v, v.name)] += 1
+    return tuple(replace(op, name=name, n=n, dtype=gemm_dtype(fmt), count=op.count * c // layers)
+                 for (name, n, fmt), c in sorted(per_layer.items(),
+                                                key=lambda kv: (kv[0][0] != op.name, kv[0])))
 
 
 def _ffn(cfg: ModelConfig, inter: int, tp: int) -> tuple[GemmOp, ...]:

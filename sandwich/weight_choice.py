@@ -21,7 +21,7 @@ from sandwich.weight_formats import parse_format, parse_weights
 NOT_GEMMS = ("ffn_gate_inp.weight",)
 EMBEDDING, OUTPUT = "token_embd.weight", "output.weight"
 # a layer's GEMM tensors (inside `blk.{i}.`) -> the op that runs them (sandwich/payload.py)
-LAYER_OPS = {"attn_q.weight": "qkv", "attn_k.weight": "qkv", "attn_v.weight": "qkv",
+LAYER_OPS = {"attn_q.weight": "qkv", "attn_k.weight": "qkv", "attn_v.weight": "v",
              "attn_output.weight": "o", "ffn_gate.weight": "gate_up", "ffn_up.weight": "gate_up",
              "ffn_down.weight": "down", "ffn_gate_exps.weight": "expert_gate_up",
              "ffn_up_exps.weight": "expert_gate_up", "ffn_down_exps.weight": "expert_down",
@@ -127,14 +127,16 @@ def auto_weights(model: object, tp: int = 1) -> WeightsChoice:
     keep = hfmt is not None and parse_format(hfmt).bits > parse_format(base).bits
     groups: dict[tuple[str, str], list[int]] = {}
     for (op, layer), (fmt, _) in sorted(ops.items()):
-        if fmt != base:
+        # v runs apart where its format is not its layer's q and k's (WeightSpec.split_v)
+        if fmt != (ops.get(("qkv", layer), (base,))[0] if op == "v" else base):
             groups.setdefault((op, fmt), []).append(layer)
     spec = parse_weights(",".join([base, *(f"{op}@{'.'.join(map(str, ls))}={fmt}"
                                            for (op, fmt), ls in groups.items()),
                                    *([f"lm_head={hfmt}"] if keep else [])])).name
     layer_types = {f"{op}@{'.'.join(map(str, ls))}": _counted(
         [t for layer in ls for t in ops[(op, layer)][1]]) for (op, fmt), ls in groups.items()}
-    based = [t for fmt, ts in ops.values() if fmt == base for t in ts]
+    grouped = {(op, layer) for (op, _), ls in groups.items() for layer in ls}
+    based = [t for key, (fmt, ts) in ops.items() if key not in grouped for t in ts]
     return WeightsChoice(spec, _counted(based), head_type, layer_types)
 
 
@@ -149,6 +151,11 @@ def _op_formats(gemms, major: str, tp: int) -> dict[tuple[str, int], tuple[str, 
         layer, _, rest = t.name.removeprefix("blk.").partition(".")
         if t.name.startswith("blk.") and layer.isdigit() and rest in LAYER_OPS:
             by_op.setdefault((LAYER_OPS[rest], int(layer)), []).append(t)
+    for (op, layer), ts in list(by_op.items()):  # v fused with q and k where all share a type
+        qk = by_op.get(("qkv", layer), [])
+        if op == "v" and len({ggml_type_name(t.tensor_type) for t in qk + ts}) == 1:
+            by_op[("qkv", layer)] = qk + ts
+            del by_op[(op, layer)]
     out = {}
     for key, ts in by_op.items():
         kinds = {ggml_type_name(t.tensor_type) for t in ts}

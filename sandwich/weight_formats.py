@@ -86,7 +86,7 @@ def parse_format(name: str | WeightFormat) -> WeightFormat:
 
 # the GEMM ops a model's weights are stored for (sandwich/payload.py names them)
 OP_NAMES = ("qkv", "o", "gate_up", "down", "lm_head", "expert_gate_up", "expert_down",
-            "shared_gate_up", "shared_down")
+            "shared_gate_up", "shared_down", "v")  # v: the v projection apart (WeightSpec.split_v)
 
 
 @dataclass(frozen=True)
@@ -94,8 +94,9 @@ class WeightSpec:
     """The formats of a model's GEMM weights: `base` for every op but those `overrides`
     names, e.g. the lm_head kept at 8 bits beside 4-bit layers (llama.cpp's Q4_K_M keeps
     output.weight in Q6_K, SmolLM2's Q4_1 file its tied embedding in Q8_0), or one op in some
-    layers only (Q4_K_M keeps ffn_down in Q6_K in some layers). Written
-    `int4-k,down@2.3=int6-k,lm_head=int6-k`; a plain format name is a spec without overrides."""
+    layers only (Q4_K_M keeps ffn_down in Q6_K in some layers), `v` the v projection apart
+    from q and k (`split_v`). Written `int4-k,down@2.3=int6-k,v@2.3=int6-k,lm_head=int6-k`; a
+    plain format name is a spec without overrides."""
 
     base: WeightFormat
     overrides: tuple[tuple[str, WeightFormat], ...] = ()  # (op or op@layer.layer..., format)
@@ -111,12 +112,26 @@ class WeightSpec:
 
     def for_op(self, op: str, layer: int | None = None) -> WeightFormat:
         """The format op `op`'s weights are stored in (in layer `layer`, where given)."""
-        if layer is not None:
-            for key, fmt in self.overrides:
-                name, _, layers = key.partition("@")
-                if name == op and layers and layer in _layers(layers):
-                    return fmt
-        return dict(self.overrides).get(op, self.base)
+        return self._own(op, layer) or self.base
+
+    def split_v(self, layer: int) -> WeightFormat | None:
+        """The format of layer `layer`'s v projection where a `v` override gives it one other
+        than its q and k projections' (a Q4_K_M file's Q6_K attn_v beside Q4_K attn_q and
+        attn_k): the layer then runs v as a GEMM of its own beside a fused q|k ("qk").
+        None: q, k and v fused in one QKV GEMM."""
+        fmt = self._own("v", layer)
+        return fmt if fmt is not None and fmt != self.for_op("qkv", layer) else None
+
+    def _own(self, op: str, layer: int | None) -> WeightFormat | None:
+        """The override naming `op`: layer `layer`'s own, else the whole model's; None."""
+        whole = None
+        for key, fmt in self.overrides:
+            name, _, layers = key.partition("@")
+            if name == op and not layers:
+                whole = fmt
+            elif name == op and layer is not None and layer in _layers(layers):
+                return fmt
+        return whole
 
     def layered(self) -> dict[int, dict[str, WeightFormat]]:
         """Layer -> {op: format} of the overrides that name layers."""
@@ -154,8 +169,8 @@ def parse_weights(spec: str | WeightFormat | WeightSpec) -> WeightSpec:
             key = f"{op}@{'.'.join(str(x) for x in sorted(set(_layers(layers))))}"
         overrides[key] = parse_format(name)
     whole = {op: f for op, f in overrides.items() if "@" not in op}
-    kept = {op: f for op, f in overrides.items()
-            if f != (whole.get(op.partition("@")[0], fmt) if "@" in op else fmt)}
+    kept = {op: f for op, f in overrides.items() if op.partition("@")[0] == "v"  # see split_v
+            or f != (whole.get(op.partition("@")[0], fmt) if "@" in op else fmt)}
     return WeightSpec(fmt, tuple(sorted(kept.items())))
 
 

@@ -163,8 +163,8 @@ def _error_against_transformers(gguf, model) -> float:
 
     from sandwich.runtime.executor import Executor
 
-    hf = transformers.LlamaForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                                       dtype=torch.float32).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                           dtype=torch.float32).eval()
     ex = Executor(model, max_batch=1, max_seq=32, max_tokens=16, ops="dsl", threads=2)
     prompt = [5, 9, 200, 17, 33, 100, 250, 7]
     def rounded(module, args):
@@ -181,12 +181,14 @@ def _error_against_transformers(gguf, model) -> float:
 
 
 @pytest.mark.tvm
-def test_a_q4_k_file_runs_as_int4_k_by_default_with_its_blocks_and_transformers_logits(tmp_path, cache):
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_q4_k_file_runs_as_int4_k_by_default_with_its_blocks_and_transformers_logits(tmp_path, cache, arch):
     """Issue 26: a Q4_K file's blocks run as stored (int4-k: the nibbles, 6-bit factors and
     fp16 d, dmin of each super-block), the default for it, and its Q6_K (tied) head and
-    second layer's down matrix as int6-k (6-bit values, a signed factor per 16, fp16 d), as
-    llama.cpp's Q4_K_M keeps some layers' ffn_down: the executor runs each layer's own
-    kernel; the logits match transformers on the same file as the Q8_0 case does."""
+    second layer's down and v matrices as int6-k (6-bit values, a signed factor per 16, fp16
+    d), as llama.cpp's Q4_K_M keeps some layers' ffn_down and attn_v: the executor runs each
+    layer's own kernels, v there apart from q and k; the logits match transformers on the
+    same file as the Q8_0 case does; Qwen2's q, k and v biases added to their own parts."""
     from gguf_tiny import TYPES
 
     from sandwich.gguf_blocks import from_gguf_blocks
@@ -196,18 +198,22 @@ def test_a_q4_k_file_runs_as_int4_k_by_default_with_its_blocks_and_transformers_
 
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    types = dict.fromkeys(TYPES, "Q4_K") | dict.fromkeys(["token_embd.weight", "blk.1.ffn_down.weight"], "Q6_K")
-    path = write_tiny_gguf(tmp_path / "q4k.gguf", types=types,
+    six = ["token_embd.weight", "blk.1.ffn_down.weight", "blk.1.attn_v.weight"]
+    types = dict.fromkeys(TYPES, "Q4_K") | dict.fromkeys(six, "Q6_K")
+    path = write_tiny_gguf(tmp_path / "q4k.gguf", types=types, arch=arch,
                            config=dict(hidden=256, ffn=512, layers=2))[0]
-    spec = "int4-k,down@1=int6-k,lm_head=int6-k"
+    spec = "int4-k,down@1=int6-k,lm_head=int6-k,v@1=int6-k"
     assert auto_weights(str(path)).weights == spec
     tune_model(path, cache, weights=spec, seq_max=1)
     model = load_model(path, cache, threads=2, weights=spec)
-    g = model.gemms
+    g, (one, two) = model.gemms, model.layers
     assert (g.at(0).down.dtype, g.at(1).down.dtype, g.at(1).o is g.o) == ("int4-k", "int6-k", True)
+    # layer 1 runs its Q6_K v apart, beside q and k fused in int4-k
+    assert (one.v, g.at(0).qk, g.at(1).qk.dtype, g.at(1).v.dtype) == (None, None, "int4-k", "int6-k")
     ckpt = GGUFCheckpoint(path)
-    for (got, gemm), name, ggml in [((model.layers[0].o, g.o), "model.layers.0.self_attn.o_proj.weight", "Q4_K"),
-                                    ((model.layers[1].down, g.at(1).down), "model.layers.1.mlp.down_proj.weight", "Q6_K"),
+    for (got, gemm), name, ggml in [((one.o, g.o), "model.layers.0.self_attn.o_proj.weight", "Q4_K"),
+                                    ((two.down, g.at(1).down), "model.layers.1.mlp.down_proj.weight", "Q6_K"),
+                                    ((two.v, g.at(1).v), "model.layers.1.self_attn.v_proj.weight", "Q6_K"),
                                     ((model.lm_head, g.lm_head), "model.embed_tokens.weight", "Q6_K")]:
         t = ckpt.get(name)
         stored = gemm.pack(from_gguf_blocks(t.raw.data, ggml, t.shape))

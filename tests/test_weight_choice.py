@@ -179,9 +179,10 @@ def test_a_q4_k_m_file_loads_its_q6_k_blocks_as_int6_k_and_its_lm_head_runs_in_i
         assert t.blocks(parse_format("int8-g32")) is None  # Q6_K loads only into int6-k
         assert np.array_equal(dequantize(t.blocks(parse_format("int6-k"))), t.to_f32().T), name
     choice = auto_weights(str(q4_k_m_file))
-    assert choice.weights == "int4-k,down@0=int6-k,lm_head=int6-k"
-    assert choice.describe() == ("int4-k: 5 Q4_K tensors as stored, 1 Q6_K re-quantized; "
+    assert choice.weights == "int4-k,down@0=int6-k,lm_head=int6-k,v@0=int6-k"
+    assert choice.describe() == ("int4-k: 5 Q4_K tensors as stored; "
                                  "down@0 int6-k: 1 Q6_K tensor as stored; "
+                                 "v@0 int6-k: 1 Q6_K tensor as stored; "
                                  "lm_head int6-k: Q6_K as stored")
 
 
@@ -214,20 +215,21 @@ def test_auto_runs_a_file_in_the_format_most_of_its_gemm_values_are_stored_in(tm
     }
     km = _headers_only(tmp_path / "km.gguf", q4_k_m)
     choice = auto_weights(km)
-    # Q6_K's blocks as they are: the down matrix, and the output; v is fused with Q4_K's q, k
-    assert choice.weights == "int4-k,down@0=int6-k,lm_head=int6-k"
-    assert choice.describe() == ("int4-k: 5 Q4_K tensors as stored, 1 Q6_K re-quantized; "
+    # Q6_K's blocks as they are: the down matrix, the output, and v apart from Q4_K's q, k
+    assert choice.weights == "int4-k,down@0=int6-k,lm_head=int6-k,v@0=int6-k"
+    assert choice.describe() == ("int4-k: 5 Q4_K tensors as stored; "
                                  "down@0 int6-k: 1 Q6_K tensor as stored; "
+                                 "v@0 int6-k: 1 Q6_K tensor as stored; "
                                  "lm_head int6-k: Q6_K as stored")
     narrow = q4_k_m | {"blk.0.ffn_down.weight": ("Q8_0", (512, 576))}  # a K of 576: not 256s
     assert auto_weights(_headers_only(tmp_path / "n.gguf", narrow)).weights == (
-        "int4-k,down@0=int8-g32,lm_head=int6-k")  # that op alone in its own format
+        "int4-k,down@0=int8-g32,lm_head=int6-k,v@0=int6-k")  # that op alone in its own format
     assert auto_weights(km, tp=4).weights == (  # a rank's share of o's and down's K = 512 is
-        "int4-k,down@0=int8-g32,lm_head=int6-k,o@0=int4-g32-asym")  # 128: int8-g32 above 6 bits
+        "int4-k,down@0=int8-g32,lm_head=int6-k,o@0=int4-g32-asym,v@0=int6-k")  # 128: int8-g32 above 6 bits
     tied = {k: v for k, v in q4_k_m.items() if k != "output.weight"}  # the embedding is lm_head
     assert auto_weights(_headers_only(tmp_path / "tied.gguf", tied)).weights == choice.weights
     head_q4 = q4_k_m | {"output.weight": ("Q4_0", (1024, 512))}  # fewer bits: the layers' format
-    assert auto_weights(_headers_only(tmp_path / "q4.gguf", head_q4)).weights == "int4-k,down@0=int6-k"
+    assert auto_weights(_headers_only(tmp_path / "q4.gguf", head_q4)).weights == "int4-k,down@0=int6-k,v@0=int6-k"
     tie = {"blk.0.attn_q.weight": ("Q4_0", (256, 256)), "blk.0.attn_k.weight": ("Q8_0", (256, 256)),
            "output.weight": ("Q4_0", (64, 256))}
     assert auto_weights(_headers_only(tmp_path / "tie.gguf", tie)).weights == "int8-g32"  # more bits
@@ -290,6 +292,13 @@ def test_the_payload_gives_each_op_its_spec_format(tmp_path):
         ("down", "int4-g32", cfg.num_hidden_layers - 2), ("down", "int8-g32", 2)]
     assert (resident_bytes(cfg, weights="int4,down@0.5=int8-g32") - resident_bytes(cfg, weights="int4")
             == 2 * cfg.intermediate_size * cfg.hidden_size * 16 // 32)
+    # layer 1's v apart from its q and k: a q|k op in QKV's format and a v op in its own
+    h, d, kv = cfg.hidden_size, cfg.head_dim, cfg.num_key_value_heads
+    apart = [(op.name, op.n, op.k, op.dtype, op.count)
+             for op in make_payload(cfg, seq_max=8, weights="int4,v@1=int8-g32").ops if op.name in ("qkv", "qk", "v")]
+    assert apart == [("qkv", (cfg.num_attention_heads + 2 * kv) * d, h, "int4-g32", 11),
+                     ("qk", (cfg.num_attention_heads + kv) * d, h, "int4-g32", 1), ("v", kv * d, h, "int8-g32", 1)]
+    assert parse_weights("int4,v@1=int4").split_v(1) is None  # v in q and k's format: fused
     with pytest.raises(ConfigError, match="name layer 12; .* has 12 .0 to 11."):
         make_payload(cfg, seq_max=8, weights="int4,down@12=int8-g32")
 
