@@ -309,3 +309,33 @@ def test_the_command_line_takes_a_spec_and_refuses_a_bad_one(capsys):
     with pytest.raises(SystemExit) as e:
         main(["tune", "--weights", "int4,lm_head=nope"])
     assert e.value.code == 2 and "unknown weight format 'nope'" in capsys.readouterr().err
+
+
+def test_per_layer_formats_give_each_layer_its_kernels_at_every_tp_degree():
+    """`model_gemms` and a TP rank's `shard_gemms` look up one kernel per (op, format) of the
+    spec, each layer's at its own shapes: a v apart (q|k and v) and a down in int6-k in layer
+    1 only, a rank's share of N or K under TP=2 (a stub cache records what is asked)."""
+    from types import SimpleNamespace
+
+    from sandwich.models import load_model_config
+    from sandwich.runtime.loader import model_gemms
+    from sandwich.runtime.shard import shard_gemms
+
+    class Cache:
+        def gemm(self, *, n, k, dtype, threads=None):
+            return SimpleNamespace(n_out=n, k=k, dtype=dtype)
+
+    cfg = load_model_config("qwen3-0.6b")
+    d, q, kv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    spec = "int4-k,down@1=int6-k,v@1=int6-k,lm_head=int6-k"
+    for tp, g in ((1, model_gemms(cfg, Cache(), weights=spec)),
+                  (2, shard_gemms(cfg, Cache(), tp=2, weights=spec))):
+        zero, one = g.at(0), g.at(1)
+        assert zero is g and g.at(2) is g and (zero.qk, zero.v) == (None, None)
+        assert (zero.qkv.n_out, zero.qkv.dtype) == ((q + 2 * kv) * d // tp, "int4-k")
+        assert ((one.qk.n_out, one.qk.dtype), (one.v.n_out, one.v.dtype)) == (
+            ((q + kv) * d // tp, "int4-k"), (kv * d // tp, "int6-k"))
+        assert (one.down.k, one.down.dtype, zero.down.dtype) == (cfg.intermediate_size // tp, "int6-k", "int4-k")
+        assert one.o is g.o and one.lm_head.dtype == "int6-k"
+    every = model_gemms(cfg, Cache(), weights="int4-k,v=int6-k")  # every layer's v apart
+    assert every.qkv is None and every.at(0).v.dtype == "int6-k" and every.at(27).qk.dtype == "int4-k"
