@@ -80,13 +80,15 @@ def test_streamed_events_come_in_order_and_add_up_to_the_reply(tok):
 def test_function_tools_call_and_their_results_continue_the_conversation(tok):
     with serving(RandomExecutor(max_batch=2, max_seq=4096, vocab=CONFIG["vocab"]), tok) as (url, server):
         c = client_of(url)
+        # greedy: sampled at random, the grammar's calls now and then ran past max_output_tokens
         r = c.responses.create(model="tiny", input="What time is it?", tools=[NOW], tool_choice="required",
-                               max_output_tokens=600)
+                               max_output_tokens=600, temperature=0)
         calls = [o for o in r.output if o.type == "function_call"]
         assert r.status == "completed" and calls and len(calls) == len(r.output)
         assert all(o.name == "now" and json.loads(o.arguments)["zone"] in ("UTC", "CET") and o.call_id for o in calls)
         streamed = [e for e in c.responses.create(model="tiny", input="What time is it?", tools=[NOW],
-                                                  tool_choice="required", max_output_tokens=600, stream=True)]
+                                                  tool_choice="required", max_output_tokens=600, stream=True,
+                                                  temperature=0)]
         done = [e.item for e in streamed if e.type == "response.output_item.done"]
         assert done and all(i.type == "function_call" for i in done) and streamed[-1].type == "response.completed"
         for k, item in enumerate(done):  # each call's item first, then its arguments in pieces
