@@ -90,9 +90,9 @@ def auto_weights(model: object, tp: int = 1) -> WeightsChoice:
     """The spec `--weights auto` runs `model` in. A GGUF path or installed model's name: the
     spec's base is the format that holds the most values as stored (`_op_formats`: each
     layer's op in its tensors' format); a layer's op whose own format has more bits runs in
-    it, a per-layer override (a Q4_K_M file's Q6_K ffn_down in some layers); the lm_head in its own type's format where that has more bits
-    (llama.cpp's Q4_K_M keeps output.weight in Q6_K, a Q4_1 file may keep its tied embedding
-    in Q8_0), else the layers'. Anything else: fp32. `tp`: the tensor-parallel degree the
+    it, a per-layer override (a Q4_K_M file's Q6_K ffn_down in some layers); the lm_head in
+    its own type's format where that has more bits (llama.cpp's Q4_K_M keeps output.weight in
+    Q6_K, a Q4_1 file may keep its tied embedding in Q8_0), else the layers'. Anything else: fp32. `tp`: the tensor-parallel degree the
     model will run at (it splits some GEMMs' K)."""
     if not isinstance(model, str) or not is_gguf(model):
         return WeightsChoice("fp32")
@@ -109,19 +109,18 @@ def auto_weights(model: object, tp: int = 1) -> WeightsChoice:
     for t in gemms:
         by_type[format_for_type(ggml_type_name(t.tensor_type))] += int(t.n_elements)
     # a tie goes to the more precise; a file of the lm_head alone runs in its format
-    major = (max(by_type, key=lambda f: (by_type[f], parse_format(f).bits)) if by_type
-             else format_for_type(head_type))
+    major = _most(by_type) if by_type else format_for_type(head_type)
     ops = _op_formats(gemms, major, tp)
     runs: Counter[str] = Counter()
     for fmt, ts in ops.values():
         runs[fmt] += sum(int(t.n_elements) for t in ts)
-    base = max(runs, key=lambda f: (runs[f], parse_format(f).bits)) if runs else _fitted(major, [head], 1)
+    base = _most(runs) if runs else _fitted(major, [head], 1)
     # an op keeps its own format where that has more bits than the base (the base would
     # round its values again), else runs the base, in KEEP_K's where the base cannot group
     # the op's K
     bits = parse_format(base).bits
     ops = {key: (fmt if parse_format(fmt).bits > bits
-                 else _fitted(base, ts, tp if key[0] in K_SHARDED else 1), ts)
+                 else _fitted(base, ts, _k_split(key[0], tp)), ts)
            for key, (fmt, ts) in ops.items()}
     hfmt = _fitted(format_for_type(head_type), [head], 1) if head is not None else None  # TP splits N
     keep = hfmt is not None and parse_format(hfmt).bits > parse_format(base).bits
@@ -130,11 +129,11 @@ def auto_weights(model: object, tp: int = 1) -> WeightsChoice:
         # v runs apart where its format is not its layer's q and k's (WeightSpec.split_v)
         if fmt != (ops.get(("qkv", layer), (base,))[0] if op == "v" else base):
             groups.setdefault((op, fmt), []).append(layer)
-    spec = parse_weights(",".join([base, *(f"{op}@{'.'.join(map(str, ls))}={fmt}"
-                                           for (op, fmt), ls in groups.items()),
+    keys = {(op, fmt): f"{op}@{'.'.join(map(str, ls))}" for (op, fmt), ls in groups.items()}
+    spec = parse_weights(",".join([base, *(f"{key}={fmt}" for (_, fmt), key in keys.items()),
                                    *([f"lm_head={hfmt}"] if keep else [])])).name
-    layer_types = {f"{op}@{'.'.join(map(str, ls))}": _counted(
-        [t for layer in ls for t in ops[(op, layer)][1]]) for (op, fmt), ls in groups.items()}
+    layer_types = {keys[group]: _counted([t for layer in ls for t in ops[(group[0], layer)][1]])
+                   for group, ls in groups.items()}
     grouped = {(op, layer) for (op, _), ls in groups.items() for layer in ls}
     based = [t for key, (fmt, ts) in ops.items() if key not in grouped for t in ts]
     return WeightsChoice(spec, _counted(based), head_type, layer_types)
@@ -160,8 +159,18 @@ def _op_formats(gemms, major: str, tp: int) -> dict[tuple[str, int], tuple[str, 
     for key, ts in by_op.items():
         kinds = {ggml_type_name(t.tensor_type) for t in ts}
         fmt = format_for_type(kinds.pop()) if len(kinds) == 1 else major
-        out[key] = (_fitted(fmt, ts, tp if key[0] in K_SHARDED else 1), ts)
+        out[key] = (_fitted(fmt, ts, _k_split(key[0], tp)), ts)
     return out
+
+
+def _k_split(op: str, tp: int) -> int:
+    """The ranks op `op`'s K is split over under `tp` (1: TP splits its N, or nothing)."""
+    return tp if op in K_SHARDED else 1
+
+
+def _most(values: Counter[str]) -> str:
+    """The format of the most values; a tie goes to the one of more bits."""
+    return max(values, key=lambda f: (values[f], parse_format(f).bits))
 
 
 def _fitted(fmt: str, tensors, tp: int) -> str:
