@@ -19,6 +19,7 @@ from sandwich.weight_formats import (
     parse_weights,
     six_group_scales,
     unpack4,
+    unpack5,
     unpack6,
 )
 
@@ -58,7 +59,7 @@ def _asym(qw: QuantizedWeight, g: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     """Q4_1's `d q + m` as `(q - zp) d` (the plugin fuses a Subtract, not an Add): zp = -m / d
     in f32. A group with d = 0 holds m everywhere: q = 0, zp = -1 and the scale m instead."""
     k, n = qw.shape
-    q = unpack4(qw.q, g)
+    q = unpack5(qw.q, qw.high, g).reshape(n, k // g, g) if qw.fmt.bits == 5 else unpack4(qw.q, g)
     # int4-k's scales and minimums are made from its factors (float32); the others' as stored
     pair = asym_group_scales(qw) if qw.fmt.super_group else (qw.scales, qw.mins)
     d, m = (a.reshape(n, k // g, 1) for a in pair)
@@ -71,7 +72,8 @@ def _asym(qw: QuantizedWeight, g: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
 def compressed_weight(ops, qw: QuantizedWeight):
     """W (N, K) of `qw` (an int format) as the decompression subgraph, for
     `MatMul(x, W, transpose_b=True)`: int8 as i8, symmetric int4 as i4 (nibble - 8),
-    asymmetric int4 as u4 with an f32 zero point per group; the format's scales as stored."""
+    asymmetric int4 as u4 (int5-k as u8) with an f32 zero point per group; int6-k as i8 (value -
+    32); the format's scales as stored (the K-quants': made from their factors, in f32)."""
     fmt, (k, n) = qw.fmt, qw.shape
     if not fmt.quantized:
         raise ConfigError(f"{fmt.name} is not an int format")
@@ -87,6 +89,7 @@ def compressed_weight(ops, qw: QuantizedWeight):
         w = ops.convert(_int4_constant(unpack4(qw.q, g).astype(np.int8) - np.int8(8), True), np.float32)
     else:
         q, zp, scales = _asym(qw, g)
-        w = ops.subtract(ops.convert(_int4_constant(q, False), np.float32), ops.constant(zp))
+        values = ops.constant(q) if fmt.bits == 5 else _int4_constant(q, False)
+        w = ops.subtract(ops.convert(values, np.float32), ops.constant(zp))
     w = ops.multiply(w, _f32(ops, scales))
     return ops.reshape(w, ops.constant(np.asarray([n, k], np.int64)), special_zero=False)

@@ -137,9 +137,9 @@ def llama_cpp_module():
     return llama_cpp
 
 
-LLAMA_CPP_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+LLAMA_CPP_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 # a GGUF type -> the llama.cpp file type that, pure, holds every tensor in it
-PURE_FTYPE = {"Q4_K": "Q4_K_S"}
+PURE_FTYPE = {"Q4_K": "Q4_K_S", "Q5_K": "Q5_K_S"}
 
 
 def llama_cpp_type(weights: str) -> str | None:
@@ -157,7 +157,7 @@ def llama_cpp_type(weights: str) -> str | None:
         if fmt.ggml_type not in LLAMA_CPP_TYPES:
             raise ConfigError(f"llama.cpp has no type for {fmt.name} weights (it has Q8_0 = "
                               "int8-g32, Q4_0 = int4-g32, Q4_1 = int4-g32-asym, Q4_K = int4-k, "
-                              "Q6_K = int6-k)")
+                              "Q5_K = int5-k, Q6_K = int6-k)")
     return spec.base.ggml_type
 
 
@@ -188,7 +188,7 @@ def llama_cpp_gguf(model: Path, work: Path, weights: str, *, threads: int) -> Pa
 
 def llama_cpp_quantized(f32_gguf: Path, ggml: str, *, threads: int, output: str | None = None) -> Path:
     """The F32 GGUF quantized by llama.cpp's own quantizer to `ggml` (Q8_0, Q4_0, Q4_1, Q4_K,
-    Q6_K, from llama_cpp_type), every tensor in that type ("pure", as sandwichc quantizes every
+    Q5_K, Q6_K, from llama_cpp_type), every tensor in that type ("pure", as sandwichc quantizes every
     GEMM of one format) but the output matrix and the token embedding (the tied output) in
     `output` where given; written once beside the F32 file and reused."""
     tag = ggml.lower() + (f"-out-{output.lower()}" if output else "")

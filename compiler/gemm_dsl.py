@@ -128,7 +128,7 @@ def format_tunables(fmt: WeightFormat, k: int) -> dict[str, int]:
     """The tunables that follow from the weight format (and K, for act)."""
     return {"bits": fmt.bits, "asym": int(not fmt.symmetric),
             "s32": int(fmt.scale_dtype == "float32"), "act": int(int_activations(fmt, k)),
-            "sup": int(bool(fmt.super_group) and fmt.bits == 4)}
+            "sup": int(bool(fmt.super_group) and not fmt.symmetric)}
 
 
 def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int, l2_bytes: int,

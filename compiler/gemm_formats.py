@@ -15,9 +15,9 @@ def weight_format(dtype: str) -> WeightFormat:
     """The weight format a schedule's dtype names ("float32" is fp32); the family builds
     every format of sandwich/weight_formats.py."""
     fmt = format_of(dtype)
-    if fmt.bits not in (32, 16, 8, 6, 4):
+    if fmt.bits not in (32, 16, 8, 6, 5, 4):
         raise ConfigError(f"no GEMM kernel for {fmt.name} weights (built: fp32, bf16, int8, "
-                          f"int6, int4)")
+                          f"int6, int5, int4)")
     return fmt
 
 
@@ -33,8 +33,9 @@ def weight_args(dtype: str, k: int) -> tuple[str, ...]:
     if fmt.bits == 6:  # Q6_K: the values' low and high bits, 8-bit factors, fp16 d per 256
         return ("Q6Q", "Q6H", "SC", "SD")
     values = ("Q8" if fmt.bits == 8 else "Q4") + ("Q" if int_activations(fmt, k) else "")
-    if fmt.super_group:  # Q4_K: 6-bit factors, then their fp16 multipliers
-        return (values, "SK", "ZK", "SD", "ZD")
+    if fmt.super_group:  # Q4_K: 6-bit factors, then their fp16 multipliers; Q5_K: the same
+        fifth = ("Q5H",) if fmt.bits == 5 else ()  # after the fifth bits of its values
+        return (values, *fifth, "SK", "ZK", "SD", "ZD")
     scales = "SF" if fmt.scale_dtype == "float32" else "S"
     return (values, scales) + (("Z",) if not fmt.symmetric else ())
 

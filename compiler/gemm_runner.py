@@ -8,7 +8,7 @@ from sandwich.compiler.gemm_formats import ACT_BLOCK, int_activations, weight_fo
 from sandwich.compiler.gemm_template import slice_args
 from sandwich.errors import ShapeError
 from sandwich.types import KernelSchedule
-from sandwich.weight_formats import QuantizedWeight, quantize, unpack4, unpack6
+from sandwich.weight_formats import QuantizedWeight, quantize, unpack4, unpack5, unpack6
 
 
 def pack_weights(w: np.ndarray, pack_n: int) -> np.ndarray:
@@ -51,7 +51,8 @@ def pack_quantized(qw: QuantizedWeight, pack_n: int, *, quads: bool | None = Non
     int4 bytes are re-paired so that byte k / 2 holds value k (low nibble) and k + 1 (high).
     With `quads` (the family's 8-bit activations, gemm_formats.int_activations), the values
     are Q8Q / Q4Q instead (dot8_values): what one dot8 lane takes, in 32-bit elements; 6-bit
-    values are always Q6Q and Q6H (six_bit_values), then int6-k's factors and d."""
+    values are always Q6Q and Q6H (six_bit_values), then int6-k's factors and d; 5-bit ones
+    Q4Q and Q5H (five_bit_values), then int4-k's factors and multipliers."""
     k, n = qw.shape
     if n % pack_n:
         raise ShapeError(f"weight N={n} is not a multiple of the packed width {pack_n}")
@@ -59,6 +60,8 @@ def pack_quantized(qw: QuantizedWeight, pack_n: int, *, quads: bool | None = Non
         return [pack_bf16(qw, pack_n)]
     if qw.fmt.bits == 6:  # the family reads 6-bit values only as dot8 takes them
         values = six_bit_values(unpack6(qw.q, qw.high))
+    elif qw.fmt.bits == 5:  # and 5-bit ones
+        values = five_bit_values(unpack5(qw.q, qw.high, qw.fmt.group_size(k)))
     else:
         v = qw.q
         if qw.fmt.bits == 4:
@@ -112,6 +115,17 @@ def six_bit_values(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     q6h = sum(high[:, :, :, u] << np.uint8(2 * u) for u in range(4))  # [n, block, group, q]
     return tuple(np.ascontiguousarray(a).reshape(n, -1).view("<i4").astype(np.int32, copy=False)
                  for a in (q6q, q6h.astype(np.uint8)))
+
+
+def five_bit_values(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """5-bit values [N, K] (0..31) -> (Q4Q [N, K / 8], Q5H [N, K / 32]) int32: their low four
+    bits as int4's dot8_values, and their fifth bits a block of 32 a word, value 32 b + i's at
+    bit i of element b (bit u of byte q: value 32 b + 8 q + u, in aq's quad u, byte q)."""
+    n, k = values.shape
+    v = values.astype(np.uint8)
+    q4q = dot8_values(v & np.uint8(15), 4)  # checks K a multiple of 32
+    q5h = np.packbits(v >> np.uint8(4), axis=-1, bitorder="little")  # [n, K / 8]
+    return q4q, q5h.view("<i4").astype(np.int32, copy=False)
 
 
 def pack_bf16(qw: QuantizedWeight, pack_n: int) -> np.ndarray:

@@ -166,6 +166,8 @@ class _Emitter(V.VectorLoops, StaticParts, TileStatements):
                 return self.nibbles(e, *args)
             if e.func == "high2":
                 return self.high2(e, *args)
+            if e.func == "high1":
+                return self.high1(e, *args)
             if e.func == "bf16pair":
                 return V.bf16_pair(*args)
             if e.func == "exp" and self.in_vector and self.dtype(e) == "f32":

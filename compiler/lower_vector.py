@@ -360,6 +360,15 @@ class VectorLoops:
             return f"T.shift_left({field}, T.Broadcast(4, {vl}))"
         return f"T.shift_left(T.bitwise_and(T.shift_right({w}, 2 * {s}), {0x03030303}), 4)"
 
+    def high1(self, e, w: str, s: str) -> str:
+        """((w >> s) & 0x01010101) << 4, on a vector w in an explicit vector loop."""
+        if self.varies(e.args[0]):
+            vl = self.vlen
+            field = (f"T.bitwise_and(T.shift_right({w}, T.Broadcast({s}, {vl})), "
+                     f"T.Broadcast({0x01010101}, {vl}))")
+            return f"T.shift_left({field}, T.Broadcast(4, {vl}))"
+        return f"T.shift_left(T.bitwise_and(T.shift_right({w}, {s}), {0x01010101}), 4)"
+
     def dotbf16(self, e, acc: str, w: str, p: str) -> str:
         """vdpbf16ps when acc and w are vectors and p is one pair for every lane, else the
         same products on the bf16 values widened to f32 (exact), in the same order."""

@@ -37,6 +37,10 @@ FUNCS: dict[str, tuple[tuple[str, ...], str]] = {
     # ((w >> 2 s) & 0x03030303) << 4, the high bits of 6-bit values whose low four are nibbles
     # (Q6_K), so that nibbles(...) + high2(...) is 4 bytes of 6-bit values for dot8
     "high2": (("int", "int"), "i32"),
+    # high1(w, s): bit s of each of w's 4 bytes, moved to bit 4 of its byte:
+    # ((w >> s) & 0x01010101) << 4, the fifth bits of 5-bit values whose low four are nibbles
+    # (Q5_K), so that nibbles(...) + high1(...) is 4 bytes of 5-bit values for dot8
+    "high1": (("int", "int"), "i32"),
     # bf16pair(x, y): x and y rounded to bf16 (nearest even), their bits as lo + 65536 * hi
     "bf16pair": (("float", "float"), "i32"),
 }

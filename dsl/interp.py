@@ -75,6 +75,11 @@ def _high2(w: int, s: int) -> int:
     return _i32(((w >> 2 * s) & 0x03030303) << 4)
 
 
+def _high1(w: int, s: int) -> int:
+    """Bit s of each byte of w, at bit 4 of its byte (dsl/builtins.py)."""
+    return _i32(((w >> s) & 0x01010101) << 4)
+
+
 def _bf16(bits: int) -> float:
     """The f32 value of 16 bf16 bits."""
     return float(np.array([(bits & 0xFFFF) << 16], np.uint32).view(np.float32)[0])
@@ -103,7 +108,7 @@ _FUNCS = {"exp": _exp, "log": math.log, "sqrt": math.sqrt, "rsqrt": lambda x: 1 
           "cos": math.cos, "erf": math.erf, "floor": math.floor, "ceil": math.ceil,
           "pow": math.pow, "fma": lambda a, b, c: a * b + c, "max": max, "min": min, "abs": abs,
           "select": lambda c, a, b: a if c else b, "madd16": _madd16, "dot8": _dot8, "nibbles": _nibbles,
-          "high2": _high2,
+          "high2": _high2, "high1": _high1,
           "dotbf16": _dotbf16, "bf16pair": _bf16pair}
 
 

@@ -1,7 +1,8 @@
 """A GGUF tensor's stored bytes as a `QuantizedWeight`, as stored: Q8_0, Q4_0 and Q4_1 blocks
 split into values and fp16 scales (no re-quantizing), F32 and BF16 rows as they are, Q4_K's
-super-blocks as int4-k (the same nibbles, 6-bit factors and fp16 d and dmin), Q6_K's as int6-k
-(the same 6-bit values, int8 factors and fp16 d); and Q4_K into int4-g32-asym groups too, the
+super-blocks as int4-k (the same nibbles, 6-bit factors and fp16 d and dmin), Q5_K's as int5-k
+(those and each value's fifth bit), Q6_K's as int6-k (the same 6-bit values, int8 factors and
+fp16 d); and Q4_K into int4-g32-asym groups too, the
 same 4-bit values with each group's scale and minimum multiplied out (fp16, as Q4_1 keeps
 them), for a run that asks for that format.
 
@@ -13,16 +14,18 @@ from __future__ import annotations
 import numpy as np
 
 from sandwich.errors import ConfigError
-from sandwich.weight_formats import QuantizedWeight, pack4, pack6, parse_format
+from sandwich.weight_formats import QuantizedWeight, pack4, pack5, pack6, parse_format
 
 # GGUF type -> (weight format, bytes of one block of 32 values, bytes before its values)
 BLOCKS = {"Q8_0": ("int8-g32", 34, 2), "Q4_0": ("int4-g32", 18, 2),
           "Q4_1": ("int4-g32-asym", 20, 4)}
 ROWS = {"F32": ("fp32", np.float32), "BF16": ("bf16", np.uint16)}
 Q4_K_BLOCK = 144  # 256 values: fp16 d and dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles
+Q5_K_BLOCK = 176  # 256 values: Q4_K's 144 bytes, and 32 of fifth bits before the nibbles
 Q6_K_BLOCK = 210  # 256 values: 128 bytes of low 4 bits, 64 of high 2, 16 int8 factors, fp16 d
 # GGUF super-block type -> (weight format, bytes of one block of 256 values)
-SUPER_BLOCKS = {"Q4_K": ("int4-k", Q4_K_BLOCK), "Q6_K": ("int6-k", Q6_K_BLOCK)}
+SUPER_BLOCKS = {"Q4_K": ("int4-k", Q4_K_BLOCK), "Q5_K": ("int5-k", Q5_K_BLOCK),
+                "Q6_K": ("int6-k", Q6_K_BLOCK)}
 # GGUF type -> the format that holds its values without re-quantizing
 STORED_AS = {t: f for t, (f, *_) in {**BLOCKS, **ROWS, **SUPER_BLOCKS}.items()}
 # GGUF type -> other formats its blocks load into with the values as stored (the scales'
@@ -30,7 +33,7 @@ STORED_AS = {t: f for t, (f, *_) in {**BLOCKS, **ROWS, **SUPER_BLOCKS}.items()}
 ALSO_LOADS = {"Q4_K": ("int4-g32-asym",)}
 # the other types -> the format whose bits come nearest from above (F16: bf16; 5 bits: int8),
 # or from below where nothing smaller exists (2 and 3 bits: int4, weight_choice)
-NEAREST = {"F16": "bf16", "Q5_0": "int8-g32", "Q5_1": "int8-g32", "Q5_K": "int8-g32",
+NEAREST = {"F16": "bf16", "Q5_0": "int8-g32", "Q5_1": "int8-g32",
            "Q8_1": "int8-g32", "Q8_K": "int8-g32"}
 
 
@@ -91,6 +94,8 @@ def from_gguf_blocks(raw: np.ndarray, ggml_type: object, shape: tuple[int, int],
         return QuantizedWeight(fmt, (k, n), data.view(dtype).reshape(n, k).copy())
     if name == "Q4_K":
         return _from_q4_k(data.reshape(n, k // 256, Q4_K_BLOCK), fmt)
+    if name == "Q5_K":
+        return _from_q5_k(data.reshape(n, k // 256, Q5_K_BLOCK), fmt)
     if name == "Q6_K":
         return _from_q6_k(data.reshape(n, k // 256, Q6_K_BLOCK), fmt)
     b = data.reshape(n, k // 32, block)
@@ -136,6 +141,24 @@ def _from_q4_k(b: np.ndarray, fmt) -> QuantizedWeight:
         raise ConfigError("Q4_K block scales or minimums do not fit float16 (the file is "
                           "damaged, or its values are beyond int4-g32-asym's range)")
     return QuantizedWeight(fmt, (blocks * 256, n), q, scales, mins)
+
+
+def _from_q5_k(b: np.ndarray, fmt) -> QuantizedWeight:
+    """(N, K/256, 176) Q5_K blocks -> int5-k, every number as stored: Q4_K's d, dmin, 12 factor
+    bytes and 128 nibble bytes (sub-block 2c the low nibbles of bytes 32c..32c+31, 2c+1 their
+    high ones), with `qh` (32 bytes) between the factors and the nibbles: value l of sub-block
+    s (l < 32) takes its fifth bit from bit s of qh's byte l (ggml's dequantize_row_q5_K)."""
+    n, blocks = b.shape[:2]
+    d = np.ascontiguousarray(b[..., 0:2]).view(np.float16)[..., 0]  # (N, B)
+    dmin = np.ascontiguousarray(b[..., 2:4]).view(np.float16)[..., 0]
+    sc, mn = q4_k_factors(b[..., 4:16])
+    qh = b[..., 16:48].reshape(n, blocks, 1, 32)
+    fifth = (qh >> np.arange(8, dtype=np.uint8)[:, None]) & np.uint8(1)  # (N, B, 8, 32)
+    qs = b[..., 48:].reshape(n, blocks, 4, 1, 32)
+    low = np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=3).reshape(n, blocks, 8, 32)
+    q, high = pack5((low | (fifth << np.uint8(4))).reshape(n, -1), 32)
+    return QuantizedWeight(fmt, (blocks * 256, n), q, sc.reshape(n, -1), mn.reshape(n, -1), d, dmin,
+                           high)
 
 
 def _from_q6_k(b: np.ndarray, fmt) -> QuantizedWeight:

@@ -1,5 +1,6 @@
 """`--weights auto`, every command's default: a GGUF file runs in the format most of its GEMM
-weights are stored in (a Q4_K_M file as int4-k, a Q8_0 one as int8-g32), its lm_head
+weights are stored in (a Q4_K_M file as int4-k, a Q5_K_M one as int5-k, a Q8_0 one as
+int8-g32), its lm_head
 in its own type's where that has more bits (Q4_K_M's Q6_K output.weight as int6-k), so its
 blocks load as they are and the model stays about the size it is on disk; anything else runs
 in fp32.
@@ -29,8 +30,8 @@ LAYER_OPS = {"attn_q.weight": "qkv", "attn_k.weight": "qkv", "attn_v.weight": "v
              "ffn_down_shexp.weight": "shared_down"}
 # the format a K-quant tensor runs in where its format cannot group a GEMM's K by its
 # super-groups of 256: the nearest that stores any K a multiple of 32 (Q4_K: Q4_1's layout,
-# the same nibbles; Q6_K: int8-g32, the nearest above its 6 bits)
-KEEP_K = {"int4-k": "int4-g32-asym", "int6-k": "int8-g32"}
+# the same nibbles; Q5_K and Q6_K: int8-g32, the nearest above their 5 and 6 bits)
+KEEP_K = {"int4-k": "int4-g32-asym", "int5-k": "int8-g32", "int6-k": "int8-g32"}
 
 
 @dataclass(frozen=True)

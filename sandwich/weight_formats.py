@@ -1,6 +1,6 @@
 """Weight formats, defined in one place: their names, quantize and dequantize, and the bytes a
 decode step streams; the int formats reproduce llama.cpp's Q8_0, Q4_0 and Q4_1 bit for bit,
-and int4-k and int6-k hold Q4_K's and Q6_K's blocks as they are."""
+and int4-k, int5-k and int6-k hold Q4_K's, Q5_K's and Q6_K's blocks as they are."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ class WeightFormat:
     hold the same numbers, so a GGUF tensor of that type loads without re-quantizing."""
 
     name: str
-    bits: int  # 32, 16, 8, 6 or 4 per value
+    bits: int  # 32, 16, 8, 6, 5 or 4 per value
     group: int | None = None
     symmetric: bool = True  # False: a scale and a minimum per group (Q4_1, Q4_K)
     scale_dtype: str | None = None  # "float16" where GGUF stores fp16 scales
     ggml_type: str | None = None
     # values per fp16 multiplier of the groups' scale (and minimum) factors (the K-quants'
-    # super-block of 256: Q4_K's d * sc * q - dmin * m, Q6_K's d * sc * q); None: each group's
+    # super-block of 256: Q4_K's and Q5_K's d * sc * q - dmin * m, Q6_K's d * sc * q); None: each group's
     # own scale
     super_group: int | None = None
 
@@ -61,12 +61,16 @@ FORMATS: tuple[WeightFormat, ...] = (
     # Q4_K as stored: 4.625 bits a value (the 6-bit factors kept a byte each), where
     # int4-g32-asym's fp16 scale and minimum per group take 5
     WeightFormat("int4-k", 4, 32, False, "uint8", "Q4_K", super_group=256),
+    # Q5_K as stored: int4-k's nibbles, factors and multipliers plus each value's fifth bit
+    # (eight a byte), 5.625 bits a value, where int8-g32 takes 8.5
+    WeightFormat("int5-k", 5, 32, False, "uint8", "Q5_K", super_group=256),
     # Q6_K as stored: 6.5625 bits a value (4 low bits and 2 high ones apart, a signed byte
     # factor per 16, an fp16 d per 256), where int8-g32 takes 8.5
     WeightFormat("int6-k", 6, 16, True, "int8", "Q6_K", super_group=256),
 )
-ALIASES = {"int4": "int4-g32", "int4-asym": "int4-g32-asym", "q4_k": "int4-k", "q6_k": "int6-k"}
-K_FACTOR_MAX = 63  # Q4_K's scale and minimum factors are 6 bits
+ALIASES = {"int4": "int4-g32", "int4-asym": "int4-g32-asym", "q4_k": "int4-k", "q5_k": "int5-k",
+           "q6_k": "int6-k"}
+K_FACTOR_MAX = 63  # Q4_K's and Q5_K's scale and minimum factors are 6 bits
 Q6_K_FACTOR = -128  # Q6_K's largest group step is d * -128 (its factors are signed bytes)
 Q6_K_VALUE = -32  # and a group's value of largest magnitude is its step * -32
 _BY_NAME = {f.name: f for f in FORMATS}
@@ -188,10 +192,10 @@ def weights_flag(name: str | WeightFormat | WeightSpec) -> str:
 def layout(fmt: WeightFormat, k: int, n: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """(shape, dtype) of each array of a (K, N) weight in `fmt`: what a kernel allocates, in
     the order it takes them."""
-    dtype = {32: np.float32, 16: np.uint16, 8: np.int8, 6: np.uint8, 4: np.uint8}[fmt.bits]
-    out = {"q": ((n, k // 2 if fmt.bits in (4, 6) else k), np.dtype(dtype))}
-    if fmt.bits == 6:  # the 2 high bits of each value, four a byte
-        out["high"] = ((n, k // 4), np.dtype(np.uint8))
+    dtype = {32: np.float32, 16: np.uint16, 8: np.int8}.get(fmt.bits, np.uint8)
+    out = {"q": ((n, k // 2 if fmt.bits < 8 else k), np.dtype(dtype))}
+    if fmt.bits in HIGH_PER_BYTE:  # the bits above each value's low four
+        out["high"] = ((n, k // HIGH_PER_BYTE[fmt.bits]), np.dtype(np.uint8))
     if fmt.quantized:
         groups = (n, k // fmt.group_size(k))
         out["scales"] = (groups, np.dtype(fmt.scale_dtype))
@@ -203,6 +207,10 @@ def layout(fmt: WeightFormat, k: int, n: int) -> dict[str, tuple[tuple[int, ...]
             if not fmt.symmetric:
                 out["super_mins"] = (supers, np.dtype(np.float16))
     return out
+
+
+# bits a value -> values whose bits above the low four one byte of `high` holds
+HIGH_PER_BYTE = {6: 4, 5: 8}
 
 
 @dataclass
@@ -218,6 +226,8 @@ class QuantizedWeight:
     - int4-k (Q4_K): `scales` and `mins` are 6-bit factors, and `super_scales[n, j]`,
       `super_mins[n, j]` the fp16 d and dmin of super-group j: group i of column n is
       `nibble * d * scale - dmin * min`, d and dmin those of its super-group;
+    - int5-k (Q5_K): as int4-k, on values 0..31: `q` their low 4 bits as int4-k's nibbles,
+      `high[n]` (K/8 bytes) their fifth, value 8j + i's at bit i of byte j (`pack5`);
     - int6-k (Q6_K): each value is 6 bits, 0..63: `q[n]` (K/2 bytes) holds their low 4 bits,
       value 2j in byte j's low nibble and 2j + 1 in its high one; `high[n]` (K/4 bytes) their
       bits 4 and 5, value 4j + i's in bits 2i and 2i + 1 of byte j (`pack6`). `scales[n, i]`
@@ -323,6 +333,20 @@ def unpack6(q: np.ndarray, high: np.ndarray) -> np.ndarray:
     return low | (top << np.uint8(4))
 
 
+def pack5(values: np.ndarray, g: int) -> tuple[np.ndarray, np.ndarray]:
+    """(N, K) values 0..31 -> int5-k's (q, high): (N, K/2) low nibbles in pack4's order for
+    groups of g, and (N, K/8) fifth bits, value 8j + i's at bit i of byte j."""
+    v = np.asarray(values, np.uint8)
+    q = pack4((v & np.uint8(0x0F)).reshape(v.shape[0], -1, g))
+    return q, np.packbits(v >> np.uint8(4), axis=-1, bitorder="little")
+
+
+def unpack5(q: np.ndarray, high: np.ndarray, g: int) -> np.ndarray:
+    """int5-k's (N, K/2) `q` and (N, K/8) `high` -> (N, K) values 0..31: the inverse of pack5."""
+    fifth = np.unpackbits(high, axis=-1, bitorder="little")
+    return unpack4(q, g).reshape(q.shape[0], -1) | (fifth << np.uint8(4))
+
+
 def _scales(fmt: WeightFormat, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """`x` in the format's scale dtype, or a ConfigError when a scale does not fit it."""
     with np.errstate(over="ignore"):
@@ -389,13 +413,13 @@ def _quantize(w: np.ndarray, fmt: WeightFormat, k: int, n: int) -> QuantizedWeig
 
 
 def _quantize_k(b: np.ndarray, fmt: WeightFormat, k: int, n: int) -> QuantizedWeight:
-    """(N, K/32, 32) float32 groups -> int4-k: each group's scale (max - min) / 15 and minimum
-    min(x, 0) as 6-bit factors of its super-group's largest over 63 (fp16), then the values
-    rounded against the factors as stored. Simpler than llama.cpp's search for the best
-    factors (a Q4_K file's own blocks load as they are, sandwich/gguf_blocks.py)."""
-    per = fmt.super_group // fmt.group
+    """(N, K/32, 32) float32 groups -> int4-k (int5-k): each group's scale (max - min) / 15
+    (31) and minimum min(x, 0) as 6-bit factors of its super-group's largest over 63 (fp16),
+    then the values rounded against the factors as stored. Simpler than llama.cpp's search
+    for the best factors (a Q4_K or Q5_K file's own blocks load as they are, gguf_blocks.py)."""
+    per, top = fmt.super_group // fmt.group, (1 << fmt.bits) - 1
     lo = np.minimum(b.min(axis=-1), 0)  # (N, K/32)
-    step = (b.max(axis=-1) - lo) / 15
+    step = (b.max(axis=-1) - lo) / top
     step, neg = step.reshape(n, -1, per), (-lo).reshape(n, -1, per)
     d = _scales(replace(fmt, scale_dtype="float16"), step.max(axis=-1, keepdims=True) / K_FACTOR_MAX, b)
     dmin = _scales(replace(fmt, scale_dtype="float16"), neg.max(axis=-1, keepdims=True) / K_FACTOR_MAX, b)
@@ -404,9 +428,10 @@ def _quantize_k(b: np.ndarray, fmt: WeightFormat, k: int, n: int) -> QuantizedWe
     mn = round_away(neg * _inverse(dmin32)).clip(0, K_FACTOR_MAX)
     scale = (d32 * sc).reshape(n, -1, 1)
     low = (dmin32 * mn).reshape(n, -1, 1)
-    qs = round_away((b + low) * _inverse(scale)).clip(0, 15)
-    return QuantizedWeight(fmt, (k, n), pack4(qs.astype(np.uint8)), sc.astype(np.uint8).reshape(n, -1),
-                           mn.astype(np.uint8).reshape(n, -1), d[..., 0], dmin[..., 0])
+    qs = round_away((b + low) * _inverse(scale)).clip(0, top).astype(np.uint8)
+    q, high = pack5(qs.reshape(n, k), fmt.group) if fmt.bits == 5 else (pack4(qs), None)
+    return QuantizedWeight(fmt, (k, n), q, sc.astype(np.uint8).reshape(n, -1),
+                           mn.astype(np.uint8).reshape(n, -1), d[..., 0], dmin[..., 0], high)
 
 
 def _quantize_6(b: np.ndarray, fmt: WeightFormat, k: int, n: int) -> QuantizedWeight:
@@ -430,7 +455,7 @@ def _quantize_6(b: np.ndarray, fmt: WeightFormat, k: int, n: int) -> QuantizedWe
 
 def dequantize(qw: QuantizedWeight) -> np.ndarray:
     """The float32 (K, N) weight `qw` stands for (as ggml dequantizes Q8_0, Q4_0, Q4_1,
-    Q4_K and Q6_K)."""
+    Q4_K, Q5_K and Q6_K)."""
     fmt, (k, n) = qw.fmt, qw.shape
     if fmt.bits == 32:
         cols = qw.q
@@ -446,9 +471,10 @@ def dequantize(qw: QuantizedWeight) -> np.ndarray:
             cols = six_group_scales(qw)[..., None] * values
         elif fmt.symmetric:
             cols = d * (unpack4(qw.q, g).astype(np.int8) - np.int8(8)).astype(np.float32)
-        else:  # value * scale + minimum (Q4_1; Q4_K: d * sc * q - dmin * m)
+        else:  # value * scale + minimum (Q4_1; Q4_K, Q5_K: d * sc * q - dmin * m)
             scale, low = asym_group_scales(qw)
-            cols = scale[..., None] * unpack4(qw.q, g).astype(np.float32) + low[..., None]
+            values = unpack5(qw.q, qw.high, g).reshape(n, -1, g) if fmt.bits == 5 else unpack4(qw.q, g)
+            cols = scale[..., None] * values.astype(np.float32) + low[..., None]
     return np.ascontiguousarray(cols.reshape(n, k).T)
 
 
@@ -461,7 +487,7 @@ def six_group_scales(qw: QuantizedWeight) -> np.ndarray:
 
 def asym_group_scales(qw: QuantizedWeight) -> tuple[np.ndarray, np.ndarray]:
     """Each group's scale and minimum, (N, K / g) float32, of an asymmetric int4 weight: the
-    stored ones, or int4-k's d * sc and -(dmin * m), the float32 products ggml makes."""
+    stored ones, or int4-k's (int5-k's) d * sc and -(dmin * m), the float32 products ggml makes."""
     scale, low = qw.scales.astype(np.float32), qw.mins.astype(np.float32)
     if qw.fmt.super_group:
         per = qw.fmt.super_group // qw.fmt.group_size(qw.shape[0])
@@ -489,10 +515,11 @@ def take_rows(qw: QuantizedWeight, rows: slice) -> QuantizedWeight:
     if step != 1 or hi <= lo or (qw.fmt.group and (lo % whole or hi % whole)):
         raise ShapeError(f"rows {lo}:{hi} of a {qw.fmt.name} weight with K={k}: a shard of K "
                          f"must be whole groups of {whole}")
-    per = 2 if qw.fmt.bits in (4, 6) else 1  # int4, int6-k's low bits: two values a byte
+    per = 2 if qw.fmt.bits < 8 else 1  # int4, int5-k's and int6-k's low bits: two values a byte
     pick = {"q": qw.q[:, lo // per: hi // per]}
-    if qw.high is not None:  # int6-k's high bits: four values a byte
-        pick["high"] = qw.high[:, lo // 4: hi // 4]
+    if qw.high is not None:  # the bits above the low four: four or eight values a byte
+        per = HIGH_PER_BYTE[qw.fmt.bits]
+        pick["high"] = qw.high[:, lo // per: hi // per]
     for key in ("scales", "mins"):
         a = getattr(qw, key)
         if a is not None:

@@ -106,8 +106,10 @@ def _tensor(w: np.ndarray, kind: str):
     if kind == "F16":
         return w.astype(np.float16), None
     qtype = gguf.GGMLQuantizationType[kind]
-    if kind == "Q4_K":  # the gguf package reads Q4_K and Q6_K but does not write them
+    if kind == "Q4_K":  # the gguf package reads the K-quants but does not write them
         return q4_k_blocks(w), qtype
+    if kind == "Q5_K":
+        return q5_k_blocks(w), qtype
     if kind == "Q6_K":
         return q6_k_blocks(w), qtype
     return quantize(w.astype(np.float32), qtype), qtype
@@ -131,13 +133,40 @@ def q4_k_blocks(w: np.ndarray) -> np.ndarray:
         base = dmin.astype(np.float32) * mn
         q = np.nan_to_num(np.round((x + base[..., None]) / step[..., None])).clip(0, 15)
     q = q.astype(np.uint8)
-    packed = np.empty((rows, k // 256, 12), np.uint8)
+    qs = (q[:, :, 0::2] | (q[:, :, 1::2] << 4)).reshape(rows, k // 256, 128)
+    return np.concatenate([_k_head(d, dmin, sc, mn), qs], axis=-1).reshape(rows, -1)
+
+
+def _k_head(d, dmin, sc, mn) -> np.ndarray:
+    """(rows, blocks, 16) bytes of block_q4_K's and block_q5_K's head: fp16 d and dmin, then
+    the 8 sub-blocks' 6-bit scale and min factors (rows, blocks, 8) packed as
+    get_scale_min_k4 reads them."""
+    sc, mn = sc.astype(np.uint8), mn.astype(np.uint8)
+    packed = np.empty((*sc.shape[:2], 12), np.uint8)
     packed[..., 0:4] = sc[..., :4] | ((sc[..., 4:] >> 4) << 6)
     packed[..., 4:8] = mn[..., :4] | ((mn[..., 4:] >> 4) << 6)
     packed[..., 8:12] = (sc[..., 4:] & 0x0F) | ((mn[..., 4:] & 0x0F) << 4)
-    qs = (q[:, :, 0::2] | (q[:, :, 1::2] << 4)).reshape(rows, k // 256, 128)
-    head = np.concatenate([d.view(np.uint8), dmin.view(np.uint8)], axis=-1)
-    return np.concatenate([head.reshape(rows, k // 256, 4), packed, qs], axis=-1).reshape(rows, -1)
+    head = np.concatenate([d.astype(np.float16).view(np.uint8).reshape(*sc.shape[:2], 2),
+                           dmin.astype(np.float16).view(np.uint8).reshape(*sc.shape[:2], 2)], axis=-1)
+    return np.concatenate([head, packed], axis=-1)
+
+
+def q5_k_blocks(w: np.ndarray) -> np.ndarray:
+    """Rows of `w` (K a multiple of 256) as Q5_K super-blocks, bytes (rows, K/256*176), laid
+    out as ggml's block_q5_K: Q4_K's head (d, dmin, 12 factor bytes), qh (32 bytes: bit s of
+    byte l is the fifth bit of value l of sub-block s), qs (128: as Q4_K's nibbles). The
+    values are int5-k's quantizer's, so loading these blocks gives its arrays back."""
+    from sandwich.weight_formats import quantize, unpack5
+
+    rows, k = w.shape
+    qw = quantize(np.ascontiguousarray(w.T, np.float32), "int5-k")
+    v = unpack5(qw.q, qw.high, 32).reshape(rows, k // 256, 8, 32)  # (row, block, sub-block, l)
+    qh = sum((v[:, :, s] >> 4) << s for s in range(8)).astype(np.uint8)  # (row, block, 32)
+    low = v & 0x0F
+    qs = (low[:, :, 0::2] | (low[:, :, 1::2] << 4)).reshape(rows, k // 256, 128)
+    head = _k_head(qw.super_scales, qw.super_mins, qw.scales.reshape(rows, -1, 8),
+                   qw.mins.reshape(rows, -1, 8))
+    return np.concatenate([head, qh, qs], axis=-1).astype(np.uint8).reshape(rows, -1)
 
 
 def q6_k_blocks(w: np.ndarray) -> np.ndarray:

@@ -107,6 +107,17 @@ def test_int4_k_is_right_in_the_reference_interpreter(act):
     (dict(mu_m=3, mu_n=4, pack_n=8, t_m=1, t_n=1, t_k=2), (1, 2, 48), 5),
     (dict(mu_m=2, mu_n=4, pack_n=4, t_m=2, t_n=2, t_k=1), (1, 2, 64), 9),
 ])
+def test_int5_k_is_right_in_the_reference_interpreter(tun, sl, m):
+    """int5-k (Q5_K: int4-k's nibbles and factors plus a fifth bit a value) without TVM, over
+    two super-groups, on the activations as the kernel quantizes them: split-K with K panels
+    of 48, a 3-row tile with its tails; threads over M and N."""
+    _interpret(tun, sl, m, "int5-k", k=512, act=1, rtol=1e-6)
+
+
+@pytest.mark.parametrize("tun, sl, m", [
+    (dict(mu_m=3, mu_n=4, pack_n=8, t_m=1, t_n=1, t_k=2), (1, 2, 48), 5),
+    (dict(mu_m=2, mu_n=4, pack_n=4, t_m=2, t_n=2, t_k=1), (1, 2, 64), 9),
+])
 def test_int6_k_is_right_in_the_reference_interpreter(tun, sl, m):
     """int6-k (Q6_K: 6-bit values, a signed factor per 16 and an fp16 d per 256) without TVM,
     over two super-groups, on the activations as the kernel quantizes them in consecutive
@@ -167,6 +178,7 @@ def _interpret(tun: dict, sl: tuple, m: int, fmt: str, *, k: int, act: int = 0,
               "Q4Q": np.zeros((n // pack, k // 8, pack), np.int32),
               "Q6Q": np.zeros((n // pack, k // 8, pack), np.int32),
               "Q6H": np.zeros((n // pack, k // 16, pack), np.int32),
+              "Q5H": np.zeros((n // pack, k // 32, pack), np.int32),
               "WB": np.zeros((n // pack, k // 2, pack), np.int32),
               **{name: np.zeros((n // pack, k // g, pack), dt)
                  for name, dt in (("S", np.float16), ("SF", np.float32), ("Z", np.float16),

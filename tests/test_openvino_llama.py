@@ -193,12 +193,13 @@ def test_bad_weight_format_is_one_line_config_error(tied_dir, fmt, match):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("fmt", ["int4-g32-asym", "int4-g32", "int8-g32", "int4-k", "int6-k"])
+@pytest.mark.parametrize("fmt", ["int4-g32-asym", "int4-g32", "int8-g32", "int4-k", "int5-k",
+                                 "int6-k"])
 def test_compressed_weight_of_flat_groups(fmt):
     """Groups with one value everywhere (scale 0; for Q4_1 the minimum alone) decompress to
     that value: the asymmetric zero point -min/scale would divide by zero. int4-k (K of 256:
     one super-group) decompresses with its d*sc and dmin*m as float32 scales and minimums,
-    int6-k with its values - 32 as i8 and d*sc per 16 as float32 scales."""
+    int5-k likewise on its 5-bit values as u8, int6-k with its values - 32 as i8 and d*sc per 16 as float32 scales."""
     import openvino as ov
     import openvino.opset13 as ops
 

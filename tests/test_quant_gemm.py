@@ -32,11 +32,11 @@ def _cpu():
 @pytest.mark.tvm
 @pytest.mark.parametrize("fmt, vnni", [*((f, True) for f in INT_FORMATS),
                                        ("int8-g32", False), ("int4-g32-asym", False),
-                                       ("int4-k", False), ("int6-k", False)])
+                                       ("int4-k", False), ("int5-k", False), ("int6-k", False)])
 def test_every_int_format_matches_numpy_at_20_random_m(fmt, vnni):
     """One family per format: a 3-row tile (so the 2 and 1-row tail tiles run too), split-K
     over two threads for half the formats, a K panel that is not a multiple of the group, two
-    of int4-k's and int6-k's super-groups of 256. `vnni` False builds for the host without AVX512-VNNI:
+    of the K-quants' super-groups of 256. `vnni` False builds for the host without AVX512-VNNI:
     dot8 as two pmaddwd."""
     import dataclasses
 
@@ -181,14 +181,15 @@ def _error_against_transformers(gguf, model) -> float:
 
 
 @pytest.mark.tvm
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_a_q4_k_file_runs_as_int4_k_by_default_with_its_blocks_and_transformers_logits(tmp_path, cache, arch):
-    """Issue 26: a Q4_K file's blocks run as stored (int4-k: the nibbles, 6-bit factors and
-    fp16 d, dmin of each super-block), the default for it, and its Q6_K (tied) head and
-    second layer's down and v matrices as int6-k (6-bit values, a signed factor per 16, fp16
-    d), as llama.cpp's Q4_K_M keeps some layers' ffn_down and attn_v: the executor runs each
-    layer's own kernels, v there apart from q and k; the logits match transformers on the
-    same file as the Q8_0 case does; Qwen2's q, k and v biases added to their own parts."""
+@pytest.mark.parametrize("arch, ggml", [("llama", "Q4_K"), ("qwen2", "Q5_K")])
+def test_a_k_quant_file_runs_as_stored_by_default_with_its_blocks_and_transformers_logits(tmp_path, cache, arch, ggml):
+    """Issue 26: a Q4_K (Q5_K) file's blocks run as stored (int4-k: the nibbles, 6-bit factors
+    and fp16 d, dmin of each super-block; int5-k: those and a fifth bit a value), the default
+    for it, and its Q6_K (tied) head and second layer's down and v matrices as int6-k (6-bit
+    values, a signed factor per 16, fp16 d), as llama.cpp's Q4_K_M and Q5_K_M keep some
+    layers' ffn_down and attn_v: the executor runs each layer's own kernels, v there apart
+    from q and k; the logits match transformers on the same file as the Q8_0 case does;
+    Qwen2's q, k and v biases added to their own parts."""
     from gguf_tiny import TYPES
 
     from sandwich.gguf_blocks import from_gguf_blocks
@@ -199,24 +200,25 @@ def test_a_q4_k_file_runs_as_int4_k_by_default_with_its_blocks_and_transformers_
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     six = ["token_embd.weight", "blk.1.ffn_down.weight", "blk.1.attn_v.weight"]
-    types = dict.fromkeys(TYPES, "Q4_K") | dict.fromkeys(six, "Q6_K")
-    path = write_tiny_gguf(tmp_path / "q4k.gguf", types=types, arch=arch,
+    types = dict.fromkeys(TYPES, ggml) | dict.fromkeys(six, "Q6_K")
+    path = write_tiny_gguf(tmp_path / "k.gguf", types=types, arch=arch,
                            config=dict(hidden=256, ffn=512, layers=2))[0]
-    spec = "int4-k,down@1=int6-k,lm_head=int6-k,v@1=int6-k"
+    base = "int4-k" if ggml == "Q4_K" else "int5-k"
+    spec = f"{base},down@1=int6-k,lm_head=int6-k,v@1=int6-k"
     assert auto_weights(str(path)).weights == spec
     tune_model(path, cache, weights=spec, seq_max=1)
     model = load_model(path, cache, threads=2, weights=spec)
     g, (one, two) = model.gemms, model.layers
-    assert (g.at(0).down.dtype, g.at(1).down.dtype, g.at(1).o is g.o) == ("int4-k", "int6-k", True)
-    # layer 1 runs its Q6_K v apart, beside q and k fused in int4-k
-    assert (one.v, g.at(0).qk, g.at(1).qk.dtype, g.at(1).v.dtype) == (None, None, "int4-k", "int6-k")
+    assert (g.at(0).down.dtype, g.at(1).down.dtype, g.at(1).o is g.o) == (base, "int6-k", True)
+    # layer 1 runs its Q6_K v apart, beside q and k fused in the base format
+    assert (one.v, g.at(0).qk, g.at(1).qk.dtype, g.at(1).v.dtype) == (None, None, base, "int6-k")
     ckpt = GGUFCheckpoint(path)
-    for (got, gemm), name, ggml in [((one.o, g.o), "model.layers.0.self_attn.o_proj.weight", "Q4_K"),
-                                    ((two.down, g.at(1).down), "model.layers.1.mlp.down_proj.weight", "Q6_K"),
-                                    ((two.v, g.at(1).v), "model.layers.1.self_attn.v_proj.weight", "Q6_K"),
-                                    ((model.lm_head, g.lm_head), "model.embed_tokens.weight", "Q6_K")]:
+    for (got, gemm), name, stored_as in [((one.o, g.o), "model.layers.0.self_attn.o_proj.weight", ggml),
+                                         ((two.down, g.at(1).down), "model.layers.1.mlp.down_proj.weight", "Q6_K"),
+                                         ((two.v, g.at(1).v), "model.layers.1.self_attn.v_proj.weight", "Q6_K"),
+                                         ((model.lm_head, g.lm_head), "model.embed_tokens.weight", "Q6_K")]:
         t = ckpt.get(name)
-        stored = gemm.pack(from_gguf_blocks(t.raw.data, ggml, t.shape))
+        stored = gemm.pack(from_gguf_blocks(t.raw.data, stored_as, t.shape))
         for a, b in zip(got.data, stored.data, strict=True):
             np.testing.assert_array_equal(a, b)
     assert _error_against_transformers(path, model) <= 1e-4

@@ -1,12 +1,12 @@
-"""A GGUF file's own weight format: Q4_K super-blocks load as int4-k or int4-g32-asym groups
-and Q6_K ones as int6-k without a round trip through fp32, and `--weights auto` (every
+"""A GGUF file's own weight format: Q4_K super-blocks load as int4-k or int4-g32-asym groups,
+Q5_K ones as int5-k and Q6_K ones as int6-k without a round trip through fp32, and `--weights auto` (every
 command's default) runs a file in the format most of its GEMM weights are stored in."""
 
 import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as T
 from gguf.quants import dequantize as gg_dequantize
-from gguf_tiny import q4_k_blocks, q6_k_blocks, write_tiny_gguf
+from gguf_tiny import q4_k_blocks, q5_k_blocks, q6_k_blocks, write_tiny_gguf
 from test_weight_formats import one_line
 
 from sandwich.errors import ConfigError, ShapeError
@@ -24,6 +24,33 @@ def random_q4_k(rng, rows: int, k: int, d: float | None = None) -> np.ndarray:
     heads = (rng.random((rows, k // 256, 2)) * 0.01) if d is None else np.full((rows, k // 256, 2), d)
     b[..., 0:4] = heads.astype(np.float16).view(np.uint8).reshape(rows, k // 256, 4)
     return b.reshape(rows, -1)
+
+
+def random_q5_k(rng, rows: int, k: int) -> np.ndarray:
+    """Random Q5_K bytes: every factor, fifth bit and nibble pattern; d and dmin as
+    random_q4_k's."""
+    b = rng.integers(0, 256, (rows, k // 256, 176), dtype=np.uint8)
+    b[..., 0:4] = (rng.random((rows, k // 256, 2)) * 0.01).astype(np.float16).view(np.uint8).reshape(rows, -1, 4)
+    return b.reshape(rows, -1)
+
+
+def test_q5_k_blocks_load_as_int5_k_every_number_as_stored():
+    for seed in range(3):  # any d, dmin, factors and values: ggml's float products exactly
+        raw = random_q5_k(np.random.default_rng(seed), 8, 768)
+        qw = from_gguf_blocks(raw, "q5_k", (8, 768))
+        assert qw.fmt == parse_format("int5-k") and qw.shape == (768, 8)
+        assert np.array_equal(dequantize(qw), gg_dequantize(raw, T.Q5_K).T)  # bit for bit
+        assert qw.nbytes == 8 * 768 * 45 // 64  # 5.625 bits a value: Q5_K's 5.5 with byte factors
+        half = take_rows(qw, slice(256, 768))  # a tensor-parallel share: whole super-groups
+        assert np.array_equal(dequantize(half), dequantize(qw)[256:])
+        with pytest.raises(ShapeError, match="whole groups of 256"):
+            take_rows(qw, slice(0, 384))
+    cases = {"must hold 1408 bytes, got 704": (raw[:4, :176], T.Q5_K, (8, 256)),
+             "does not load into int8-g32 as stored (it loads into int5-k)": (raw, T.Q5_K, (8, 768), "int8-g32")}
+    for what, args in cases.items():
+        with pytest.raises(ConfigError) as e:
+            from_gguf_blocks(*args)
+        assert what in one_line(e)
 
 
 def random_q6_k(rng, rows: int, k: int) -> np.ndarray:
@@ -118,6 +145,11 @@ def test_the_test_writer_makes_blocks_ggml_reads():
     qw = quantize(w.T, "int6-k")
     assert np.array_equal(gg_dequantize(blocks, T.Q6_K), dequantize(qw).T)
     stored = from_gguf_blocks(blocks, T.Q6_K, w.shape)  # the inverse of the writer
+    for key, a in qw.arrays().items():
+        assert np.array_equal(a, getattr(stored, key)), key
+    blocks, qw = q5_k_blocks(w), quantize(w.T, "int5-k")  # likewise block_q5_K
+    assert np.array_equal(gg_dequantize(blocks, T.Q5_K), dequantize(qw).T)
+    stored = from_gguf_blocks(blocks, T.Q5_K, w.shape)
     for key, a in qw.arrays().items():
         assert np.array_equal(a, getattr(stored, key)), key
 
@@ -226,6 +258,14 @@ def test_auto_runs_a_file_in_the_format_most_of_its_gemm_values_are_stored_in(tm
         "int4-k,down@0=int8-g32,lm_head=int6-k,v@0=int6-k")  # that op alone in its own format
     assert auto_weights(km, tp=4).weights == (  # a rank's share of o's and down's K = 512 is
         "int4-k,down@0=int8-g32,lm_head=int6-k,o@0=int4-g32-asym,v@0=int6-k")  # 128: int8-g32 above 6 bits
+    # llama.cpp's Q5_K_M: the same mix on Q5_K, which runs as stored too (int5-k); under TP=4
+    # a rank's 128 of o's K is not a super-group: int8-g32, the nearest above 5 bits
+    q5_k_m = {name: ("Q5_K" if t == "Q4_K" else t, s) for name, (t, s) in q4_k_m.items()}
+    k5 = _headers_only(tmp_path / "k5.gguf", q5_k_m)
+    assert auto_weights(k5).weights == "int5-k,down@0=int6-k,lm_head=int6-k,v@0=int6-k"
+    assert auto_weights(k5).describe().startswith("int5-k: 5 Q5_K tensors as stored; ")
+    assert auto_weights(k5, tp=4).weights == (
+        "int5-k,down@0=int8-g32,lm_head=int6-k,o@0=int8-g32,v@0=int6-k")
     tied = {k: v for k, v in q4_k_m.items() if k != "output.weight"}  # the embedding is lm_head
     assert auto_weights(_headers_only(tmp_path / "tied.gguf", tied)).weights == choice.weights
     head_q4 = q4_k_m | {"output.weight": ("Q4_0", (1024, 512))}  # fewer bits: the layers' format

@@ -66,17 +66,19 @@ def bound(fmt, w: np.ndarray) -> np.ndarray:
     if fmt.bits == 6:
         return np.broadcast_to(_int6_k_bound(big, fmt), b.shape).reshape(n, k).T
     qmax, step, half = {(8, True): (127, big / 127, 0.5), (4, True): (8, big / 8, 1.0),
-                        (4, False): (15, (hi - lo) / 15, 0.5)}[(fmt.bits, fmt.symmetric)]
+                        (4, False): (15, (hi - lo) / 15, 0.5),
+                        (5, False): (31, (hi - lo) / 31, 0.5)}[(fmt.bits, fmt.symmetric)]
     e = step * half + step * qmax * 1e-6  # float32 arithmetic
-    if fmt.super_group:  # int4-k: the step and the minimum are 6-bit factors of d and dmin (the
-        # super-group's largest over 63, fp16): a step off by d / 2 moves the 15th up to 15 d / 2
+    if fmt.super_group:  # int4-k (int5-k): the step and the minimum are 6-bit factors of d and
+        # dmin (the super-group's largest over 63, fp16): a step off by d / 2 moves the 15th
+        # (31st) up to 15 d / 2 (31 d / 2)
         per = fmt.super_group // g
         def sup(x):  # a group's super-group's largest of x over 63, plus fp16's rounding
             top = x.reshape(n, -1, per).max(-1, keepdims=True) / 63
             return np.repeat(top, per, axis=1).reshape(n, -1, 1) * (1 + 2.0**-10)
 
-        d, dmin = sup((hi - np.minimum(lo, 0)) / 15), sup(-np.minimum(lo, 0))
-        e = e + 15 * d / 2 + dmin / 2 + 16 * 63 * 2.0**-25  # and d, dmin fp16 subnormals
+        d, dmin = sup((hi - np.minimum(lo, 0)) / qmax), sup(-np.minimum(lo, 0))
+        e = e + qmax * d / 2 + dmin / 2 + (qmax + 1) * 63 * 2.0**-25  # and d, dmin fp16 subnormals
     elif fmt.scale_dtype == "float16":  # relative 2^-11, or 2^-25 among the subnormals
         e = e + qmax * np.maximum(step * 2.0**-11, 2.0**-25)
         if not fmt.symmetric:
@@ -186,7 +188,7 @@ def test_gguf_blocks_load_as_stored_whatever_names_the_type():
 def test_gguf_blocks_that_cannot_load_are_one_line_errors():
     blocks = gg_quantize(np.ones((8, 64), np.float32), T.Q4_0)
     cases = {"F16 has no weight format": (blocks, T.F16, (8, 64)),
-             "Q5_K has no weight format": (blocks, "q5_k", (8, 64)),
+             "Q5_0 has no weight format": (blocks, "q5_0", (8, 64)),
              "K = 64 is not a multiple of 256": (blocks, T.Q4_K, (8, 64)),
              "must hold 288 bytes, got 144": (blocks[:4], T.Q4_0, (8, 64)),
              "K = 48 is not a multiple of 32": (blocks, T.Q4_0, (12, 48)),

@@ -231,8 +231,9 @@ VALUE_OPS = {32: 0.0, 16: 0.0, 8: 2.0, 4: 2.5}
 # a weight vector; the znver4 assembly of an 8 x 32 tile does it twice (LLVM recomputes the
 # split rather than keep it in registers for 8 rows), 0.75. 6-bit (int6-k) adds each byte's
 # high two bits to the nibbles (high2: a shift, an and, a shift; then an add) for both words
-# of an element: 11 ops per 8 weight vectors, counted at the nibble split's rate.
-ACT8_VALUE_OPS = {8: 0.0, 6: 11 / 8, 4: 0.75}
+# of an element: 11 ops per 8 weight vectors, counted at the nibble split's rate. 5-bit
+# (int5-k) adds each byte's fifth bit the same way (high1), from one word a block for both.
+ACT8_VALUE_OPS = {8: 0.0, 6: 11 / 8, 5: 11 / 8, 4: 0.75}
 # Per row and block of 32 values, besides its 8 dot8 per column vector, the kernel converts
 # the block's integer sums to f32 and scales them by the activation scale (vcvtdq2ps and an
 # FMA), and per group of G values once more by the weight scale (an FMA): the matrix term
@@ -262,7 +263,7 @@ def dequantization(fmt_name: str, k: int = SIGNATURE_K, *, bf16_dot: bool = True
     """What our GEMM family does to one weight vector of this format before its products."""
     fmt = parse_format(fmt_name)
     if int_activations(fmt, k):
-        kind = "nibbles" if fmt.bits in (4, 6) else None
+        kind = "nibbles" if fmt.bits < 8 else None
         ops = ACT8_VALUE_OPS[fmt.bits]
     elif fmt.bits == 16:
         kind, ops = (None, 0.0) if bf16_dot else ("bf16-widen", BF16_WIDEN_OPS)

@@ -30,7 +30,7 @@ def add_weights_arg(p: argparse.ArgumentParser) -> None:
                    "(activations rounded to bf16 too: vdpbf16ps where the CPU has avx512_bf16), "
                    "int8-g32 (llama.cpp's Q8_0), int8 (a scale per column), int4 (= int4-g32, "
                    "Q4_0), int4-g64, int4-g128, int4-g32-asym (Q4_1), int4-k (Q4_K: K a multiple "
-                   "of 256), int6-k (Q6_K: likewise), OP=FORMAT overrides such as "
+                   "of 256), int5-k (Q5_K) and int6-k (Q6_K): likewise, OP=FORMAT overrides such as "
                    "int4-k,lm_head=int6-k; int formats "
                    "dequantize in the kernel")
 

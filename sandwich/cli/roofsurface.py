@@ -8,7 +8,7 @@ from pathlib import Path
 from sandwich.cli.common import add_threads_arg, int_list, threads_of
 from sandwich.errors import ConfigError
 
-DEFAULT_FORMATS = ("fp32", "bf16", "int8-g32", "int4-g32", "int4-g32-asym", "int4-k", "int6-k")
+DEFAULT_FORMATS = ("fp32", "bf16", "int8-g32", "int4-g32", "int4-g32-asym", "int4-k", "int5-k", "int6-k")
 COLORS = {"MEM": "#9fd89f", "VEC": "#f7c38a", "MTX": "#9cc3f0"}  # DECA Fig. 4/5: green, orange, blue
 
 
