@@ -6,7 +6,8 @@ where HF rotates the two halves of a head, so the rows of q_proj and k_proj are 
 per head (as llama.cpp's own converter does); and GGUF wants a vocabulary, so a random
 checkpoint gets a placeholder SentencePiece vocabulary (control tokens, the 256 byte
 tokens, then `<tN>`) of the model's size. Prompts are given as token ids, so the
-placeholder text never matters.
+placeholder text never matters; a GGUF source keeps its own tokenizer (every `tokenizer.`
+key), so a file made from it still reads and writes text.
 """
 
 from __future__ import annotations
@@ -57,9 +58,27 @@ def add_spm_vocab(w, tokens: list[str], scores: list[float], types: list[int]) -
     w.add_unk_token_id(0)
 
 
+def copy_tokenizer(w, source: str | Path) -> bool:
+    """Every `tokenizer.` key of a GGUF file `source` (vocabulary, merges, scores, token
+    types, special ids, chat template) added to the writer `w` as stored; False where the
+    source is not a GGUF file or has no tokenizer."""
+    from gguf import GGUFValueType
+
+    from sandwich.gguf_config import open_reader
+
+    if Path(source).suffix != ".gguf" or not Path(source).is_file():
+        return False
+    fields = [f for name, f in open_reader(Path(source)).fields.items() if name.startswith("tokenizer.")]
+    for f in fields:
+        array = f.types[0] == GGUFValueType.ARRAY
+        w.add_key_value(f.name, f.contents(), f.types[0], sub_type=f.types[-1] if array else None)
+    return bool(fields)
+
+
 def write_gguf(model_dir: str | Path, out_path: str | Path) -> Path:
     """Convert a model (config.json + safetensors, or a GGUF file of any weight type) to one
-    F32 GGUF file with a placeholder vocabulary (the peers take token ids); returns its path."""
+    F32 GGUF file, with the GGUF source's tokenizer or else a placeholder vocabulary (the
+    peers take token ids); returns its path."""
     try:
         import gguf
     except ImportError:
@@ -90,7 +109,8 @@ def write_gguf(model_dir: str | Path, out_path: str | Path) -> Path:
         w.add_expert_feed_forward_length(cfg.intermediate_size)
         if cfg.shared_expert_intermediate_size:
             w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
-    add_spm_vocab(w, *placeholder_vocab(cfg.vocab_size))
+    if not copy_tokenizer(w, model_dir):
+        add_spm_vocab(w, *placeholder_vocab(cfg.vocab_size))
 
     def f32(name: str) -> np.ndarray:
         return np.ascontiguousarray(ckpt.get(name).to_f32())

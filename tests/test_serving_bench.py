@@ -234,6 +234,29 @@ def test_gguf_export_reads_back_every_tensor(kind, tmp_path):
         np.testing.assert_array_equal(back.get(name).to_f32(), src.get(name).to_f32(), err_msg=name)
 
 
+@pytest.mark.skipif(not HAS_GGUF, reason="gguf is not installed (pip install -e .[dev])")
+def test_gguf_export_of_a_gguf_file_keeps_its_tokenizer(tmp_path):
+    """`bench gguf` from a GGUF file (a Q8_0/Q4_0 mix here): the F32 file keeps every
+    `tokenizer.` key of its source as stored (a gpt2 BPE vocabulary, merges, special ids),
+    so the file made from it still encodes text the same way."""
+    from gguf_tiny import write_tiny_gguf
+
+    from sandwich.bench.gguf_export import write_gguf
+    from sandwich.gguf_config import open_reader
+    from sandwich.runtime.tokenizer import load_tokenizer
+
+    src, _ = write_tiny_gguf(tmp_path / "tiny.gguf", vocab="gpt2")
+    out = write_gguf(src, tmp_path / "f32.gguf")
+    a, b = open_reader(src).fields, open_reader(out).fields
+    keys = sorted(k for k in a if k.startswith("tokenizer."))
+    assert "tokenizer.ggml.merges" in keys and keys == sorted(k for k in b if k.startswith("tokenizer."))
+    for key in keys:
+        assert a[key].contents() == b[key].contents(), key
+    text = "Hello, world: 12 tokens!"
+    ids = load_tokenizer(src).encode(text)
+    assert load_tokenizer(out).encode(text) == ids and len(ids) > 3
+
+
 @pytest.mark.tvm
 @pytest.mark.parametrize("arch,kv", [("llama", "f32"), ("qwen2", "f32"), ("qwen3", "bf16")])
 def test_every_peer_runs_a_gguf_model_and_emits_the_same_greedy_tokens(arch, kv, tmp_path, cache):

@@ -137,7 +137,8 @@ def register(sub) -> None:
     c.set_defaults(func=_run_corruption)
 
     q = bsub.add_parser("gguf", help="a model as the F32 GGUF the serving benchmark gives "
-                        "llama.cpp (a placeholder vocabulary: the benchmarks feed token ids), "
+                        "llama.cpp (a GGUF source's own tokenizer, else a placeholder vocabulary: "
+                        "the benchmarks feed token ids), "
                         "optionally quantized by llama.cpp's own quantizer")
     q.add_argument("--model", required=True, help="an HF directory, a .gguf file or an embedded "
                    "config (random weights, as bench serving writes them)")
