@@ -302,8 +302,8 @@ def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: 
 def _weights_line(weights: str, peers: set[str], same_file: bool = False) -> str:
     """The report's words on the weights of the systems in `peers` (those with rows)."""
     if same_file:
-        return (f"{weights} weights (`--weights auto`: the GGUF file's own format; llama.cpp on "
-                "the same file) and ")
+        return (f"{weights} weights (the GGUF file's own format, as `--weights auto` runs it; "
+                "llama.cpp on the same file) and ")
     if weights == "fp32":
         return "fp32 weights and "
     from sandwich.bench.serving_peers import llama_cpp_output_type

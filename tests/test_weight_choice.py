@@ -283,6 +283,27 @@ def test_auto_runs_a_file_in_the_format_most_of_its_gemm_values_are_stored_in(tm
     assert "no such GGUF file" in one_line(e)
 
 
+def test_llama_cpp_compares_on_the_file_itself_where_the_spec_runs_it_as_stored(tmp_path):
+    """`--weights auto`, or the spec auto gives the file named outright: llama.cpp runs the
+    GGUF file itself (`weights_auto`); any other spec, or a model that is not a GGUF file:
+    llama.cpp runs what its quantizer makes of the F32 tensors."""
+    from argparse import Namespace
+
+    from sandwich.cli.common import resolve_weights
+
+    km = _headers_only(tmp_path / "km.gguf", {
+        "blk.0.attn_q.weight": ("Q5_K", (512, 512)), "blk.0.attn_k.weight": ("Q5_K", (512, 512)),
+        "blk.0.ffn_down.weight": ("Q6_K", (512, 512)), "output.weight": ("Q6_K", (1024, 512))})
+    mix = "int5-k,down@0=int6-k,lm_head=int6-k"
+    for model, weights, same in ((km, "auto", True), (km, f" {mix} ", True), ([km, km], mix, True),
+                                 (km, "int5-k", False), (km, "int8-g32", False),
+                                 ("llama-160m", "fp32", False), (str(tmp_path / "no.gguf"), mix, False)):
+        args = Namespace(model=model, weights=weights, tp=1)
+        resolve_weights(args)
+        assert (args.weights_auto, parse_weights(args.weights).name) == (
+            same, mix if weights == "auto" else parse_weights(weights).name), (model, weights)
+
+
 def test_a_weight_spec_names_the_lm_heads_format_beside_the_layers():
     spec = parse_weights(" int4-asym , lm_head = int8-g32 ")
     assert spec.name == "int4-g32-asym,lm_head=int8-g32" and spec.slug == "int4-g32-asym-lm_head-int8-g32"

@@ -37,8 +37,11 @@ def add_weights_arg(p: argparse.ArgumentParser) -> None:
 
 def resolve_weights(args) -> None:
     """Replace `--weights auto` by the format it means for `--model` (see weight_choice);
-    `say_weights` tells the user once the command gets to the model."""
-    if getattr(args, "weights", None) != "auto":
+    `say_weights` tells the user once the command gets to the model. A spec named outright
+    that is the one auto gives a GGUF file (every tensor as stored) also has llama.cpp
+    compare on that file (`weights_auto`), not on one its quantizer makes."""
+    weights = getattr(args, "weights", None)
+    if weights is None:
         return
     from sandwich.errors import ConfigError
     from sandwich.weight_choice import auto_weights
@@ -46,6 +49,9 @@ def resolve_weights(args) -> None:
     model = getattr(args, "model", None)
     tp = getattr(args, "tp", 1)
     tp = tp if isinstance(tp, int) and tp > 0 else 1  # a bad --tp is its command's error
+    if weights != "auto":
+        args.weights_auto = _as_stored(model, weights, tp)
+        return
     choices = [auto_weights(m, tp) for m in (model if isinstance(model, list) else [model])] or [
         auto_weights(None)]  # `bench serving` takes several models: one format for the run
     if len({c.weights for c in choices}) > 1:
@@ -55,6 +61,21 @@ def resolve_weights(args) -> None:
     args.weights = choice.weights
     args.weights_choice = choice if choice.from_file and choice.weights != "fp32" else None
     args.weights_auto = choice.from_file  # llama.cpp compares on the same file
+
+
+def _as_stored(model, weights: str, tp: int) -> bool:
+    """Whether `weights` is what `--weights auto` runs every GGUF file of `model` in."""
+    from sandwich.errors import ConfigError
+    from sandwich.gguf_config import is_gguf
+    from sandwich.weight_choice import auto_weights
+    from sandwich.weight_formats import parse_weights
+
+    models = model if isinstance(model, list) else [model]
+    try:
+        return bool(models) and all(is_gguf(m) and auto_weights(m, tp).weights
+                                    == parse_weights(weights).name for m in models)
+    except ConfigError:  # a missing or damaged file: its command says so when it loads it
+        return False
 
 
 def say_weights(args) -> None:
