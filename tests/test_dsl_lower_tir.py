@@ -224,6 +224,9 @@ kernel quads(i32 n, i32 W[n, 16], i32 P[2 * n], i32 C[16]) {
         vectorize for (i32 j = 0; j < 16; j++) {
             C[j] = dot8(C[j], nibbles(W[t, j], 1) + high2(W[t, j], t % 4), P[2 * t]);
         }
+        vectorize for (i32 j = 0; j < 16; j++) {
+            C[j] = dot8(C[j], nibbles(W[t, j], 0) + high1(W[t, j], t % 8), P[2 * t + 1]);
+        }
     }
 }
 """
@@ -237,8 +240,10 @@ def test_dot8_is_vpdpbusd_with_vnni_pmaddwd_on_other_x86_and_shifts_elsewhere(is
                                                                              intrinsic):
     """dot8(acc, w, p) adds 4 unsigned bytes of w times 4 signed bytes of p, nibbles(w, 0)
     keeps each byte's low nibble, and nibbles(w, 1) + high2(w, s) makes 6-bit bytes of the high
-    nibble and each byte's bits 2 s, 2 s + 1: every lowering matches the interpreter and numpy on bytes
-    at their extremes (255 x -128 cannot saturate anything)."""
+    nibble and each byte's bits 2 s, 2 s + 1, nibbles(w, 0) + high1(w, s) 5-bit bytes of the low
+    nibble and each byte's bit s (both vector lowerings a rotate and an and): every lowering
+    matches the interpreter and numpy on bytes at their extremes (255 x -128 cannot saturate
+    anything)."""
     from sandwich.compiler.build import parse_tvmscript
     from sandwich.compiler.target import detect_cpu
     from sandwich.dsl.interp import run
@@ -256,9 +261,11 @@ def test_dot8_is_vpdpbusd_with_vnni_pmaddwd_on_other_x86_and_shifts_elsewhere(is
     w, p = wb.view(np.int32)[..., 0], pb.view(np.int32)[:, 0]
     a = pb.astype(np.int64)
     six = (wb >> 4) | (((wb >> (2 * (np.arange(n) % 4))[:, None, None]) & 3) << 4)
+    five = (wb & 15) | (((wb >> (np.arange(n) % 8)[:, None, None]) & 1) << 4)
     want = ((wb & 15).astype(np.int64) * a[0::2, None, :]).sum((0, 2)) + (
         wb.astype(np.int64) * a[1::2, None, :]).sum((0, 2)) + (
-        six.astype(np.int64) * a[0::2, None, :]).sum((0, 2))
+        six.astype(np.int64) * a[0::2, None, :]).sum((0, 2)) + (
+        five.astype(np.int64) * a[1::2, None, :]).sum((0, 2))
     c = np.zeros(16, np.int32)
     run(kernel, tunables={}, vlen=vlen, n=n, W=w, P=p, C=c)
     np.testing.assert_array_equal(c, want)
