@@ -230,10 +230,10 @@ VALUE_OPS = {32: 0.0, 16: 0.0, 8: 2.0, 4: 2.5}
 # nibbles in a 32-bit lane, split with an and, a shift and an and for 8 weight vectors, 3/8 op
 # a weight vector; the znver4 assembly of an 8 x 32 tile does it twice (LLVM recomputes the
 # split rather than keep it in registers for 8 rows), 0.75. 6-bit (int6-k) adds each byte's
-# high two bits to the nibbles (high2: a shift, an and, a shift; then an add) for both words
-# of an element: 11 ops per 8 weight vectors, counted at the nibble split's rate. 5-bit
-# (int5-k) adds each byte's fifth bit the same way (high1), from one word a block for both.
-ACT8_VALUE_OPS = {8: 0.0, 6: 11 / 8, 5: 11 / 8, 4: 0.75}
+# high two bits to the nibbles (high2: a rotate and an and; then an add) for both words of
+# an element: 9 ops per 8 weight vectors, counted at the nibble split's rate. 5-bit (int5-k)
+# adds each byte's fifth bit the same way (high1), from one word a block for both.
+ACT8_VALUE_OPS = {8: 0.0, 6: 9 / 8, 5: 9 / 8, 4: 0.75}
 # Per row and block of 32 values, besides its 8 dot8 per column vector, the kernel converts
 # the block's integer sums to f32 and scales them by the activation scale (vcvtdq2ps and an
 # FMA), and per group of G values once more by the weight scale (an FMA): the matrix term
