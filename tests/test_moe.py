@@ -155,7 +155,8 @@ def test_expert_bytes_equal_a_hand_count(moe, tmp_path, cache):
 def test_one_sequences_decode_equals_the_grouped_path_and_bind_each_swaps_experts(moe):
     """A decode step of one sequence runs its k experts at rows 0..k-1 of bound calls that
     each take whichever expert is chosen (GemmKernel.bind_each); two sequences go the grouped
-    path (each expert once on its tokens). Both give the same logits for the same token."""
+    path (each expert once on its tokens, through calls bound once per row count that take
+    any expert's weights: GemmKernel.bind_any). Both give the same logits for the same token."""
     _, model = moe
     single = Executor(model, max_batch=1, max_seq=32, max_tokens=16, ops="dsl", threads=2)
     pair = Executor(model, max_batch=2, max_seq=32, max_tokens=16, ops="dsl", threads=2)
@@ -174,6 +175,12 @@ def test_one_sequences_decode_equals_the_grouped_path_and_bind_each_swaps_expert
         np.testing.assert_allclose(run(e), gemm(h, moe_w.experts[e].gate_up), rtol=1e-6, atol=1e-6)
     with pytest.raises(ShapeError, match="not packed by this GEMM"):
         gemm.bind_each(h, [moe_w.gate_ups[0], moe_w.downs[0]], out)
+    run = gemm.bind_any(h, out, moe_w.gate_ups[0])
+    for w in (model.layers[1].moe.experts[2].gate_up, moe_w.experts[1].gate_up):
+        np.testing.assert_allclose(run(w), gemm(h, w), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ShapeError, match="not packed by this GEMM"):
+        run(moe_w.downs[0])
+    assert pair.moe._expert_calls  # the grouped path's calls, kept for the next step
 
 
 def test_tp2_equals_tp1(moe, cache):

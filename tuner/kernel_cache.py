@@ -336,14 +336,35 @@ class GemmKernel:
             raise ShapeError("GemmKernel.bind_each needs at least one packed weight")
         for wp in weights[1:]:
             self._check_packed(wp)
-        given = a
-        a, out, args, finish = self._operands(a, weights[0], out)
-        if a is not given:
-            raise ShapeError("GemmKernel.bind_each needs a C-contiguous float32 activation")
-        n_w = len(weights[0].data)
+        run = self._bind_weights(a, out, weights[0], "bind_each")
 
-        def run(i: int, keep=(a, weights)) -> np.ndarray:  # keep: the buffers outlive the call
-            args[1: 1 + n_w] = weights[i].tvm_args
+        def each(i: int, keep=weights) -> np.ndarray:
+            return run(weights[i])
+        return each
+
+    def bind_any(self, a: np.ndarray, out: np.ndarray, like: PackedWeight
+                 ) -> Callable[[PackedWeight], np.ndarray]:
+        """C = A @ W into `out`, W named by each call: any weight this GEMM packed (checked
+        then), bound with `like`. For a site whose row count and buffers repeat while its
+        weight changes across layers and experts (an MoE prefill's expert of c tokens)."""
+        run = self._bind_weights(a, out, like, "bind_any")
+
+        def any_weight(wp: PackedWeight) -> np.ndarray:
+            self._check_packed(wp)
+            return run(wp)
+        return any_weight
+
+    def _bind_weights(self, a, out, like: PackedWeight, what: str) -> Callable[[PackedWeight], np.ndarray]:
+        """The call of bind_each and bind_any: its weight's TVM arguments swapped in (made
+        once per weight, `PackedWeight.tvm_args`), the rest bound once."""
+        given = a
+        a, out, args, finish = self._operands(a, like, out)
+        if a is not given:
+            raise ShapeError(f"GemmKernel.{what} needs a C-contiguous float32 activation")
+        n_w = len(like.data)
+
+        def run(wp: PackedWeight, keep=a) -> np.ndarray:  # keep: the buffers outlive the call
+            args[1: 1 + n_w] = wp.tvm_args
             return finish(args)
         return run
 
