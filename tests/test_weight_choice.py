@@ -17,40 +17,14 @@ from sandwich.weight_formats import dequantize, parse_format, parse_weights, qua
 ASYM = parse_format("int4-g32-asym")
 
 
-def random_q4_k(rng, rows: int, k: int, d: float | None = None) -> np.ndarray:
+def random_q4_k(rng, rows: int, k: int, d: float | None = None, block: int = 144) -> np.ndarray:
     """Random Q4_K bytes: every scale, min and nibble bit pattern; d and dmin random fp16
-    in (0, 0.01), or both `d` (a power of two: every product d * sc is exact in fp16)."""
-    b = rng.integers(0, 256, (rows, k // 256, 144), dtype=np.uint8)
+    in (0, 0.01), or both `d` (a power of two: every product d * sc is exact in fp16).
+    `block` 176: Q5_K's, whose head is Q4_K's, with every fifth bit pattern too."""
+    b = rng.integers(0, 256, (rows, k // 256, block), dtype=np.uint8)
     heads = (rng.random((rows, k // 256, 2)) * 0.01) if d is None else np.full((rows, k // 256, 2), d)
     b[..., 0:4] = heads.astype(np.float16).view(np.uint8).reshape(rows, k // 256, 4)
     return b.reshape(rows, -1)
-
-
-def random_q5_k(rng, rows: int, k: int) -> np.ndarray:
-    """Random Q5_K bytes: every factor, fifth bit and nibble pattern; d and dmin as
-    random_q4_k's."""
-    b = rng.integers(0, 256, (rows, k // 256, 176), dtype=np.uint8)
-    b[..., 0:4] = (rng.random((rows, k // 256, 2)) * 0.01).astype(np.float16).view(np.uint8).reshape(rows, -1, 4)
-    return b.reshape(rows, -1)
-
-
-def test_q5_k_blocks_load_as_int5_k_every_number_as_stored():
-    for seed in range(3):  # any d, dmin, factors and values: ggml's float products exactly
-        raw = random_q5_k(np.random.default_rng(seed), 8, 768)
-        qw = from_gguf_blocks(raw, "q5_k", (8, 768))
-        assert qw.fmt == parse_format("int5-k") and qw.shape == (768, 8)
-        assert np.array_equal(dequantize(qw), gg_dequantize(raw, T.Q5_K).T)  # bit for bit
-        assert qw.nbytes == 8 * 768 * 45 // 64  # 5.625 bits a value: Q5_K's 5.5 with byte factors
-        half = take_rows(qw, slice(256, 768))  # a tensor-parallel share: whole super-groups
-        assert np.array_equal(dequantize(half), dequantize(qw)[256:])
-        with pytest.raises(ShapeError, match="whole groups of 256"):
-            take_rows(qw, slice(0, 384))
-    cases = {"must hold 1408 bytes, got 704": (raw[:4, :176], T.Q5_K, (8, 256)),
-             "does not load into int8-g32 as stored (it loads into int5-k)": (raw, T.Q5_K, (8, 768), "int8-g32")}
-    for what, args in cases.items():
-        with pytest.raises(ConfigError) as e:
-            from_gguf_blocks(*args)
-        assert what in one_line(e)
 
 
 def random_q6_k(rng, rows: int, k: int) -> np.ndarray:
@@ -60,22 +34,6 @@ def random_q6_k(rng, rows: int, k: int) -> np.ndarray:
     d = (rng.random((rows, k // 256, 1)) - 0.5) * 0.02
     b[..., 208:210] = d.astype(np.float16).view(np.uint8)
     return b.reshape(rows, -1)
-
-
-def test_q6_k_blocks_load_as_int6_k_every_number_as_stored():
-    for seed in range(3):  # any d, factors and values: ggml's float products exactly
-        raw = random_q6_k(np.random.default_rng(seed), 8, 768)
-        qw = from_gguf_blocks(raw, "q6_k", (8, 768))
-        assert qw.fmt == parse_format("int6-k") and qw.shape == (768, 8)
-        assert np.array_equal(dequantize(qw), gg_dequantize(raw, T.Q6_K).T)  # bit for bit
-        assert qw.nbytes == raw.nbytes == 8 * 768 * 210 // 256  # 6.5625 bits a value, as Q6_K
-        half = take_rows(qw, slice(256, 768))  # a tensor-parallel share: whole super-groups
-        assert np.array_equal(dequantize(half), dequantize(qw)[256:])
-        with pytest.raises(ShapeError, match="whole groups of 256"):
-            take_rows(qw, slice(0, 384))
-    with pytest.raises(ConfigError) as e:  # a format its blocks do not hold
-        from_gguf_blocks(raw, T.Q6_K, (8, 768), "int8-g32")
-    assert "does not load into int8-g32 as stored (it loads into int6-k)" in one_line(e)
 
 
 def test_q6_k_blocks_that_cannot_load_are_one_line_errors():
@@ -90,17 +48,28 @@ def test_q6_k_blocks_that_cannot_load_are_one_line_errors():
         assert what in one_line(e)
 
 
-def test_q4_k_blocks_load_as_int4_k_every_number_as_stored():
-    for seed in range(3):  # any d, dmin, factors and nibbles: ggml's float products exactly
-        raw = random_q4_k(np.random.default_rng(seed), 8, 768)
-        qw = from_gguf_blocks(raw, "q4_k", (8, 768))
-        assert qw.fmt == parse_format("int4-k") and qw.shape == (768, 8)
-        assert np.array_equal(dequantize(qw), gg_dequantize(raw, T.Q4_K).T)  # bit for bit
-        assert qw.nbytes == 8 * 768 * 37 // 64  # 4.625 bits a value: Q4_K's 4.5 with byte factors
+@pytest.mark.parametrize("ggml, fmt, per_256, make", [
+    ("Q4_K", "int4-k", 148, lambda rng: random_q4_k(rng, 8, 768)),  # Q4_K's 144, factors a byte each
+    ("Q5_K", "int5-k", 180, lambda rng: random_q4_k(rng, 8, 768, block=176)),  # Q5_K's 176, likewise
+    ("Q6_K", "int6-k", 210, lambda rng: random_q6_k(rng, 8, 768))])  # as Q6_K
+def test_k_quant_blocks_load_in_their_format_every_number_as_stored(ggml, fmt, per_256, make):
+    for seed in range(3):  # any d (dmin), factors and values: ggml's float products exactly
+        raw = make(np.random.default_rng(seed))
+        qw = from_gguf_blocks(raw, ggml.lower(), (8, 768))
+        assert qw.fmt == parse_format(fmt) and qw.shape == (768, 8)
+        assert np.array_equal(dequantize(qw), gg_dequantize(raw, T[ggml]).T)  # bit for bit
+        assert qw.nbytes == 8 * 768 * per_256 // 256
         half = take_rows(qw, slice(256, 768))  # a tensor-parallel share: whole super-groups
         assert np.array_equal(dequantize(half), dequantize(qw)[256:])
         with pytest.raises(ShapeError, match="whole groups of 256"):
             take_rows(qw, slice(0, 384))
+    block = raw.shape[1] // 3  # one super-block's bytes a row
+    cases = {f"must hold {8 * 3 * block} bytes, got {8 * block}": (raw[:, :block], T[ggml], (8, 768))}
+    cases[f"does not load into int8-g32 as stored (it loads into {fmt}"] = (raw, T[ggml], (8, 768), "int8-g32")
+    for what, args in cases.items():
+        with pytest.raises(ConfigError) as e:
+            from_gguf_blocks(*args)
+        assert what in one_line(e)
 
 
 def test_q4_k_blocks_load_as_int4_g32_asym_groups_as_ggml_dequantizes_them():
