@@ -2,9 +2,8 @@
 split into values and fp16 scales (no re-quantizing), F32 and BF16 rows as they are, Q4_K's
 super-blocks as int4-k (the same nibbles, 6-bit factors and fp16 d and dmin), Q5_K's as int5-k
 (those and each value's fifth bit), Q6_K's as int6-k (the same 6-bit values, int8 factors and
-fp16 d); and Q4_K into int4-g32-asym groups too, the
-same 4-bit values with each group's scale and minimum multiplied out (fp16, as Q4_1 keeps
-them), for a run that asks for that format.
+fp16 d); and Q4_K into int4-g32-asym groups too, the same 4-bit values with each group's scale
+and minimum multiplied out (fp16, as Q4_1 keeps them), for a run that asks for that format.
 
 Which weight format a GGUF type loads into (`STORED_AS`), and which one its values are
 re-quantized to when no format holds them (`NEAREST`), is decided here too."""
