@@ -16,10 +16,10 @@ from sandwich.weight_formats import (
     QuantizedWeight,
     WeightFormat,
     asym_group_scales,
+    asym_values,
     parse_weights,
     six_group_scales,
     unpack4,
-    unpack5,
     unpack6,
 )
 
@@ -59,7 +59,7 @@ def _asym(qw: QuantizedWeight, g: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     """Q4_1's `d q + m` as `(q - zp) d` (the plugin fuses a Subtract, not an Add): zp = -m / d
     in f32. A group with d = 0 holds m everywhere: q = 0, zp = -1 and the scale m instead."""
     k, n = qw.shape
-    q = unpack5(qw.q, qw.high, g).reshape(n, k // g, g) if qw.fmt.bits == 5 else unpack4(qw.q, g)
+    q = asym_values(qw)
     # int4-k's scales and minimums are made from its factors (float32); the others' as stored
     pair = asym_group_scales(qw) if qw.fmt.super_group else (qw.scales, qw.mins)
     d, m = (a.reshape(n, k // g, 1) for a in pair)

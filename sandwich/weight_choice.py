@@ -93,8 +93,8 @@ def auto_weights(model: object, tp: int = 1) -> WeightsChoice:
     layer's op in its tensors' format); a layer's op whose own format has more bits runs in
     it, a per-layer override (a Q4_K_M file's Q6_K ffn_down in some layers); the lm_head in
     its own type's format where that has more bits (llama.cpp's Q4_K_M keeps output.weight in
-    Q6_K, a Q4_1 file may keep its tied embedding in Q8_0), else the layers'. Anything else: fp32. `tp`: the tensor-parallel degree the
-    model will run at (it splits some GEMMs' K)."""
+    Q6_K, a Q4_1 file may keep its tied embedding in Q8_0), else the layers'. Anything else:
+    fp32. `tp`: the tensor-parallel degree the model will run at (it splits some GEMMs' K)."""
     if not isinstance(model, str) or not is_gguf(model):
         return WeightsChoice("fp32")
     tensors = open_reader(gguf_path(model)).tensors

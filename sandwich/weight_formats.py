@@ -473,8 +473,7 @@ def dequantize(qw: QuantizedWeight) -> np.ndarray:
             cols = d * (unpack4(qw.q, g).astype(np.int8) - np.int8(8)).astype(np.float32)
         else:  # value * scale + minimum (Q4_1; Q4_K, Q5_K: d * sc * q - dmin * m)
             scale, low = asym_group_scales(qw)
-            values = unpack5(qw.q, qw.high, g).reshape(n, -1, g) if fmt.bits == 5 else unpack4(qw.q, g)
-            cols = scale[..., None] * values.astype(np.float32) + low[..., None]
+            cols = scale[..., None] * asym_values(qw).astype(np.float32) + low[..., None]
     return np.ascontiguousarray(cols.reshape(n, k).T)
 
 
@@ -483,6 +482,14 @@ def six_group_scales(qw: QuantizedWeight) -> np.ndarray:
     product ggml makes (exact: 11 and 8 significant bits)."""
     per = qw.fmt.super_group // qw.fmt.group_size(qw.shape[0])
     return np.repeat(qw.super_scales.astype(np.float32), per, axis=1) * qw.scales.astype(np.float32)
+
+
+def asym_values(qw: QuantizedWeight) -> np.ndarray:
+    """The values of an asymmetric int4 weight (int5-k's), 0..15 (0..31), per group along K:
+    (N, K / g, g) uint8."""
+    k, n = qw.shape
+    g = qw.fmt.group_size(k)
+    return unpack5(qw.q, qw.high, g).reshape(n, k // g, g) if qw.fmt.bits == 5 else unpack4(qw.q, g)
 
 
 def asym_group_scales(qw: QuantizedWeight) -> tuple[np.ndarray, np.ndarray]:
