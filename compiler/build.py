@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
+import threading
+from collections import OrderedDict
 from pathlib import Path
 
 from sandwich.compiler.gemm_template import GemmProblem, gemm_tvmscript
@@ -23,16 +26,78 @@ def parse_tvmscript(source: str):
     return tvm.IRModule({"main": func})
 
 
-def compile_source(source: str, cpu: CpuInfo, threads: int):
-    """Compile TVMScript for the host; returns the TVM runtime module."""
+# the modules this process compiled, by source and target: a process that makes several
+# executors (a plan measured phase by phase, Splitwise's pools, a test worker) builds each
+# norm, RoPE and attention kernel once, not once per executor (about 1 s each on a Zen 3,
+# most of it TVMScript's parser). A module is never changed after it is built, so one
+# serves every caller. Failed builds are not kept: each caller sees the error.
+_BUILT: OrderedDict[str, object] = OrderedDict()
+_BUILT_MAX = 128
+_BUILT_LOCK = threading.Lock()
+
+
+def _source_key(source: str, target) -> str:
+    """Names a build: TVM's version, the target (CPU, features, threads) and the source."""
     import tvm
 
+    return hashlib.sha256(f"{tvm.__version__}\0{target}\0{source}".encode()).hexdigest()
+
+
+def _remember(key: str, module):
+    with _BUILT_LOCK:
+        _BUILT[key] = module
+        while len(_BUILT) > _BUILT_MAX:
+            _BUILT.popitem(last=False)
+    return module
+
+
+def _recalled(key: str):
+    with _BUILT_LOCK:
+        if key in _BUILT:
+            _BUILT.move_to_end(key)
+        return _BUILT.get(key)
+
+
+def compile_source(source: str, cpu: CpuInfo, threads: int):
+    """Compile TVMScript for the host; returns the TVM runtime module (the same one again
+    for the same source and target, see _BUILT)."""
+    import tvm
+
+    target = tvm_target(cpu, threads)
+    key = _source_key(source, target)
+    if (ex := _recalled(key)) is not None:
+        return ex
     try:
-        ex = tvm.compile(parse_tvmscript(source), target=tvm_target(cpu, threads))
+        ex = tvm.compile(parse_tvmscript(source), target=target)
     except Exception as e:  # TVM raises many types; the user sees one line
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise BuildError(f"TVM failed to compile the kernel: {first}") from e
-    return splice_module(ex) if DPBF16PS in source else ex
+    return _remember(key, splice_module(ex) if DPBF16PS in source else ex)
+
+
+def compile_stored(source: str, cpu: CpuInfo, threads: int, directory: Path | None):
+    """compile_source, kept as `<directory>/<key>.so` across processes (None: this process
+    only). The runtime's own kernels (norms, RoPE, attention) are not tuned and take no
+    record, so their files are named by what they were built from: each `generate`, `serve`
+    or plan measurement after the first loads them instead of compiling (1-2 s per kernel on
+    a 2-core machine). A file that does not load is built again and replaced."""
+    if directory is None:
+        return compile_source(source, cpu, threads)
+    key = _source_key(source, tvm_target(cpu, threads))
+    if (mod := _recalled(key)) is not None:
+        return mod
+    path = Path(directory) / f"{key}.so"
+    if path.exists():
+        try:
+            return _remember(key, load_module(path))
+        except BuildError:
+            pass  # a damaged or foreign file: build it again below
+    ex = compile_source(source, cpu, threads)
+    try:
+        export_atomic(ex, path)
+    except OSError:
+        pass  # a read-only cache still runs, it only compiles again next time
+    return ex
 
 
 def build_gemm(schedule: KernelSchedule, *, n: int, k: int, cpu: CpuInfo, threads: int):
@@ -54,12 +119,20 @@ def export_atomic(executable, path: Path) -> None:
             os.unlink(tmp)
 
 
-def load_function(path: Path, name: str = "main"):
-    """Load an exported `.so` and return its packed function."""
+def load_module(path: Path):
+    """Load an exported `.so` (one BuildError line if it cannot be)."""
     import tvm
 
     try:
-        mod = tvm.runtime.load_module(str(path))
+        return tvm.runtime.load_module(str(path))
+    except Exception as e:
+        raise BuildError(f"cannot load kernel {path}: {str(e).strip().splitlines()[0] if str(e).strip() else e}") from e
+
+
+def load_function(path: Path, name: str = "main"):
+    """Load an exported `.so` and return its packed function."""
+    mod = load_module(path)
+    try:
         return mod[name]
     except Exception as e:
         raise BuildError(f"cannot load kernel {path}: {str(e).strip().splitlines()[0] if str(e).strip() else e}") from e

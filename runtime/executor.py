@@ -48,7 +48,8 @@ def make_ops(kind: str | object, model: LlamaModel, *, max_tokens: int, max_batc
                       hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, max_seq=max_seq,
                       cpu=model.gemms.lm_head.cache.cpu,
                       threads=threads or len(os.sched_getaffinity(0)), qk_norm=cfg.qk_norm,
-                      kv_dtype=kv_dtype, shared_intermediate=cfg.shared_expert_intermediate_size)
+                      kv_dtype=kv_dtype, shared_intermediate=cfg.shared_expert_intermediate_size,
+                      build_dir=model.gemms.lm_head.cache.ops_dir)
     if isinstance(kind, str):
         raise ConfigError(f"unknown ops kind {kind!r} (choose 'numpy' or 'dsl')")
     return kind

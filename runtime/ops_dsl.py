@@ -9,6 +9,7 @@ the attended length stay symbolic.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -20,8 +21,10 @@ from sandwich.runtime.kv_cache import kv_dtype
 from sandwich.runtime.ops_fallback import HeadNorms, NumpyOps
 
 
-def _build(kernel, cpu: CpuInfo, threads: int, fixed: dict, tunables: dict | None = None):
-    """A shipped kernel (by name) or a kernel object, compiled; one BuildError line."""
+def _build(kernel, cpu: CpuInfo, threads: int, fixed: dict, tunables: dict | None = None,
+           directory: Path | None = None):
+    """A shipped kernel (by name) or a kernel object, compiled (kept in `directory`, see
+    compiler/build.compile_stored); one BuildError line."""
     from sandwich.compiler.lower_build import build_kernel
     from sandwich.dsl.load import load_kernel
 
@@ -29,7 +32,7 @@ def _build(kernel, cpu: CpuInfo, threads: int, fixed: dict, tunables: dict | Non
     try:
         kernel = load_kernel(kernel) if isinstance(kernel, str) else kernel
         return build_kernel(kernel, tunables=tunables or {}, fixed=fixed, cpu=cpu,
-                            threads=threads)["main"]
+                            threads=threads, directory=directory)["main"]
     except Exception as e:  # DSL or TVM: the user sees one line naming the kernel
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise BuildError(f"DSL kernel {name} failed to build: {first}") from e
@@ -50,22 +53,27 @@ class DslOps(NumpyOps):
     def __init__(self, *, max_tokens: int, max_batch: int, heads: int, kv_heads: int,
                  head_dim: int, hidden: int, intermediate: int, max_seq: int, cpu: CpuInfo,
                  threads: int, qk_norm: bool = False, kv_dtype: str = "f32",
-                 shared_intermediate: int = 0) -> None:
+                 shared_intermediate: int = 0, build_dir: Path | None = None) -> None:
+        """`build_dir`: where the compiled kernels are kept between processes (the kernel
+        cache's ops/ directory; None compiles them in this process only)."""
         super().__init__(max_tokens=max_tokens, heads=heads, head_dim=head_dim, max_seq=max_seq)
         self.dims, self.kv_dtype = (heads, kv_heads, head_dim), kv_dtype
-        self._rms = _build("rmsnorm", cpu, threads, {"N": hidden})
+
+        def build(name, fixed, tunables=None):
+            return _build(name, cpu, threads, fixed, tunables, build_dir)
+
+        self._rms = build("rmsnorm", {"N": hidden})
         # RMSNorm with N = head_dim, each head a row: Qwen3's q/k norms
-        self._rms_head = _build("rmsnorm", cpu, threads, {"N": head_dim}) if qk_norm else None
+        self._rms_head = build("rmsnorm", {"N": head_dim}) if qk_norm else None
         # SiLU-mul per width: the MLP's (or each expert's), and a shared expert's (Qwen2-MoE)
-        self._silu = {n: _build("silu_mul", cpu, threads, {"N": n})
-                      for n in {intermediate, shared_intermediate} if n}
-        self._rope = _build("rope", cpu, threads, {"H": heads, "KVH": kv_heads, "D": head_dim})
-        self._decode = DecodeAttention(lambda n, f, t: _build(n, cpu, threads, f, t), heads=heads,
+        self._silu = {n: build("silu_mul", {"N": n}) for n in {intermediate, shared_intermediate} if n}
+        self._rope = build("rope", {"H": heads, "KVH": kv_heads, "D": head_dim})
+        self._decode = DecodeAttention(build, heads=heads,
                                        kv_heads=kv_heads, head_dim=head_dim, max_batch=max_batch,
                                        vlen=cpu.lanes_f32, n_split=_pow2_at_most(threads, 16),
                                        kv_dtype=kv_dtype)
         rows = max(max_tokens, 3)  # the self-check below runs 3 tokens, whatever max_tokens
-        self._prefill = PrefillAttention(lambda n, f, t: _build(n, cpu, threads, f, t),
+        self._prefill = PrefillAttention(build,
                                          heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                                          max_tokens=rows, max_seq=max_seq, vlen=cpu.lanes_f32)
         self._q = aligned_zeros((rows, heads, head_dim))

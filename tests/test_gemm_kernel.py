@@ -119,3 +119,63 @@ def test_large_weights_are_timed_from_dram_at_every_m():
 def test_wrong_weight_shape():
     with pytest.raises(ShapeError):
         pack_weights(np.zeros((4, 30), np.float32), 16)
+
+
+def test_a_process_compiles_each_source_and_target_once(monkeypatch):
+    """The second build of the same source for the same target is the first's module (no
+    TVM call); another thread count is another target, and a failed build is not kept."""
+    import tvm
+
+    from sandwich.compiler import build
+    from sandwich.errors import BuildError
+
+    calls = []
+    real = tvm.compile
+    monkeypatch.setattr(tvm, "compile", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    src = gemm_tvmscript(_sched(1, LANES, (1, LANES, 16), (1, 1, 1), pack=LANES),
+                         GemmProblem(n=LANES, k=32, lanes=LANES)) + f"\n# test {id(calls)}\n"
+    first = build.compile_source(src, CPU, 1)
+    assert build.compile_source(src, CPU, 1) is first and len(calls) == 1
+    assert build.compile_source(src, CPU, 2) is not first and len(calls) == 2
+    bad = src.replace("T.prim_func", "T.prim_func_misspelled")
+    for _ in range(2):
+        with pytest.raises(BuildError, match="TVM failed to compile"):
+            build.compile_source(bad, CPU, 1)
+    a = np.random.default_rng(0).standard_normal((3, 32)).astype(np.float32)
+    w = np.random.default_rng(1).standard_normal((32, LANES)).astype(np.float32)
+    s = _sched(1, LANES, (1, LANES, 16), (1, 1, 1), pack=LANES)
+    out = call_gemm(build.executable_function(first), a, pack_weights(w, s.pack_n),
+                    np.zeros((3, LANES), np.float32), s)
+    np.testing.assert_allclose(out, a @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_a_stored_build_loads_in_a_new_process_and_a_damaged_one_is_rebuilt(tmp_path, monkeypatch):
+    """compile_stored keeps the module as <dir>/<key>.so: with this process's memory of it
+    gone and TVM's compiler refusing, the file still gives a working kernel; a damaged
+    file is built again and replaced."""
+    import tvm
+
+    from sandwich.compiler import build
+
+    s = _sched(1, LANES, (1, LANES, 16), (1, 1, 1), pack=LANES)
+    src = gemm_tvmscript(s, GemmProblem(n=LANES, k=32, lanes=LANES)) + f"\n# stored {tmp_path}\n"
+    build.compile_stored(src, CPU, 1, tmp_path)
+    (path,) = tmp_path.glob("*.so")
+    a = np.random.default_rng(0).standard_normal((3, 32)).astype(np.float32)
+    w = np.random.default_rng(1).standard_normal((32, LANES)).astype(np.float32)
+
+    def run(mod):
+        out = np.zeros((3, LANES), np.float32)
+        return call_gemm(mod["main"], a, pack_weights(w, s.pack_n), out, s)
+
+    real = tvm.compile
+    monkeypatch.setattr(build, "_BUILT", type(build._BUILT)())
+    monkeypatch.setattr(tvm, "compile", lambda *a, **kw: pytest.fail("compiled again"))
+    np.testing.assert_allclose(run(build.compile_stored(src, CPU, 1, tmp_path)), a @ w, rtol=1e-4, atol=1e-4)
+    # damaged as a new file (this process maps the old one: writing over it would fault)
+    (tmp_path / "damaged").write_bytes(b"not a shared object")
+    (tmp_path / "damaged").replace(path)
+    monkeypatch.setattr(build, "_BUILT", type(build._BUILT)())
+    monkeypatch.setattr(tvm, "compile", real)
+    np.testing.assert_allclose(run(build.compile_stored(src, CPU, 1, tmp_path)), a @ w, rtol=1e-4, atol=1e-4)
+    assert build.load_module(path)["main"] is not None  # replaced by a whole file

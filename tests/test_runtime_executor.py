@@ -211,9 +211,11 @@ def test_loader_errors_come_before_any_kernel_lookup(llama160m, tmp_path):
         load_model(bad, empty)
 
 
-def test_dsl_ops_refuse_misaligned_buffers(llama160m):
+def test_dsl_ops_refuse_misaligned_buffers_and_keep_their_kernels_in_the_cache(llama160m):
     _, model, _ = llama160m
     ex = Executor(model, max_batch=1, max_seq=8, ops="dsl", threads=2)
+    # norms, SiLU-mul, RoPE and both attentions are kept for the next process (ops/)
+    assert len(list(model.gemms.lm_head.cache.ops_dir.glob("*.so"))) >= 5
     x = np.zeros(769, np.float32)[1:].reshape(1, 768)  # 4 bytes off any 64-byte boundary
     with pytest.raises(ShapeError, match="64-byte aligned"):
         ex.ops.rmsnorm(x, model.norm, 1e-5, out=ex.buffers["h"][:1])

@@ -108,6 +108,12 @@ class KernelCache:
         self.fingerprint = cache_fingerprint(self.cpu)
         self.db = TuningDB(self.dir / DB_NAME)
 
+    @property
+    def ops_dir(self) -> Path:
+        """The runtime's untuned kernels (norms, RoPE, attention), named by what they were
+        built from (compiler/build.compile_stored); not records, so `clean` leaves them."""
+        return self.dir / "ops"
+
     # -- kernel files ------------------------------------------------------------------
     def kernel_path(self, n: int, k: int, schedule: KernelSchedule) -> Path:
         return self.dir / "kernels" / self.fingerprint / f"n{n}_k{k}_{schedule.family_key()}.so"
@@ -236,6 +242,7 @@ class KernelCache:
         for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm"):
             (self.dir / name).unlink(missing_ok=True)
         shutil.rmtree(self.dir / "kernels", ignore_errors=True)
+        shutil.rmtree(self.ops_dir, ignore_errors=True)
         self.db = TuningDB(self.dir / DB_NAME)
 
 
