@@ -51,11 +51,12 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check sandwich compiler dsl tuner topology runtime bench tests
 
-# two pytest-xdist workers, a test file each at a time (its module fixtures built once); the
-# kernels the tests tune land in one cache the workers share (tests/conftest.py); the 15
-# slowest tests are listed at the end, to keep the suite under its 15 minutes
+# two pytest-xdist workers, a test file each at a time (its module fixtures built once), the
+# slowest files first (tests/conftest.py: SLOW_FIRST); the kernels the tests tune, and every
+# kernel they compile, land in directories the workers share; the 15 slowest tests are
+# listed at the end, to keep the suite under its 15 minutes
 test: $(STAMP) tools lint
-	$(BIN)/python -m pytest -n 2 --dist loadfile --durations=15 tests
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15 tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -58,46 +58,39 @@ def _recalled(key: str):
         return _BUILT.get(key)
 
 
-def compile_source(source: str, cpu: CpuInfo, threads: int):
-    """Compile TVMScript for the host; returns the TVM runtime module (the same one again
-    for the same source and target, see _BUILT)."""
+def compile_source(source: str, cpu: CpuInfo, threads: int, directory: Path | None = None):
+    """Compile TVMScript for the host; returns the TVM runtime module: the same one again
+    for the same source and target in this process (_BUILT), and with a `directory` (or
+    $SANDWICHC_BUILD_CACHE) kept there as `<key>.so` for other processes. The runtime's own
+    kernels (norms, RoPE, attention) are not tuned and take no record, so the kernel cache
+    keeps them this way: each `generate`, `serve` or plan measurement after the first loads
+    them instead of compiling (1-2 s per kernel on a 2-core machine). A file that does not
+    load is built again and replaced."""
     import tvm
 
     target = tvm_target(cpu, threads)
     key = _source_key(source, target)
     if (ex := _recalled(key)) is not None:
         return ex
+    directory = directory or os.environ.get("SANDWICHC_BUILD_CACHE") or None
+    path = Path(directory) / f"{key}.so" if directory else None
+    if path is not None and path.exists():
+        try:
+            return _remember(key, load_module(path))
+        except BuildError:
+            pass  # a damaged or foreign file: build it again below
     try:
         ex = tvm.compile(parse_tvmscript(source), target=target)
     except Exception as e:  # TVM raises many types; the user sees one line
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise BuildError(f"TVM failed to compile the kernel: {first}") from e
-    return _remember(key, splice_module(ex) if DPBF16PS in source else ex)
-
-
-def compile_stored(source: str, cpu: CpuInfo, threads: int, directory: Path | None):
-    """compile_source, kept as `<directory>/<key>.so` across processes (None: this process
-    only). The runtime's own kernels (norms, RoPE, attention) are not tuned and take no
-    record, so their files are named by what they were built from: each `generate`, `serve`
-    or plan measurement after the first loads them instead of compiling (1-2 s per kernel on
-    a 2-core machine). A file that does not load is built again and replaced."""
-    if directory is None:
-        return compile_source(source, cpu, threads)
-    key = _source_key(source, tvm_target(cpu, threads))
-    if (mod := _recalled(key)) is not None:
-        return mod
-    path = Path(directory) / f"{key}.so"
-    if path.exists():
+    ex = splice_module(ex) if DPBF16PS in source else ex
+    if path is not None:
         try:
-            return _remember(key, load_module(path))
-        except BuildError:
-            pass  # a damaged or foreign file: build it again below
-    ex = compile_source(source, cpu, threads)
-    try:
-        export_atomic(ex, path)
-    except OSError:
-        pass  # a read-only cache still runs, it only compiles again next time
-    return ex
+            export_atomic(ex, path)
+        except OSError:
+            pass  # a read-only directory still runs, it only compiles again next time
+    return _remember(key, ex)
 
 
 def build_gemm(schedule: KernelSchedule, *, n: int, k: int, cpu: CpuInfo, threads: int):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sandwich.compiler.amx import request_tiles
-from sandwich.compiler.build import compile_stored
+from sandwich.compiler.build import compile_source
 from sandwich.compiler.lower_tir import to_tvmscript
 from sandwich.compiler.target import CpuInfo
 from sandwich.dsl import ast as A
@@ -47,11 +47,11 @@ def split_params(kernel: H.Kernel, params: dict[str, str], *, vlen: int) -> tupl
 def build_kernel(kernel: H.Kernel, *, tunables: dict, fixed: dict | None, cpu: CpuInfo,
                  threads: int, directory: Path | None = None):
     """The compiled kernel (a tvm module; call ex["main"]), kept in `directory` when given
-    (compiler/build.compile_stored). A kernel with AMX tile statements builds only where
+    (compiler/build.compile_source). A kernel with AMX tile statements builds only where
     `cpu` has AMX-BF16; for the host, this process then asks Linux for the tile state, so
     the kernel can run here."""
     source = to_tvmscript(kernel, tunables=tunables, vlen=cpu.lanes_f32, fixed=fixed,
                           amx=cpu.amx)
     if any(isinstance(s, A.Tile) for s in H.walk(kernel.body)):
         request_tiles()
-    return compile_stored(source, cpu, threads, directory)
+    return compile_source(source, cpu, threads, directory)

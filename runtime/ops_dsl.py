@@ -24,7 +24,7 @@ from sandwich.runtime.ops_fallback import HeadNorms, NumpyOps
 def _build(kernel, cpu: CpuInfo, threads: int, fixed: dict, tunables: dict | None = None,
            directory: Path | None = None):
     """A shipped kernel (by name) or a kernel object, compiled (kept in `directory`, see
-    compiler/build.compile_stored); one BuildError line."""
+    compiler/build.compile_source); one BuildError line."""
     from sandwich.compiler.lower_build import build_kernel
     from sandwich.dsl.load import load_kernel
 

@@ -9,6 +9,35 @@ import pytest
 os.environ.setdefault("TVM_NUM_THREADS", "2")
 
 
+# the test files that took longest on a 2-core Zen 3 (2026-11-29, junit times, slowest
+# first): `make test` hands files to its two workers in this order (--no-loadscope-reorder),
+# so that no long file starts last while the other worker idles; files not named follow
+SLOW_FIRST = ("test_quant_gemm", "test_schedule", "test_tp", "test_runtime_executor", "test_gguf",
+              "test_plan", "test_rpc", "test_cli_resume", "test_topology_hwloc", "test_rpc_kill",
+              "test_cli_bench", "test_cache_ab", "test_http_server", "test_gemm_dsl",
+              "test_bf16_gemm", "test_engine", "test_dsl_fuzz", "test_baselines_metaschedule",
+              "test_static_loop", "test_topology_parse", "test_moe", "test_qwen_moe")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: file order kept
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_builds(tmp_path_factory):
+    """Every kernel the run compiles, kept by its source for every worker and every command
+    the tests start ($SANDWICHC_BUILD_CACHE, compiler/build.compile_source): the command-line
+    tests tune the same small shapes into kernel caches of their own, and each compiled the
+    same kernels again (compiling was about 40% of the suite's time on a Zen 3)."""
+    if not os.environ.get("SANDWICHC_BUILD_CACHE"):
+        base = tmp_path_factory.getbasetemp()
+        d = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "builds"
+        d.mkdir(exist_ok=True)
+        os.environ["SANDWICHC_BUILD_CACHE"] = str(d)
+    return os.environ["SANDWICHC_BUILD_CACHE"]
+
+
 @pytest.fixture(scope="session")
 def cache(tmp_path_factory):
     """One kernel cache for the whole run: modules that tune the same shapes resume from the

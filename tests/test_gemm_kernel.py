@@ -150,7 +150,7 @@ def test_a_process_compiles_each_source_and_target_once(monkeypatch):
 
 
 def test_a_stored_build_loads_in_a_new_process_and_a_damaged_one_is_rebuilt(tmp_path, monkeypatch):
-    """compile_stored keeps the module as <dir>/<key>.so: with this process's memory of it
+    """compile_source with a directory keeps the module as <dir>/<key>.so: with this process's memory of it
     gone and TVM's compiler refusing, the file still gives a working kernel; a damaged
     file is built again and replaced."""
     import tvm
@@ -159,7 +159,7 @@ def test_a_stored_build_loads_in_a_new_process_and_a_damaged_one_is_rebuilt(tmp_
 
     s = _sched(1, LANES, (1, LANES, 16), (1, 1, 1), pack=LANES)
     src = gemm_tvmscript(s, GemmProblem(n=LANES, k=32, lanes=LANES)) + f"\n# stored {tmp_path}\n"
-    build.compile_stored(src, CPU, 1, tmp_path)
+    build.compile_source(src, CPU, 1, tmp_path)
     (path,) = tmp_path.glob("*.so")
     a = np.random.default_rng(0).standard_normal((3, 32)).astype(np.float32)
     w = np.random.default_rng(1).standard_normal((32, LANES)).astype(np.float32)
@@ -171,11 +171,11 @@ def test_a_stored_build_loads_in_a_new_process_and_a_damaged_one_is_rebuilt(tmp_
     real = tvm.compile
     monkeypatch.setattr(build, "_BUILT", type(build._BUILT)())
     monkeypatch.setattr(tvm, "compile", lambda *a, **kw: pytest.fail("compiled again"))
-    np.testing.assert_allclose(run(build.compile_stored(src, CPU, 1, tmp_path)), a @ w, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(run(build.compile_source(src, CPU, 1, tmp_path)), a @ w, rtol=1e-4, atol=1e-4)
     # damaged as a new file (this process maps the old one: writing over it would fault)
     (tmp_path / "damaged").write_bytes(b"not a shared object")
     (tmp_path / "damaged").replace(path)
     monkeypatch.setattr(build, "_BUILT", type(build._BUILT)())
     monkeypatch.setattr(tvm, "compile", real)
-    np.testing.assert_allclose(run(build.compile_stored(src, CPU, 1, tmp_path)), a @ w, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(run(build.compile_source(src, CPU, 1, tmp_path)), a @ w, rtol=1e-4, atol=1e-4)
     assert build.load_module(path)["main"] is not None  # replaced by a whole file

@@ -111,7 +111,7 @@ class KernelCache:
     @property
     def ops_dir(self) -> Path:
         """The runtime's untuned kernels (norms, RoPE, attention), named by what they were
-        built from (compiler/build.compile_stored); not records, so `clean` leaves them."""
+        built from (compiler/build.compile_source); not records, so `clean` leaves them."""
         return self.dir / "ops"
 
     # -- kernel files ------------------------------------------------------------------
