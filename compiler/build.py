@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
 import threading
 from collections import OrderedDict
@@ -58,6 +59,20 @@ def _recalled(key: str):
         return _BUILT.get(key)
 
 
+class StoredBuild:
+    """A module loaded from a build directory: it runs as the compiled one does, and its
+    export copies the file (a loaded `.so` holds no object code for TVM to link again)."""
+
+    def __init__(self, module, path: Path) -> None:
+        self.module, self.path = module, path
+
+    def __getitem__(self, name: str):
+        return self.module[name]
+
+    def export_library(self, file_name: str) -> None:
+        shutil.copyfile(self.path, file_name)
+
+
 def compile_source(source: str, cpu: CpuInfo, threads: int, directory: Path | None = None):
     """Compile TVMScript for the host; returns the TVM runtime module: the same one again
     for the same source and target in this process (_BUILT), and with a `directory` (or
@@ -76,7 +91,7 @@ def compile_source(source: str, cpu: CpuInfo, threads: int, directory: Path | No
     path = Path(directory) / f"{key}.so" if directory else None
     if path is not None and path.exists():
         try:
-            return _remember(key, load_module(path))
+            return _remember(key, StoredBuild(load_module(path), path))
         except BuildError:
             pass  # a damaged or foreign file: build it again below
     try:

@@ -171,7 +171,11 @@ def test_a_stored_build_loads_in_a_new_process_and_a_damaged_one_is_rebuilt(tmp_
     real = tvm.compile
     monkeypatch.setattr(build, "_BUILT", type(build._BUILT)())
     monkeypatch.setattr(tvm, "compile", lambda *a, **kw: pytest.fail("compiled again"))
-    np.testing.assert_allclose(run(build.compile_source(src, CPU, 1, tmp_path)), a @ w, rtol=1e-4, atol=1e-4)
+    loaded = build.compile_source(src, CPU, 1, tmp_path)
+    np.testing.assert_allclose(run(loaded), a @ w, rtol=1e-4, atol=1e-4)
+    build.export_atomic(loaded, tmp_path / "kernels" / "again.so")  # as the tuner stores a winner
+    np.testing.assert_allclose(run(build.load_module(tmp_path / "kernels" / "again.so")), a @ w,
+                               rtol=1e-4, atol=1e-4)
     # damaged as a new file (this process maps the old one: writing over it would fault)
     (tmp_path / "damaged").write_bytes(b"not a shared object")
     (tmp_path / "damaged").replace(path)
