@@ -192,7 +192,8 @@ def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget:
         elif remote is not None:
             measure = RpcMeasure(cpu, threads, op.n, op.k, pack_n, seq_max, remote, cache.fingerprint)
         else:
-            measure = TvmMeasure(cpu, threads, op.n, op.k, pack_n, seq_max, dtype=op.dtype)
+            measure = TvmMeasure(cpu, threads, op.n, op.k, pack_n, seq_max, dtype=op.dtype,
+                                 repeat=budget.repeat)
         bound = None if remote is not None else candidate_bound(cache, budget, op, threads)
         return _tune_shape(measure, names=names, op=op, pack_n=pack_n, panels=panels,
                            seq_max=seq_max, threads=threads, budget=budget, cache=cache, on_step=on_step,
