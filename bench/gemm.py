@@ -25,6 +25,7 @@ from sandwich.payload import make_payload
 from sandwich.tuner.machine_bench import peak_gflops, read_bandwidth_gbs
 from sandwich.tuner.quiet import other_cpu_load, warn_if_busy
 from sandwich.tuner.streaming import rotation_copies
+from sandwich.tuner.timing import gflops
 from sandwich.tuner.tune import unique_shapes
 
 ROTATE_MAX_M = 8
@@ -76,12 +77,16 @@ def summarize(rows: list[dict], peers: list[str], peak: float) -> dict:
         return [r["speedup_vs_best_peer"] for r in rows if pred(r) and r.get("speedup_vs_best_peer")]
 
     large = [r["sandwich_gflops"] / peak for r in rows if r["m"] >= 512 and peak > 0]
+    # the peak is the FMA loop's best repeat; the same statistic of ours, beside the median's
+    large_best = [r.get("sandwich_best_gflops", 0.0) / peak for r in rows if r["m"] >= 512 and peak > 0]
     return {
         "geomean_speedup_all": geomean(speedups(lambda r: True)),
         "geomean_speedup_m_le_64": geomean(speedups(lambda r: r["m"] <= 64)),
         "geomean_speedup_m_ge_512": geomean(speedups(lambda r: r["m"] >= 512)),
         "min_fraction_of_peak_m_ge_512": min(large) if large else 0.0,
         "geomean_fraction_of_peak_m_ge_512": geomean(large),
+        "min_best_fraction_of_peak_m_ge_512": min(large_best) if large_best else 0.0,
+        "geomean_best_fraction_of_peak_m_ge_512": geomean(large_best),
     }
 
 
@@ -196,6 +201,7 @@ def run_bench(*, models: list[str], ms: list[int], tp: int, peer_names: list[str
         del row["_op"]
         for name in ["sandwich", *peers.names]:
             row[f"{name}_gflops"] = max(row[f"{name}_gflops_passes"])
+            row[f"{name}_best_gflops"] = max(row[f"{name}_best_gflops_passes"])
         best = max((row[f"{p}_gflops"] for p in peers.names), default=0.0)
         row["best_peer_gflops"] = best
         row["speedup_vs_best_peer"] = row["sandwich_gflops"] / best if best else None
@@ -238,8 +244,7 @@ def _time_ours(row: dict, rot: dict | None, cache, threads: int, limits, step) -
     gemm = cache.gemm(n=op.n, k=op.k, dtype=op.dtype, threads=threads)
     a, w = _inputs(row)
     out = aligned_empty((row["m"], op.n))  # as the executor's buffers are
-    ours = measure_runner("sandwich", bound_runner(gemm, out), a, w, [gemm.pack(w)], **TIMING)
-    row.setdefault("sandwich_gflops_passes", []).append(ours.gflops)
+    _keep_pass(row, measure_runner("sandwich", bound_runner(gemm, out), a, w, [gemm.pack(w)], **TIMING))
     row["sandwich_schedule"] = gemm.schedule_for(row["m"]).key()
     done()
     if rot is None:
@@ -253,14 +258,21 @@ def _time_ours(row: dict, rot: dict | None, cache, threads: int, limits, step) -
     done()
 
 
+def _keep_pass(row: dict, t) -> None:
+    """A pass's figures of one runner on a row: GFLOPS by its median repeat, and by its best
+    (the statistic the FMA peak is measured by)."""
+    row.setdefault(f"{t.name}_gflops_passes", []).append(t.gflops)
+    best = gflops(2.0 * t.m * t.n * t.k, t.timing.min_s)
+    row.setdefault(f"{t.name}_best_gflops_passes", []).append(best)
+
+
 def _time_peers(row: dict, rot: dict | None, peers, limits, step) -> None:
     """One pass of every peer on one row (and its rotated-weights variant)."""
     a, w = _inputs(row)
     for peer in peers:
         done = step(peer.name, row)
         _settle()
-        row.setdefault(f"{peer.name}_gflops_passes", []).append(
-            measure_peer(peer, a, w, **TIMING).gflops)
+        _keep_pass(row, measure_peer(peer, a, w, **TIMING))
         done()
     if rot is None:
         return

@@ -34,6 +34,11 @@ def test_bench_gemm_end_to_end(tmp_path, tiny_config):
         for name in ("sandwich", "numpy"):
             assert len(r[f"{name}_gflops_passes"]) == 2
             assert r[f"{name}_gflops"] == max(r[f"{name}_gflops_passes"])
+            # and by its best repeat, which is never slower than its median
+            assert len(r[f"{name}_best_gflops_passes"]) == 2
+            assert r[f"{name}_best_gflops"] == max(r[f"{name}_best_gflops_passes"])
+            assert all(b >= g for b, g in zip(r[f"{name}_best_gflops_passes"],
+                                               r[f"{name}_gflops_passes"], strict=True))
 
 
 def test_bench_streaming_bad_arguments_are_one_line():

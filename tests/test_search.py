@@ -430,6 +430,25 @@ def test_past_refine_from_a_search_starts_from_the_last_winner():
     assert len({s.micro_kernel for s, m in fresh_meas.calls if m == 64}) > 1
 
 
+def test_a_refine_also_searches_the_largest_tile_which_a_noisy_small_m_left_behind():
+    def fn(s, m):
+        g = _good(s, m)
+        rows = s.micro_kernel.mu_m
+        if m < 64:  # a slow moment ranked the 4-row tile below the 2-row one at small M
+            return g * (1.5 if rows == 2 else 0.5)
+        return g * (1.3 if rows == 4 else 1.0)
+
+    search, meas = _search(fn, reuse_patience=99, refine_from=64)
+    for m in (16, 32):
+        search.tune_m(m)
+    assert search.state.history[-1].schedule.micro_kernel == MicroKernel(2, 64)
+    before = len(meas.calls)
+    res = search.tune_m(64)
+    tried = {s.micro_kernel for s, m in meas.calls[before:] if m == 64}
+    assert tried == {MicroKernel(2, 64), MicroKernel(4, 64)}  # the winner's and the largest: no probes
+    assert res.schedule.micro_kernel == MicroKernel(4, 64)
+
+
 def test_a_guided_refine_measures_every_polymerization():
     class Stingy:  # a guide that measures only what it must
         def choose(self, schedules, m, n, k, keep=1):
