@@ -221,6 +221,43 @@ def test_an_n_that_is_not_whole_vectors_runs_on_the_padded_kernel(tuned):
         gemm(a, wp, out=np.empty((4, N), np.float32))
 
 
+def test_split_k_records_run_with_their_workspace_at_any_m(tuned, tmp_path):
+    """The tiny budget tunes no split-K: records of a split-K schedule (what larger budgets
+    find) run through the public call, a replay and a bound call, with the workspace the
+    dispatcher sizes for each M."""
+    from sandwich.compiler.gemm_dsl import build_gemm_dsl
+    from sandwich.types import ComputeSlice, Polymerization
+
+    d = tmp_path / "cache"
+    shutil.copytree(tuned[0], d)
+    cache = KernelCache(d)
+    for r in cache.records(N, K, threads=2):
+        s = r.record.schedule
+        split = dataclasses.replace(s, polymerization=Polymerization(1, 1, 2),
+                                    slice=ComputeSlice(s.slice.b_m, s.slice.b_n, 16))
+        cache.db.put_record(dataclasses.replace(r.record, schedule=split), threads=2)
+        if cache.db.kernel(cache.fingerprint, N, K, "float32", split.family()) is None:
+            ex = build_gemm_dsl(split, n=N, k=K, cpu=cache.cpu, threads=2)
+            cache.store_kernel(ex, n=N, k=K, dtype="float32", schedule=split)
+    gemm = KernelCache(d).gemm(n=N, k=K)
+    assert all(gemm.schedule_for(m).polymerization.t_k == 2 for m in (1, 9, SEQ))
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((K, N), dtype=np.float32)
+    wp = gemm.pack(w)
+    for m in (1, 9, SEQ, 3 * SEQ, 2):  # the workspace grows, then serves a smaller M
+        a = rng.standard_normal((m, K), dtype=np.float32)
+        np.testing.assert_allclose(gemm(a, wp), a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+    a, out = np.empty((6, K), np.float32), np.empty((6, N), np.float32)
+    call = gemm.bind(a, wp, out)
+    for _ in range(2):
+        a[...] = rng.standard_normal(a.shape, dtype=np.float32)
+        assert gemm(a, wp, out=out) is out
+        np.testing.assert_allclose(out, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+        out[...] = 0
+        assert call() is out
+        np.testing.assert_allclose(out, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+
+
 def _damage(db: Path, m_lo: int, edit, *, legacy: bool) -> None:
     """Rewrite the stored schedule JSON of one record (as a flipped bit in the file would);
     `legacy` also drops its checksum, as in a cache written before records carried one."""
