@@ -13,7 +13,7 @@ from pathlib import Path
 from sandwich.compiler.gemm_template import GemmProblem, gemm_tvmscript
 from sandwich.compiler.llvm_splice import DPBF16PS, splice_module
 from sandwich.compiler.target import CpuInfo, tvm_target
-from sandwich.errors import BuildError
+from sandwich.errors import BuildError, first_line
 from sandwich.types import KernelSchedule
 
 
@@ -85,10 +85,12 @@ def compile_source(source: str, cpu: CpuInfo, threads: int, directory: Path | No
 
     target = tvm_target(cpu, threads)
     key = _source_key(source, target)
-    if (ex := _recalled(key)) is not None:
-        return ex
     directory = directory or os.environ.get("SANDWICHC_BUILD_CACHE") or None
     path = Path(directory) / f"{key}.so" if directory else None
+    if (ex := _recalled(key)) is not None:
+        if path is not None and not path.exists():  # built here before, for no directory
+            _keep(ex, path)
+        return ex
     if path is not None and path.exists():
         try:
             return _remember(key, StoredBuild(load_module(path), path))
@@ -97,15 +99,19 @@ def compile_source(source: str, cpu: CpuInfo, threads: int, directory: Path | No
     try:
         ex = tvm.compile(parse_tvmscript(source), target=target)
     except Exception as e:  # TVM raises many types; the user sees one line
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise BuildError(f"TVM failed to compile the kernel: {first}") from e
     ex = splice_module(ex) if DPBF16PS in source else ex
     if path is not None:
-        try:
-            export_atomic(ex, path)
-        except OSError:
-            pass  # a read-only directory still runs, it only compiles again next time
+        _keep(ex, path)
     return _remember(key, ex)
+
+
+def _keep(ex, path: Path) -> None:
+    try:
+        export_atomic(ex, path)
+    except OSError:
+        pass  # a read-only directory still runs, it only compiles again next time
 
 
 def build_gemm(schedule: KernelSchedule, *, n: int, k: int, cpu: CpuInfo, threads: int):
@@ -134,7 +140,7 @@ def load_module(path: Path):
     try:
         return tvm.runtime.load_module(str(path))
     except Exception as e:
-        raise BuildError(f"cannot load kernel {path}: {str(e).strip().splitlines()[0] if str(e).strip() else e}") from e
+        raise BuildError(f"cannot load kernel {path}: {first_line(e)}") from e
 
 
 def load_function(path: Path, name: str = "main"):
@@ -143,7 +149,7 @@ def load_function(path: Path, name: str = "main"):
     try:
         return mod[name]
     except Exception as e:
-        raise BuildError(f"cannot load kernel {path}: {str(e).strip().splitlines()[0] if str(e).strip() else e}") from e
+        raise BuildError(f"cannot load kernel {path}: {first_line(e)}") from e
 
 
 def executable_function(executable, name: str = "main"):

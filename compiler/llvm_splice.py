@@ -14,7 +14,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from sandwich.errors import BuildError
+from sandwich.errors import BuildError, first_line
 
 # the stand-in: <16 x float> f(<16 x float> acc, <16 x i32> pairs, <16 x i32> pairs)
 DPBF16PS = "sandwich_dpbf16ps"
@@ -79,5 +79,5 @@ def splice_module(executable):
         try:
             return tvm.runtime.load_module(str(path))
         except Exception as e:  # TVM raises many types; the user sees one line
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            first = first_line(e)
             raise BuildError(f"LLVM rejected the kernel with vdpbf16ps spliced in: {first}") from e

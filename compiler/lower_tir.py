@@ -29,6 +29,7 @@ from sandwich.dsl.highlevel import ast as H
 from sandwich.dsl.highlevel.printer import print_expr
 from sandwich.dsl.interp import Interpreter
 from sandwich.dsl.space import constraints, require_valid
+from sandwich.errors import first_line
 
 _TVM = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "i32": "int32",
         "i64": "int64", "i8": "int8", "u8": "uint8", "bool": "bool"}
@@ -369,4 +370,4 @@ def lower_to_tir(kernel: H.Kernel, *, tunables: dict[str, int], vlen: int,
         return parse_tvmscript(source)
     except Exception as err:  # TVMScript raises many types; name the kernel
         raise DSLError(f"kernel {kernel.name}: cannot lower to TIR: "
-                       f"{str(err).strip().splitlines()[0] if str(err).strip() else err}") from err
+                       f"{first_line(err)}") from err

@@ -15,7 +15,7 @@ import numpy as np
 
 from sandwich.compiler.buffers import aligned_zeros
 from sandwich.compiler.target import CpuInfo
-from sandwich.errors import BuildError
+from sandwich.errors import BuildError, first_line
 from sandwich.runtime.dsl_attention import DecodeAttention, PrefillAttention, Segment, kernel_arg
 from sandwich.runtime.kv_cache import kv_dtype
 from sandwich.runtime.ops_fallback import HeadNorms, NumpyOps
@@ -34,7 +34,7 @@ def _build(kernel, cpu: CpuInfo, threads: int, fixed: dict, tunables: dict | Non
         return build_kernel(kernel, tunables=tunables or {}, fixed=fixed, cpu=cpu,
                             threads=threads, directory=directory)["main"]
     except Exception as e:  # DSL or TVM: the user sees one line naming the kernel
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise BuildError(f"DSL kernel {name} failed to build: {first}") from e
 
 
@@ -83,7 +83,7 @@ class DslOps(NumpyOps):
             self._self_check(hidden)
         except (ValueError, TypeError, RuntimeError) as e:  # a kernel signature changed under us
             raise BuildError(f"DSL kernels rejected the runtime's arguments: "
-                             f"{str(e).strip().splitlines()[0]}; update runtime/ops_dsl.py") from e
+                             f"{first_line(e)}; update runtime/ops_dsl.py") from e
 
     def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
         self._bind_rmsnorm(x, w, eps, out)()

@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from sandwich.errors import ConfigError
+from sandwich.errors import ConfigError, first_line
 
 # name -> (package, file inside it, how to install it); the package is located, never imported
 INSTALLED_MODELS = {
@@ -106,7 +106,7 @@ def _open_reader(path: Path, mtime_ns: int, size: int):
     try:
         return reader(path, "r")
     except Exception as e:  # the reader raises ValueError, IndexError, struct errors...
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise GGUFError(f"{path}: not a readable GGUF file ({first}); it is truncated, altered "
                         f"or not GGUF") from None
 

@@ -121,9 +121,10 @@ def test_wrong_weight_shape():
         pack_weights(np.zeros((4, 30), np.float32), 16)
 
 
-def test_a_process_compiles_each_source_and_target_once(monkeypatch):
+def test_a_process_compiles_each_source_and_target_once(monkeypatch, tmp_path):
     """The second build of the same source for the same target is the first's module (no
-    TVM call); another thread count is another target, and a failed build is not kept."""
+    TVM call), written to a build directory the first call had not named; another thread
+    count is another target, and a failed build is not kept."""
     import tvm
 
     from sandwich.compiler import build
@@ -136,6 +137,8 @@ def test_a_process_compiles_each_source_and_target_once(monkeypatch):
                          GemmProblem(n=LANES, k=32, lanes=LANES)) + f"\n# test {id(calls)}\n"
     first = build.compile_source(src, CPU, 1)
     assert build.compile_source(src, CPU, 1) is first and len(calls) == 1
+    assert build.compile_source(src, CPU, 1, tmp_path) is first and len(calls) == 1
+    assert len(list(tmp_path.glob("*.so"))) == 1
     assert build.compile_source(src, CPU, 2) is not first and len(calls) == 2
     bad = src.replace("T.prim_func", "T.prim_func_misspelled")
     for _ in range(2):

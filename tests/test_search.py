@@ -2,6 +2,7 @@
 
 from dataclasses import replace
 
+from sandwich.compiler.gemm_template import slice_args
 from sandwich.tuner.measure import MeasureResult
 from sandwich.tuner.search import MResult, SandwichSearch, SearchSettings
 from sandwich.tuner.space import (
@@ -435,7 +436,7 @@ def test_a_refine_also_searches_the_largest_tile_which_a_noisy_small_m_left_behi
         g = _good(s, m)
         rows = s.micro_kernel.mu_m
         if m < 64:  # a slow moment ranked the 4-row tile below the 2-row one at small M
-            return g * (1.5 if rows == 2 else 0.5)
+            return g * (1.5 if rows == 2 and s.slice.b_m == 2 else 0.5)
         return g * (1.3 if rows == 4 else 1.0)
 
     search, meas = _search(fn, reuse_patience=99, refine_from=64)
@@ -447,6 +448,9 @@ def test_a_refine_also_searches_the_largest_tile_which_a_noisy_small_m_left_behi
     tried = {s.micro_kernel for s, m in meas.calls[before:] if m == 64}
     assert tried == {MicroKernel(2, 64), MicroKernel(4, 64)}  # the winner's and the largest: no probes
     assert res.schedule.micro_kernel == MicroKernel(4, 64)
+    # the 2-row winner's slice, in whole 4-row tiles: never zero row blocks
+    assert search.state.history[-2].schedule.slice.b_m == 2
+    assert all(min(slice_args(s)) >= 1 for s, _ in meas.calls)
 
 
 def test_a_guided_refine_measures_every_polymerization():

@@ -16,6 +16,7 @@ from typing import Protocol
 from sandwich.tuner.measure import Measure
 from sandwich.tuner.space import (
     K_UNIT,
+    align,
     clamp,
     polymerizations,
     slice_caps,
@@ -290,7 +291,8 @@ class SandwichSearch:
         caps = slice_caps(m, self.n, self.k, mk, pl)
         unit = self._k_unit(m)
         tiles = (mk.mu_m, mk.mu_n, unit)
-        first = start or ComputeSlice(mk.mu_m, mk.mu_n, max(unit, self.settings.start_k // K_UNIT * unit))
+        first = align(start, mk) if start else \
+            ComputeSlice(mk.mu_m, mk.mu_n, max(unit, self.settings.start_k // K_UNIT * unit))
         cur = list(astuple(clamp(first, caps)))
         best = self._eval(self._schedule(mk, ComputeSlice(*cur), pl), m, "fast_start")
         steps = [max(0, (c // t).bit_length() - 1) if start or d == 2 else 0

@@ -146,6 +146,14 @@ def clamp(s: ComputeSlice, caps: ComputeSlice) -> ComputeSlice:
     return ComputeSlice(min(s.b_m, caps.b_m), min(s.b_n, caps.b_n), min(s.b_k, caps.b_k))
 
 
+def align(s: ComputeSlice, mk: MicroKernel) -> ComputeSlice:
+    """A slice found with another micro-kernel, in whole tiles of `mk` (at least one each
+    way): a 1-row slice would give a 2-row tile zero row blocks."""
+    def whole(size: int, tile: int) -> int:
+        return max(tile, round(size / tile) * tile)
+    return ComputeSlice(whole(s.b_m, mk.mu_m), whole(s.b_n, mk.mu_n), s.b_k)
+
+
 def useful(pl: Polymerization, m: int, n: int, k: int, mk: MicroKernel) -> bool:
     """A polymerization is worth trying only if each of its threads gets some work, and
     split-K only while its partial sums stay cheap: the t_k partial M x N results are

@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sandwich.errors import BuildError
+from sandwich.errors import BuildError, first_line
 
 Params = dict[str, int]
 RESTART_DRAWS = 2000  # random draws per restart before the space counts as exhausted
@@ -137,7 +137,7 @@ class _Run:
         try:
             outcome = self.measure(dict(params))
         except BuildError as e:  # a failed build is a data point; a user error still stops
-            outcome = Outcome(None, "failed", str(e).splitlines()[0])
+            outcome = Outcome(None, "failed", first_line(e))
         trial = Trial(len(self.result.history), dict(params), outcome, phase)
         self.seen[_key(params)] = trial
         self.result.history.append(trial)
