@@ -68,6 +68,17 @@ def test_one_family_serves_every_slice():
     assert len(meas.kernels) == 1 and len(meas.verified) == 3
 
 
+def test_a_slice_the_kernel_cannot_run_is_a_failed_candidate_not_an_error():
+    """A slice of fewer rows than the tile has zero row blocks (the kernel divides by them):
+    the measure reports it failed, and the search goes on."""
+    meas = TvmMeasure(CPU, 2, 4 * LANES, 64, 4 * LANES, seq_max=32)
+    assert meas(_sched(2, 4 * LANES, (2, 4 * LANES, 16), (1, 1, 1), pack=4 * LANES), 17).ok
+    bad = _sched(2, 4 * LANES, (1, 4 * LANES, 16), (1, 1, 1), pack=4 * LANES)  # family built
+    for _ in range(2):  # the second time from what the first one learned
+        res = meas(bad, 17)
+        assert not res.ok and "every size must be positive" in res.error
+
+
 def test_checks_reuse_reference_rows_and_catch_a_wrong_kernel():
     from sandwich.compiler.gemm_formats import quantized_activations
     from sandwich.tuner.reference import ReferenceRows, reference_matmul

@@ -20,7 +20,7 @@ from sandwich.compiler.gemm_runner import (
     workspace_view,
 )
 from sandwich.compiler.target import CpuInfo
-from sandwich.errors import BuildError, ConfigError
+from sandwich.errors import BuildError, ConfigError, ShapeError
 from sandwich.tuner.measure import MeasureResult
 from sandwich.tuner.reference import ReferenceRows, reference_matmul
 from sandwich.tuner.streaming import from_dram, llc_bytes, rotation_copies
@@ -162,7 +162,7 @@ class TvmMeasure:
                                               ref=self.reference(m))
                     if err:
                         raise BuildError(err)
-            except (BuildError, ConfigError) as e:
+            except (BuildError, ConfigError, ShapeError) as e:  # ShapeError: a slice it cannot run
                 self.failed[schedule] = str(e)
                 raise BuildError(str(e)) from None
             finally:
