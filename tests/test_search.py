@@ -446,7 +446,7 @@ def test_a_refine_also_searches_the_largest_tile_which_a_noisy_small_m_left_behi
     before = len(meas.calls)
     res = search.tune_m(64)
     tried = {s.micro_kernel for s, m in meas.calls[before:] if m == 64}
-    assert tried == {MicroKernel(2, 64), MicroKernel(4, 64)}  # the winner's and the largest: no probes
+    assert tried == {MicroKernel(2, 64), MicroKernel(4, 64)}  # the winner's and the largest only
     assert res.schedule.micro_kernel == MicroKernel(4, 64)
     # the 2-row winner's slice, in whole 4-row tiles: never zero row blocks
     assert search.state.history[-2].schedule.slice.b_m == 2

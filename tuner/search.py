@@ -469,7 +469,8 @@ class SandwichSearch:
     def _largest_tile(self, m: int) -> MicroKernel:
         """The micro-kernel with the most register reuse (the largest tile) that fits M.
 
-        A refine at large M searches this one beside the last winner's: a winner is chosen
+        A refine at large M also takes this one (searched beside the last winner's, or ranked
+        against it by a probe where the budget keeps one micro-kernel): a winner is chosen
         on noisy timings, and one crowned in a slow moment used to carry its tile through
         every larger M (Llama-160M's gate_up on Zen 3: a 3 x 24 tile from M = 181 on, at 74%
         of the peak by median where the 4 x 24 tile runs at 83%)."""
