@@ -192,6 +192,21 @@ def test_bound_call_reads_new_contents_and_refuses_what_it_cannot_bind(tuned):
         gemm.bind(a, wp, np.empty((4, N), np.float32))
 
 
+def _replayed_and_bound(gemm, wp, w: np.ndarray, m: int, rng):
+    """Twice: new activations through a call with `out` (the second time a replay) and
+    through a bound call, each checked against numpy; returns the buffers."""
+    a, out = np.empty((m, w.shape[0]), np.float32), np.empty((m, w.shape[1]), np.float32)
+    call = gemm.bind(a, wp, out)
+    for _ in range(2):
+        a[...] = rng.standard_normal(a.shape, dtype=np.float32)
+        assert gemm(a, wp, out=out) is out
+        np.testing.assert_allclose(out, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+        out[...] = 0
+        assert call() is out
+        np.testing.assert_allclose(out, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+    return a, out
+
+
 def test_an_n_that_is_not_whole_vectors_runs_on_the_padded_kernel(tuned):
     """Issue 23: N = 125 finds the kernels tuned for N = 128, packs zero columns and returns
     125 columns, through a plain call, a replayed call and a bound call."""
@@ -208,15 +223,7 @@ def test_an_n_that_is_not_whole_vectors_runs_on_the_padded_kernel(tuned):
     for m in (1, 5, 30):
         a = rng.standard_normal((m, K), dtype=np.float32)
         np.testing.assert_allclose(gemm(a, wp), a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
-    a, out = np.empty((4, K), np.float32), np.empty((4, n), np.float32)
-    call = gemm.bind(a, wp, out)
-    for _ in range(2):
-        a[...] = rng.standard_normal(a.shape, dtype=np.float32)
-        assert gemm(a, wp, out=out) is out  # the second time a replay
-        np.testing.assert_allclose(out, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
-        out[...] = 0
-        assert call() is out
-        np.testing.assert_allclose(out, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+    a, out = _replayed_and_bound(gemm, wp, w, 4, rng)
     with pytest.raises(ShapeError, match=f"shape \\(4, {n}\\)"):
         gemm(a, wp, out=np.empty((4, N), np.float32))
 
@@ -247,15 +254,7 @@ def test_split_k_records_run_with_their_workspace_at_any_m(tuned, tmp_path):
     for m in (1, 9, SEQ, 3 * SEQ, 2):  # the workspace grows, then serves a smaller M
         a = rng.standard_normal((m, K), dtype=np.float32)
         np.testing.assert_allclose(gemm(a, wp), a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
-    a, out = np.empty((6, K), np.float32), np.empty((6, N), np.float32)
-    call = gemm.bind(a, wp, out)
-    for _ in range(2):
-        a[...] = rng.standard_normal(a.shape, dtype=np.float32)
-        assert gemm(a, wp, out=out) is out
-        np.testing.assert_allclose(out, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
-        out[...] = 0
-        assert call() is out
-        np.testing.assert_allclose(out, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+    _replayed_and_bound(gemm, wp, w, 6, rng)
 
 
 def _damage(db: Path, m_lo: int, edit, *, legacy: bool) -> None:
