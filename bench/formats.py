@@ -96,6 +96,7 @@ def run_formats(*, models: list[str], formats: list[str], ms: list[int], threads
     log(f"Roof-Surface rates: FMA {host.fma_vector_ops / 1e9:.2f} G/s"
         + (f", vdpbf16ps {host.bf16_dot_ops / 1e9:.2f} G/s" if host.bf16_dot_ops else "")
         + (f", dot8 {host.int8_dot_ops / 1e9:.2f} G/s" if host.int8_dot_ops else "")
+        + (f" ({host.narrow_dot_ops / 1e9:.2f} on 4- to 6-bit values)" if host.narrow_dot_ops else "")
         + "".join(f", {kind} {rate / 1e9:.2f} G/s" for kind, rate in host.vos.items()))
     res = FormatsResult(command, f"{cache.cpu.model} ({cache.cpu.mcpu})", threads, limits.read_gbs,
                         passes)

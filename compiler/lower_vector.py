@@ -172,6 +172,12 @@ PMADDWD = {8: "llvm.x86.avx2.pmadd.wd", 16: "llvm.x86.avx512.pmaddw.d.512"}
 # x86's vpdpbusd (AVX512-VNNI) by vector width: 4 unsigned bytes times 4 signed bytes, summed
 # into each 32-bit lane; without VNNI, dot8 is two pmaddwd on the bytes split into 16 bits
 DPBUSD = {16: "llvm.x86.avx512.vpdpbusd.512"}
+# x86's pmaddubsw by vector width: unsigned bytes times signed bytes, adjacent pairs summed
+# into 16-bit lanes with saturation, which cannot happen while the unsigned bytes stay < 128
+PMADDUBSW = {8: "llvm.x86.avx2.pmadd.ub.sw", 16: "llvm.x86.avx512.pmaddubs.w.512"}
+# the largest byte each of these builtins leaves in a lane (nibbles: 0x0F, high1: 0x10,
+# high2: 0x30), so that dot8 knows when its weight bytes are below 128
+_BYTE_MAX = {"nibbles": 15, "high1": 16, "high2": 48}
 _LOW_BYTES = 0x00FF00FF  # bytes 0 and 2 of a 32-bit lane, each widened to its 16-bit half
 
 
@@ -319,9 +325,11 @@ class VectorLoops:
         return f"({x} * T.shift_right(T.shift_left({p}, 16), 16) + {y} * T.shift_right({p}, 16))"
 
     def dot8(self, e, acc: str, w: str, p: str) -> str:
-        """vpdpbusd where the target has AVX512-VNNI, else two pmaddwd on the bytes split
-        into 16-bit halves (bytes 0 and 2, 1 and 3), when acc and w are vectors and p is one
-        set of 4 bytes for every lane; else the same sum on 32-bit values."""
+        """vpdpbusd where the target has AVX512-VNNI, else, where w's bytes stay below 128
+        (the 4- to 6-bit fields of nibbles, high1 and high2), pmaddubsw and a pmaddwd by ones
+        (an int4 tile x2.1 at M = 512 on a Zen 3), else two pmaddwd on the bytes split into
+        16-bit halves (bytes 0 and 2, 1 and 3), when acc and w are vectors and p is one set of
+        4 bytes for every lane; else the same sum on 32-bit values."""
         va, vw, vp = (self.varies(a) for a in e.args)
         if va and vw and not vp:
             vl = self.vlen
@@ -329,6 +337,12 @@ class VectorLoops:
                 return (f'T.call_llvm_pure_intrin("int32x{vl}", "{DPBUSD[vl]}", {acc}, '
                         f'T.reinterpret("int8x{4 * vl}", {w}), '
                         f'T.reinterpret("int8x{4 * vl}", T.Broadcast({p}, {vl})))')
+            if vl in PMADDUBSW and self.byte_max(e.args[1]) < 128:
+                pairs = (f'T.call_llvm_pure_intrin("int16x{2 * vl}", "{PMADDUBSW[vl]}", '
+                         f'T.reinterpret("int8x{4 * vl}", {w}), '
+                         f'T.reinterpret("int8x{4 * vl}", T.Broadcast({p}, {vl})))')
+                ones = f"T.Broadcast(T.int16(1), {2 * vl})"
+                return f'({acc} + T.call_llvm_pure_intrin("int32x{vl}", "{PMADDWD[vl]}", {pairs}, {ones}))'
             mask = f"T.Broadcast({_LOW_BYTES}, {vl})"
             out = acc
             for q, wq in enumerate((w, f"T.shift_right({w}, T.Broadcast(8, {vl}))")):
@@ -342,6 +356,18 @@ class VectorLoops:
         terms = " + ".join(f"T.bitwise_and(T.shift_right({w}, {8 * q}), 255) * {_byte(p, q)}"
                            for q in range(4))
         return f"({acc} + {terms})"
+
+    def byte_max(self, e) -> int:
+        """The largest value any byte of the int32 `e` can hold, as far as its form shows
+        (255 when it does not): a sum of fields whose maxima add up below 256 carries
+        nothing from one byte into the next."""
+        if isinstance(e, A.Call):
+            if e.func == "select" and (cond := self.static(e.args[0])) is not None:
+                return self.byte_max(e.args[1] if cond else e.args[2])
+            return _BYTE_MAX.get(e.func, 255)
+        if isinstance(e, A.Binary) and e.op == "+":
+            return min(255, self.byte_max(e.left) + self.byte_max(e.right))
+        return 0 if self.static(e) == 0 else 255
 
     def nibbles(self, e, w: str, h: str) -> str:
         """(w >> 4 h) & 0x0F0F0F0F, on a vector w in an explicit vector loop."""

@@ -232,18 +232,20 @@ kernel quads(i32 n, i32 W[n, 16], i32 P[2 * n], i32 C[16]) {
 """
 
 
-@pytest.mark.parametrize("isa,vlen,int8_dot,intrinsic", [
-    (None, VLEN, False, None), ("avx2", 8, False, "llvm.x86.avx2.pmadd.wd"),
-    ("avx512", 16, False, "llvm.x86.avx512.pmaddw.d.512"),
-    ("avx512", 16, True, "llvm.x86.avx512.vpdpbusd.512")])
+@pytest.mark.parametrize("isa,vlen,int8_dot,intrinsics", [
+    (None, VLEN, False, ()), ("avx2", 8, False, ("llvm.x86.avx2.pmadd.wd", "llvm.x86.avx2.pmadd.ub.sw")),
+    ("avx512", 16, False, ("llvm.x86.avx512.pmaddw.d.512", "llvm.x86.avx512.pmaddubs.w.512")),
+    ("avx512", 16, True, ("llvm.x86.avx512.vpdpbusd.512",))])
 def test_dot8_is_vpdpbusd_with_vnni_pmaddwd_on_other_x86_and_shifts_elsewhere(isa, vlen, int8_dot,
-                                                                             intrinsic):
+                                                                             intrinsics):
     """dot8(acc, w, p) adds 4 unsigned bytes of w times 4 signed bytes of p, nibbles(w, 0)
     keeps each byte's low nibble, and nibbles(w, 1) + high2(w, s) makes 6-bit bytes of the high
     nibble and each byte's bits 2 s, 2 s + 1, nibbles(w, 0) + high1(w, s) 5-bit bytes of the low
-    nibble and each byte's bit s (both vector lowerings a rotate and an and): every lowering
-    matches the interpreter and numpy on bytes at their extremes (255 x -128 cannot saturate
-    anything)."""
+    nibble and each byte's bit s (both vector lowerings a rotate and an and). Without VNNI, the
+    dot8 of whole bytes splits them for two pmaddwd, and those of the 4- to 6-bit fields (bytes
+    below 128) take one pmaddubsw, three times in this kernel: every lowering matches the
+    interpreter and numpy on bytes at their extremes (255 x -128 through pmaddubsw would
+    saturate)."""
     from sandwich.compiler.build import parse_tvmscript
     from sandwich.compiler.target import detect_cpu
     from sandwich.dsl.interp import run
@@ -252,8 +254,10 @@ def test_dot8_is_vpdpbusd_with_vnni_pmaddwd_on_other_x86_and_shifts_elsewhere(is
     kernel = load_source(DOT8, file="quads.sw").kernels[0]
     src = to_tvmscript(kernel, tunables={}, vlen=vlen, isa=isa, int8_dot=int8_dot)
     for name in ("llvm.x86.avx2.pmadd.wd", "llvm.x86.avx512.pmaddw.d.512",
-                 "llvm.x86.avx512.vpdpbusd.512"):
-        assert (name in src) == (name == intrinsic)
+                 "llvm.x86.avx512.vpdpbusd.512", "llvm.x86.avx2.pmadd.ub.sw",
+                 "llvm.x86.avx512.pmaddubs.w.512"):
+        assert (name in src) == (name in intrinsics)
+    assert src.count(".pmadd.ub.sw") + src.count(".pmaddubs.w.512") == (3 if len(intrinsics) == 2 else 0)
     n = 37
     wb = rng.integers(0, 256, (n, 16, 4)).astype(np.uint8)
     pb = rng.integers(-128, 128, (2 * n, 4)).astype(np.int8)

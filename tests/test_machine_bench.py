@@ -62,24 +62,28 @@ def test_bf16_dot_peak_where_the_cpu_has_one(monkeypatch):
 
 def _check_dot8_sum(lib):
     """Each dot8 of weights 128, 1, 1, 1 (unsigned) and activations -1, 127, 1, 1 (signed)
-    adds exactly 1 a lane: the sum counts every lane, chain and trip, and any wrong
-    signedness or lost byte pair changes it."""
+    adds exactly 1 a lane, and so does each narrow one (weights 15, 1, 1, 1, activations
+    -1, 8, 4, 4): the sum counts every lane, chain and trip, and any wrong signedness or lost
+    byte pair changes it."""
     import ctypes
 
     lanes, accs = lib.mb_int8_lanes(), lib.mb_int8_accs()
     assert (lanes, accs) in ((16, lib.mb_fma_accs()), (8, 4))
-    out = ctypes.c_float()
-    assert lib.mb_dpbusd(2, 1000, ctypes.byref(out)) == 0
-    assert out.value == 2 * 1000 * accs * lanes
+    for entry in (lib.mb_dpbusd, lib.mb_dot8_narrow):
+        out = ctypes.c_float()
+        assert entry(2, 1000, ctypes.byref(out)) == 0
+        assert out.value == 2 * 1000 * accs * lanes
 
 
 def test_int8_dot_peak_sums_every_product():
     """The int formats' dot8 as this CPU runs it (vpdpbusd with AVX512-VNNI, else 2 pmaddwd +
-    2 paddd on the split bytes): an exact sum, and a rate of the order of the FMA peak."""
+    2 paddd on the split bytes, or pmaddubsw on bytes below 128): exact sums, and rates of the
+    order of the FMA peak (the narrow one has fewer instructions, never many more)."""
     _check_dot8_sum(mbench._library()[0])
     gops = mbench.peak_int8_gops(1, iters=200_000, repeat=3)
     assert gops > 0
     assert gops > 0.25 * mbench.peak_gflops(1, iters=200_000, repeat=3)
+    assert mbench.peak_int8_gops(1, narrow=True, iters=200_000, repeat=3) > 0.5 * gops
 
 
 @pytest.mark.parametrize("isa, flags", [("avx512", ["-mavx512f", "-mavx512bw"]),

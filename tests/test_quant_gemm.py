@@ -37,7 +37,7 @@ def test_every_int_format_matches_numpy_at_20_random_m(fmt, vnni):
     """One family per format: a 3-row tile (so the 2 and 1-row tail tiles run too), split-K
     over two threads for half the formats, a K panel that is not a multiple of the group, two
     of the K-quants' super-groups of 256. `vnni` False builds for the host without AVX512-VNNI:
-    dot8 as two pmaddwd."""
+    dot8 as two pmaddwd (int8), or pmaddubsw (the 4- to 6-bit formats)."""
     import dataclasses
 
     from sandwich.compiler.gemm_dsl import build_gemm_dsl

@@ -269,22 +269,25 @@ def test_int_formats_on_8_bit_activations_take_the_dot8_rate(monkeypatch):
     vectors a dot8 per row, with 3 scaling ops per row and block of 32 for groups of 32, 2
     for one group along K) and a weight vector's dequantization is 0 ops for int8, 3/4 for
     int4's nibble split, plus the group's scaling; a per-column int8 whose K is no multiple
-    of 32 keeps f32 FMAs on converted values."""
+    of 32 keeps f32 FMAs on converted values. int4's bytes stay below 128, so its dot8 runs
+    at the narrow rate (pmaddubsw without VNNI), int8's at the full-byte one."""
     from sandwich.tuner import machine_bench
 
     monkeypatch.setattr(machine_bench, "read_bandwidth_gbs", lambda threads: 30.0)
     monkeypatch.setattr(machine_bench, "peak_gflops", lambda threads: 200.0)
     monkeypatch.setattr(machine_bench, "peak_bf16_gflops", lambda threads: None)
-    monkeypatch.setattr(machine_bench, "peak_int8_gops", lambda threads: 400.0)
+    monkeypatch.setattr(machine_bench, "peak_int8_gops",
+                        lambda threads, narrow=False: 600.0 if narrow else 400.0)
     host = rs.calibrate(2, lanes=16)
     assert host.int8_dot_ops == pytest.approx(400e9 / 128)  # 16 lanes x 4 products x 2 ops
-    for fmt, ops in (("int8-g32", 0.0), ("int4-g32", 0.75)):
+    assert host.narrow_dot_ops == pytest.approx(600e9 / 128)
+    for fmt, ops, peak in (("int8-g32", 0.0, 400e9), ("int4-g32", 0.75, 600e9)):
         sig = rs.kernel_signature(fmt, 16)
         assert 1 / sig.ai_xv == pytest.approx(ops + (3 if fmt == "int4-g32" else 2) / 32)
         # M = 512: 32 / 11 x 400e9 / 128 / 512 weight vectors/s of 2 x 16 x 512 FLOPs: 8 of
         # each 11 ops of a row's block are dot8, so 8 / 11 of the dot8 peak
         b = rs.bound(host.machine(512, fmt), sig, rs.gemm_flops_per_op(16, 512))
-        assert b == rs.Bound(pytest.approx(400e9 * 8 / 11), "MTX")
+        assert b == rs.Bound(pytest.approx(peak * 8 / 11), "MTX")
     per_column = host.machine(512, "int8", k=4096).mos  # one group: 8 + 2 + 1 / 128 a block
     assert per_column == pytest.approx(32 / (10 + 32 / 4096) * host.int8_dot_ops / 512)
     assert host.machine(512, "int8", k=1000).mos == pytest.approx(host.fma_vector_ops / 512)

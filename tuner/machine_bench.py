@@ -83,14 +83,14 @@ def _library() -> tuple[ctypes.CDLL, str]:
     lib.mb_fma_chains.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.POINTER(ctypes.c_float)]
     lib.mb_read.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                             ctypes.c_int, ctypes.POINTER(ctypes.c_float)]
-    for fn in (lib.mb_dpbf16, lib.mb_dpbusd):
+    for fn in (lib.mb_dpbf16, lib.mb_dpbusd, lib.mb_dot8_narrow):
         fn.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.POINTER(ctypes.c_float)]
     lib.mb_dequant.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long,
                                ctypes.POINTER(ctypes.c_float)]
     lib.mb_dequant_ops.argtypes = [ctypes.c_int]
     for fn in (lib.mb_fma, lib.mb_fma_chains, lib.mb_read, lib.mb_lanes, lib.mb_fma_accs,
                lib.mb_read_block, lib.mb_max_chains, lib.mb_dpbf16, lib.mb_dpbusd,
-               lib.mb_int8_lanes, lib.mb_int8_accs, lib.mb_dequant, lib.mb_dequant_kinds,
+               lib.mb_dot8_narrow, lib.mb_int8_lanes, lib.mb_int8_accs, lib.mb_dequant, lib.mb_dequant_kinds,
                lib.mb_dequant_ops, lib.mb_dequant_accs):
         fn.restype = ctypes.c_int
     return lib, isa
@@ -128,20 +128,22 @@ def peak_bf16_gflops(threads: int, *, iters: int = 3_000_000, repeat: int = 7) -
     return _peak("mb_dpbf16", "bf16 dot", 4.0, threads, iters, repeat)
 
 
-def peak_int8_gops(threads: int, *, iters: int = 3_000_000, repeat: int = 7) -> float | None:
+def peak_int8_gops(threads: int, *, narrow: bool = False, iters: int = 3_000_000,
+                   repeat: int = 7) -> float | None:
     """Peak G ops/s of the int formats' dot8 (vpdpbusd with AVX512-VNNI, else the bytes
-    split into 16-bit pairs: an and, a shift and an and, 2 pmaddwd + 2 paddd) on `threads`
-    threads. A dot8 adds 4 products of an unsigned and a signed byte to each 32-bit lane and
-    each product counts a multiply and an add, as peak_gflops counts an FMA: 8 ops per lane,
-    so dot8 instructions per second on L 32-bit lanes are this * 1e9 / (8 L). None on an
-    AVX-512 CPU without AVX-512BW."""
+    split into 16-bit pairs: an and, a shift and an and, 2 pmaddwd + 2 paddd; `narrow`: weight
+    bytes below 128, as the 4- to 6-bit formats' are, where a pmaddubsw, a pmaddwd by ones and
+    a paddd do) on `threads` threads. A dot8 adds 4 products of an unsigned and a signed byte
+    to each 32-bit lane and each product counts a multiply and an add, as peak_gflops counts
+    an FMA: 8 ops per lane, so dot8 instructions per second on L 32-bit lanes are
+    this * 1e9 / (8 L). None on an AVX-512 CPU without AVX-512BW."""
     check_threads(threads)
     lib, _ = _library()
     lanes = lib.mb_int8_lanes()
     if lanes == 0:
         return None
-    return _peak("mb_dpbusd", "int8 dot", 8.0, threads, iters, repeat, lanes=lanes,
-                 accs=lib.mb_int8_accs())
+    return _peak("mb_dot8_narrow" if narrow else "mb_dpbusd", "int8 dot", 8.0, threads, iters,
+                 repeat, lanes=lanes, accs=lib.mb_int8_accs())
 
 
 # The dequantization sequences of csrc/machine_bench.c (DQ_*), in its order: the vector work

@@ -222,9 +222,10 @@ def table2_signature(kernel: PaperKernel) -> Signature:
 # shift or a mask to f32) where the CPU has no bf16 dot product (BF16_WIDEN_OPS)
 VALUE_OPS = {32: 0.0, 16: 0.0, 8: 2.0, 4: 2.5}
 # Int formats whose groups are whole blocks of 32 (gemm_formats.int_activations) multiply
-# 8-bit activations instead: the "matrix op" is then dot8 (vpdpbusd with AVX512-VNNI, else the
-# bytes split into 16-bit pairs and 2 pmaddwd + 2 paddd, a split the micro-benchmark counts in
-# the dot8 rate), four weight vectors' bytes (4 values along K, `lanes` columns) per
+# 8-bit activations instead: the "matrix op" is then dot8 (vpdpbusd with AVX512-VNNI, else for
+# int8 the bytes split into 16-bit pairs and 2 pmaddwd + 2 paddd, a split the micro-benchmark
+# counts in the dot8 rate, and for the 4- to 6-bit formats, whose bytes stay below 128, a
+# pmaddubsw, a pmaddwd by ones and a paddd, at their own rate), four weight vectors' bytes (4 values along K, `lanes` columns) per
 # instruction and row, at its own measured rate. A weight vector's dequantization: int8 is
 # stored as unsigned bytes (value + 128) that vpdpbusd takes as they are, 0 ops; int4 keeps 8
 # nibbles in a 32-bit lane, split with an and, a shift and an and for 8 weight vectors, 3/8 op
@@ -318,6 +319,9 @@ class HostRates:
     vos: Mapping[str, float]  # vector ops/s of each dequantization sequence, all threads
     bf16_dot_ops: float | None = None  # vdpbf16ps per second, all threads (None: no avx512_bf16)
     int8_dot_ops: float | None = None  # dot8 (vpdpbusd, or pmaddwd) per second, all threads
+    # dot8 per second on weight bytes below 128 (4- to 6-bit values; pmaddubsw without VNNI);
+    # None: int8_dot_ops
+    narrow_dot_ops: float | None = None
 
     def machine(self, m: int, fmt: str = "fp32", k: int = SIGNATURE_K) -> Machine:
         """MOS is weight vectors/s: each one takes M FMA vector ops; for bf16 weights on a
@@ -330,7 +334,8 @@ class HostRates:
             return Machine(self.mbw, vos, 2 * self.bf16_dot_ops / m)
         if self.int8_dot_ops and int_activations(f, k):
             block = ACT8_BLOCK_DOTS + ACT8_BLOCK_SCALING + ACT_BLOCK / f.group_size(k)
-            return Machine(self.mbw, vos, ACT_BLOCK / block * self.int8_dot_ops / m)
+            dots = (self.narrow_dot_ops or self.int8_dot_ops) if f.bits < 8 else self.int8_dot_ops
+            return Machine(self.mbw, vos, ACT_BLOCK / block * dots / m)
         return Machine(self.mbw, vos, self.fma_vector_ops / m)
 
     def vos_for(self, fmt: str, k: int = SIGNATURE_K) -> float:
@@ -362,8 +367,10 @@ def calibrate(threads: int, *, lanes: int | None = None, read_gbs: float | None 
     fma = peak_gflops * 1e9 / (2 * lanes)
     bf16 = machine_bench.peak_bf16_gflops(threads)
     int8 = machine_bench.peak_int8_gops(threads)  # 8 ops per lane of a dot8
+    narrow = machine_bench.peak_int8_gops(threads, narrow=True) if int8 else None
     vos = {kind: machine_bench.dequant_gops(kind, threads) * 1e9
            for kind in machine_bench.DEQUANT_KINDS}
     return HostRates(threads=threads, lanes=lanes, mbw=mbw, fma_vector_ops=fma, vos=vos,
                      bf16_dot_ops=bf16 * 1e9 / (4 * lanes) if bf16 else None,
-                     int8_dot_ops=int8 * 1e9 / (8 * lanes) if int8 else None)
+                     int8_dot_ops=int8 * 1e9 / (8 * lanes) if int8 else None,
+                     narrow_dot_ops=narrow * 1e9 / (8 * lanes) if narrow else None)

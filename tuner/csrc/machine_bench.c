@@ -283,42 +283,69 @@ static inline ivec dot8(ivec a, ivec w, const ivec x[2]) {
 }
 #endif
 
-/* The empty asm statements cost no instruction: on the accumulators, they keep gcc from
- * merging the identical chains into one; on the weights, from hoisting their split out of
- * the loop, as if each dot8 had a new weight vector. */
-static void *dot8_worker(void *p) {
-    fma_job *job = (fma_job *)p;
-    ivec w = ISET1(W8), x[2], a[INT8_ACCS];
-    act8(x);
-    _Pragma("GCC unroll 16") for (int j = 0; j < INT8_ACCS; j++) {
-        a[j] = ISET1(0);
-        __asm__("" : "+v"(a[j]));
-    }
-    for (long i = 0; i < job->iters; i++) {
-        _Pragma("GCC unroll 16") for (int j = 0; j < INT8_ACCS; j++) {
-            __asm__ volatile("" : "+v"(w));
-            a[j] = dot8(a[j], w, x);
-        }
-    }
-    ivec s = a[0];
-    _Pragma("GCC unroll 16") for (int j = 1; j < INT8_ACCS; j++) s = IADD(s, a[j]);
-    int t[INT8_LANES];
-    ISTORE(t, s);
-    float total = 0.0f;
-    for (int j = 0; j < INT8_LANES; j++) total += (float)t[j];
-    job->result = total;
-    return NULL;
+/* The dot8 of weight bytes below 128 (4- to 6-bit values), where pmaddubsw cannot saturate:
+ * without VNNI, one pmaddubsw, a pmaddwd by ones and a paddd. Weight bytes 15, 1, 1, 1 times
+ * activation bytes -1, 8, 4, 4 add exactly 1 a lane, as W8 and X8 do. */
+#define W4 0x0101010F
+#define X4 0x040408FF
+#if defined(__AVX512VNNI__)
+static inline ivec dot8_narrow(ivec a, ivec w, ivec x) { return _mm512_dpbusd_epi32(a, w, x); }
+#elif INT8_LANES == 16
+static inline ivec dot8_narrow(ivec a, ivec w, ivec x) {
+    return IADD(a, IMADD(_mm512_maddubs_epi16(w, x), ISET1(0x00010001)));
+}
+#else
+static inline ivec dot8_narrow(ivec a, ivec w, ivec x) {
+    return IADD(a, IMADD(_mm256_maddubs_epi16(w, x), ISET1(0x00010001)));
 }
 #endif
 
-int mb_dpbusd(int threads, long iters, float *out) {
+/* INT8_ACCS chains of DOT on weights W, activations X, as the rows of a register tile: each
+ * trip takes a new weight vector, which every chain (row) multiplies, so a split of its bytes
+ * is done once for all of them, as the kernel's tiles do. The empty asm statements cost no
+ * instruction: on the accumulators, they keep gcc from merging the identical chains into
+ * one; on the weights, from hoisting their split out of the loop; on the activations, from
+ * multiplying once for every row. */
+#define DOT8_WORKER(NAME, W, X, DOT)                                                    \
+    static void *NAME(void *p) {                                                        \
+        fma_job *job = (fma_job *)p;                                                    \
+        ivec w = ISET1(W), x[2], a[INT8_ACCS];                                          \
+        X;                                                                              \
+        _Pragma("GCC unroll 16") for (int j = 0; j < INT8_ACCS; j++) {                  \
+            a[j] = ISET1(0);                                                            \
+            __asm__("" : "+v"(a[j]));                                                   \
+        }                                                                               \
+        for (long i = 0; i < job->iters; i++) {                                         \
+            __asm__ volatile("" : "+v"(w));                                             \
+            _Pragma("GCC unroll 16") for (int j = 0; j < INT8_ACCS; j++) {              \
+                __asm__ volatile("" : "+v"(x[0]), "+v"(x[1]));                          \
+                a[j] = DOT;                                                             \
+            }                                                                           \
+        }                                                                               \
+        ivec s = a[0];                                                                  \
+        _Pragma("GCC unroll 16") for (int j = 1; j < INT8_ACCS; j++) s = IADD(s, a[j]); \
+        int t[INT8_LANES];                                                              \
+        ISTORE(t, s);                                                                   \
+        float total = 0.0f;                                                             \
+        for (int j = 0; j < INT8_LANES; j++) total += (float)t[j];                      \
+        job->result = total;                                                            \
+        return NULL;                                                                    \
+    }
+DOT8_WORKER(dot8_worker, W8, act8(x), dot8(a[j], w, x))
+DOT8_WORKER(dot8_narrow_worker, W4, x[0] = x[1] = ISET1(X4), dot8_narrow(a[j], w, x[0]))
+#endif
+
+static int run_dot8(int threads, long iters, int narrow, float *out) {
 #if defined(INT8_LANES)
-    return run_iters(threads, iters, dot8_worker, out);
+    return run_iters(threads, iters, narrow ? dot8_narrow_worker : dot8_worker, out);
 #else
-    (void)threads; (void)iters; (void)out;
+    (void)threads; (void)iters; (void)narrow; (void)out;
     return -1;
 #endif
 }
+
+int mb_dpbusd(int threads, long iters, float *out) { return run_dot8(threads, iters, 0, out); }
+int mb_dot8_narrow(int threads, long iters, float *out) { return run_dot8(threads, iters, 1, out); }
 
 /* Dequantization (DECA's vector work, VOS): the instruction sequence that turns one format's
  * stored weights into what its products take, on registers only, DQ_ACCS independent weight
