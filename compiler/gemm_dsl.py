@@ -116,19 +116,20 @@ def family_source_sha256() -> str:
     return digest.hexdigest()
 
 
-def family_tunables(schedule: KernelSchedule, k: int) -> dict[str, int]:
+def family_tunables(schedule: KernelSchedule, k: int, *, h16: bool = False) -> dict[str, int]:
     """The kernel's tunables for a schedule's family (its slice is a runtime argument)."""
     mk, pl = schedule.micro_kernel, schedule.polymerization
     return {"mu_m": mk.mu_m, "mu_n": mk.mu_n, "pack_n": schedule.pack_n,
             "t_m": pl.t_m, "t_n": pl.t_n, "t_k": pl.t_k,
-            **format_tunables(weight_format(schedule.dtype), k)}
+            **format_tunables(weight_format(schedule.dtype), k, h16=h16)}
 
 
-def format_tunables(fmt: WeightFormat, k: int) -> dict[str, int]:
-    """The tunables that follow from the weight format (and K, for act)."""
+def format_tunables(fmt: WeightFormat, k: int, *, h16: bool = False) -> dict[str, int]:
+    """The tunables that follow from the weight format (and K, for act); `h16`: the target
+    sums int4's products in 16 bits (x86 without VNNI: pmaddubsw + paddw)."""
     return {"bits": fmt.bits, "asym": int(not fmt.symmetric),
             "s32": int(fmt.scale_dtype == "float32"), "act": int(int_activations(fmt, k)),
-            "sup": int(bool(fmt.super_group) and not fmt.symmetric)}
+            "sup": int(bool(fmt.super_group) and not fmt.symmetric), "h16": int(h16)}
 
 
 def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int, l2_bytes: int,
@@ -137,7 +138,8 @@ def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int, 
     """TVMScript of the family; refuses the schedules the hand template refuses. `l2_bytes`:
     one core's L2, which sizes the chunks of rows a thread runs one after another; `bf16_dot`:
     the target has avx512_bf16, so bf16 weights take vdpbf16ps (else f32 FMAs on them);
-    `int8_dot`: it has AVX512-VNNI, so the int formats' dot8 is vpdpbusd (else pmaddwd);
+    `int8_dot`: it has AVX512-VNNI, so the int formats' dot8 is vpdpbusd (else pmaddwd, and
+    int4 sums a block's products in 16 bits);
     `kernel`: another version of the family (load_family), else the shipped one."""
     validate(schedule, GemmProblem(n=n, k=k, lanes=lanes))
     split_k = schedule.polymerization.t_k > 1
@@ -147,7 +149,8 @@ def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int, 
         # align=4: activations are numpy views (not 64-byte aligned), as in the hand
         # template; "inline" scalars: no let variables, which TVM 0.27 puts in heap
         # workspace and reloads after every store (the hand template pays for that)
-        return to_tvmscript(kernel or _kernel(), tunables=family_tunables(schedule, k), vlen=lanes,
+        h16 = isa in ("avx2", "avx512") and not int8_dot
+        return to_tvmscript(kernel or _kernel(), tunables=family_tunables(schedule, k, h16=h16), vlen=lanes,
                             fixed={"N": n, "K": k, "G": fmt.group_size(k), "L2": l2_bytes}, args=args, align=4,
                             scalars="inline", fold=True, isa=isa, bf16_dot=bf16_dot,
                             int8_dot=int8_dot)

@@ -163,6 +163,10 @@ class _Emitter(V.VectorLoops, StaticParts, TileStatements):
                 return self.dotbf16(e, *args)
             if e.func == "dot8":
                 return self.dot8(e, *args)
+            if e.func == "dot8h":
+                return self.dot8h(e, *args)
+            if e.func == "halves":
+                return self.halves(e, *args)
             if e.func == "nibbles":
                 return self.nibbles(e, *args)
             if e.func == "high2":

@@ -186,6 +186,19 @@ def _byte(p: str, q: int) -> str:
     return f"T.shift_right(T.shift_left({p}, {24 - 8 * q}), 24)" if q < 3 else f"T.shift_right({p}, 24)"
 
 
+def _sext16(x: str) -> str:
+    """The low 16 bits of the int32 x, sign-extended."""
+    return f"T.shift_right(T.shift_left({x}, 16), 16)"
+
+
+def _pmaddubsw(w: str, p: str, vl: int) -> str:
+    """pmaddubsw of the vector w's bytes (unsigned) and p's 4 bytes in every lane (signed):
+    adjacent products summed into 16-bit lanes, saturated."""
+    return (f'T.call_llvm_pure_intrin("int16x{2 * vl}", "{PMADDUBSW[vl]}", '
+            f'T.reinterpret("int8x{4 * vl}", {w}), '
+            f'T.reinterpret("int8x{4 * vl}", T.Broadcast({p}, {vl})))')
+
+
 def _halves(p: str, q: int) -> str:
     """Signed bytes q and q + 2 of p as the two 16-bit halves of an int32 (pmaddwd's pair)."""
     return f"T.bitwise_or(T.bitwise_and({_byte(p, q)}, 65535), T.shift_left({_byte(p, q + 2)}, 16))"
@@ -268,7 +281,7 @@ class VectorLoops:
         dot8 on x86, or dotbf16 where vdpbf16ps exists (TVM vectorises calls lane by lane, and neither
         instruction is lane-wise)."""
         intrinsic = ((self.isa in ("avx2", "avx512") and self.vlen in PMADDWD
-                      and (calls(s.body, "madd16") or calls(s.body, "dot8")))
+                      and any(calls(s.body, f) for f in ("madd16", "dot8", "dot8h", "halves")))
                      or (self.bf16_dot and self.vlen in DPBF16PS_LANES and calls(s.body, "dotbf16")))
         return (intrinsic and not reds and step == "1" and const_trips is not None
                 and const_trips % self.vlen == 0 and all(isinstance(t, A.Assign) for t in s.body))
@@ -322,7 +335,7 @@ class VectorLoops:
                 w = f'T.Shuffle([T.Cast("int16x{vl}", {x}), T.Cast("int16x{vl}", {y})], [{pairs}])'
             a = f'T.reinterpret("int16x{2 * vl}", T.Broadcast({p}, {vl}))'
             return f'T.call_llvm_pure_intrin("int32x{vl}", "{PMADDWD[vl]}", {w}, {a})'
-        return f"({x} * T.shift_right(T.shift_left({p}, 16), 16) + {y} * T.shift_right({p}, 16))"
+        return f"({x} * {_sext16(p)} + {y} * T.shift_right({p}, 16))"
 
     def dot8(self, e, acc: str, w: str, p: str) -> str:
         """vpdpbusd where the target has AVX512-VNNI, else, where w's bytes stay below 128
@@ -338,11 +351,9 @@ class VectorLoops:
                         f'T.reinterpret("int8x{4 * vl}", {w}), '
                         f'T.reinterpret("int8x{4 * vl}", T.Broadcast({p}, {vl})))')
             if vl in PMADDUBSW and self.byte_max(e.args[1]) < 128:
-                pairs = (f'T.call_llvm_pure_intrin("int16x{2 * vl}", "{PMADDUBSW[vl]}", '
-                         f'T.reinterpret("int8x{4 * vl}", {w}), '
-                         f'T.reinterpret("int8x{4 * vl}", T.Broadcast({p}, {vl})))')
                 ones = f"T.Broadcast(T.int16(1), {2 * vl})"
-                return f'({acc} + T.call_llvm_pure_intrin("int32x{vl}", "{PMADDWD[vl]}", {pairs}, {ones}))'
+                return (f'({acc} + T.call_llvm_pure_intrin("int32x{vl}", "{PMADDWD[vl]}", '
+                        f"{_pmaddubsw(w, p, vl)}, {ones}))")
             mask = f"T.Broadcast({_LOW_BYTES}, {vl})"
             out = acc
             for q, wq in enumerate((w, f"T.shift_right({w}, T.Broadcast(8, {vl}))")):
@@ -356,6 +367,35 @@ class VectorLoops:
         terms = " + ".join(f"T.bitwise_and(T.shift_right({w}, {8 * q}), 255) * {_byte(p, q)}"
                            for q in range(4))
         return f"({acc} + {terms})"
+
+    def dot8h(self, e, acc: str, w: str, p: str) -> str:
+        """pmaddubsw and paddw (acc's halves as 16-bit lanes) when acc and w are vectors and
+        p is one set of 4 bytes for every lane on x86; else the same sums on 32-bit values,
+        each pair saturated and each half wrapped to 16 bits."""
+        va, vw, vp = (self.varies(a) for a in e.args)
+        vl = self.vlen
+        if va and vw and not vp and self.isa in ("avx2", "avx512") and vl in PMADDUBSW:
+            return (f'T.reinterpret("int32x{vl}", T.reinterpret("int16x{2 * vl}", {acc}) + '
+                    f"{_pmaddubsw(w, p, vl)})")
+        if self.ramp is not None:
+            raise DSLError("dot8h in an explicit vector loop needs its accumulator and weight to "
+                           "vary along the loop and its activation bytes not to")
+        halves = []
+        for h in range(2):
+            pair = " + ".join(f"T.bitwise_and(T.shift_right({w}, {8 * q}), 255) * {_byte(p, q)}"
+                              for q in (2 * h, 2 * h + 1))
+            sat = f"T.max(T.min({pair}, 32767), -32768)"
+            half = _sext16(acc if h == 0 else f"T.shift_right({acc}, 16)")
+            halves.append(f"({half} + {sat})")
+        return f"T.bitwise_or(T.bitwise_and({halves[0]}, 65535), T.shift_left({halves[1]}, 16))"
+
+    def halves(self, e, x: str) -> str:
+        """pmaddwd by ones when x is a vector on x86, else the two halves sign-extended."""
+        vl = self.vlen
+        if self.varies(e.args[0]) and self.isa in ("avx2", "avx512") and vl in PMADDWD:
+            return (f'T.call_llvm_pure_intrin("int32x{vl}", "{PMADDWD[vl]}", '
+                    f'T.reinterpret("int16x{2 * vl}", {x}), T.Broadcast(T.int16(1), {2 * vl}))')
+        return f"({_sext16(x)} + T.shift_right({x}, 16))"
 
     def byte_max(self, e) -> int:
         """The largest value any byte of the int32 `e` can hold, as far as its form shows

@@ -30,6 +30,14 @@ FUNCS: dict[str, tuple[tuple[str, ...], str]] = {
     # one 32-bit lane of x86's vpdpbusd (AVX512-VNNI), which the vector lowering emits when acc
     # and w vary along a `vectorize` loop and p does not; elsewhere the same integer sum
     "dot8": (("int", "int", "int"), "i32"),
+    # dot8h(acc, w, p): dot8 into two 16-bit sums, acc's low and high halves: the low one adds
+    # unsigned(w_0) * signed(p_0) + unsigned(w_1) * signed(p_1), the high one bytes 2 and 3's,
+    # each pair's sum saturated to 16 bits and each half wrapping at 16 bits: x86's pmaddubsw
+    # and paddw, where w's bytes stay below 128 (no saturation) and few enough are summed that
+    # no half overflows (int4: a block of 32 values); halves(x) then sums the two
+    "dot8h": (("int", "int", "int"), "i32"),
+    # halves(x): the sum of x's low and high halves as signed 16-bit values (pmaddwd by ones)
+    "halves": (("int",), "i32"),
     # nibbles(w, h): the low (h = 0) or high (h = 1) nibble of each of w's 4 bytes, each in
     # its byte: (w >> 4 h) & 0x0F0F0F0F, so that dot8 can take 8 int4 values packed in w
     "nibbles": (("int", "int"), "i32"),

@@ -65,6 +65,29 @@ def _dot8(acc: int, w: int, p: int) -> int:
     return _i32(acc + total)
 
 
+def _s16(v: int) -> int:
+    """The low 16 bits of v as a signed value."""
+    return ((v & 0xFFFF) ^ 0x8000) - 0x8000
+
+
+def _dot8h(acc: int, w: int, p: int) -> int:
+    """dot8 into acc's two 16-bit halves, each pair's sum saturated to 16 bits and each half
+    wrapping (dsl/builtins.py)."""
+    out = 0
+    for h in range(2):
+        pair = 0
+        for q in (2 * h, 2 * h + 1):
+            wq, pq = (w >> 8 * q) & 0xFF, (p >> 8 * q) & 0xFF
+            pair += wq * (pq - 256 if pq >= 128 else pq)
+        out |= (((acc >> 16 * h) + max(-32768, min(32767, pair))) & 0xFFFF) << 16 * h
+    return _i32(out)
+
+
+def _halves(x: int) -> int:
+    """x's low and high halves, signed 16-bit values, summed (dsl/builtins.py)."""
+    return _s16(x) + _s16(x >> 16)
+
+
 def _nibbles(w: int, h: int) -> int:
     """The low (h = 0) or high (h = 1) nibble of each byte of w, in place (dsl/builtins.py)."""
     return _i32((w >> 4 * h) & 0x0F0F0F0F)
@@ -108,6 +131,7 @@ _FUNCS = {"exp": _exp, "log": math.log, "sqrt": math.sqrt, "rsqrt": lambda x: 1 
           "cos": math.cos, "erf": math.erf, "floor": math.floor, "ceil": math.ceil,
           "pow": math.pow, "fma": lambda a, b, c: a * b + c, "max": max, "min": min, "abs": abs,
           "select": lambda c, a, b: a if c else b, "madd16": _madd16, "dot8": _dot8, "nibbles": _nibbles,
+          "dot8h": _dot8h, "halves": _halves,
           "high2": _high2, "high1": _high1,
           "dotbf16": _dotbf16, "bf16pair": _bf16pair}
 

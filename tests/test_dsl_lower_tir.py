@@ -288,6 +288,65 @@ def test_dot8_is_vpdpbusd_with_vnni_pmaddwd_on_other_x86_and_shifts_elsewhere(is
     np.testing.assert_array_equal(tc.numpy(), want)
 
 
+DOT8H = """
+kernel pairs(i32 n, i32 W[n, 16], i32 P[n], i32 C[16], i32 H[16]) {
+    vectorize for (i32 j = 0; j < 16; j++) {
+        H[j] = 0;
+    }
+    for (i32 t = 0; t < n; t++) {
+        vectorize for (i32 j = 0; j < 16; j++) {
+            H[j] = dot8h(H[j], W[t, j], P[t]);
+        }
+    }
+    vectorize for (i32 j = 0; j < 16; j++) {
+        C[j] = halves(H[j]);
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("isa,vlen", [(None, VLEN), ("avx2", 8), ("avx512", 16)])
+def test_dot8h_is_pmaddubsw_and_paddw_on_x86_and_the_same_sums_elsewhere(isa, vlen):
+    """dot8h adds the products of bytes 0, 1 (and 2, 3) of w (unsigned) and p (signed) to the
+    low (high) 16-bit half of acc, each pair's sum saturated and each half wrapping, as x86's
+    pmaddubsw and paddw do; halves sums the two halves (pmaddwd by ones). The first trips take
+    bytes at their extremes (255 x -128 twice saturates a pair) and the sums wrap many times:
+    every lowering matches the interpreter and numpy."""
+    from sandwich.compiler.build import parse_tvmscript
+    from sandwich.compiler.target import detect_cpu
+    from sandwich.dsl.interp import run
+    from sandwich.dsl.load import load_source
+
+    kernel = load_source(DOT8H, file="pairs.sw").kernels[0]
+    src = to_tvmscript(kernel, tunables={}, vlen=vlen, isa=isa)
+    x86 = {"avx2": ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"),
+           "avx512": ("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512")}
+    for name in (n for pair in x86.values() for n in pair):
+        assert (name in src) == (name in x86.get(isa, ()))
+    n = 300
+    wb = rng.integers(0, 256, (n, 16, 4)).astype(np.uint8)
+    pb = rng.integers(-128, 128, (n, 4)).astype(np.int8)
+    wb[:3], pb[:3] = 255, -128
+    w, p = wb.view(np.int32)[..., 0], pb.view(np.int32)[:, 0]
+    prod = wb.astype(np.int64) * pb.astype(np.int64)[:, None, :]
+    pairs = np.clip(prod[..., 0::2] + prod[..., 1::2], -32768, 32767)  # [n, 16, 2]
+    want = pairs.sum(0).astype(np.int16).astype(np.int64).sum(-1)  # each half wraps
+    assert np.abs(pairs.sum(0)).max() > 32768  # the halves did wrap
+    c, h = np.zeros(16, np.int32), np.zeros(16, np.int32)
+    run(kernel, tunables={}, vlen=vlen, n=n, W=w, P=p, C=c, H=h)
+    np.testing.assert_array_equal(c, want)
+    need = {"avx2": ("avx2", "avx512"), "avx512": ("avx512",)}.get(isa, ())
+    if need and detect_cpu().isa not in need:
+        pytest.skip(f"this CPU has no {isa}: that build cannot run here")
+    target = {"kind": "llvm", "num-cores": 2}
+    if isa:
+        target["mattr"] = {"avx2": ["+avx2"], "avx512": ["+avx512f", "+avx512bw"]}[isa]
+    f = tvm.compile(parse_tvmscript(src), target=tvm.target.Target(target))["main"]
+    tw, tp, tc, th = dev_arrays(w, p, np.zeros(16, np.int32), np.zeros(16, np.int32))
+    f(n, tw, tp, tc, th)
+    np.testing.assert_array_equal(tc.numpy(), want)
+
+
 def test_integer_division_is_floor_division_in_the_interpreter_and_in_tir():
     """Negative operands: the reference interpreter and the compiled kernel agree."""
     from sandwich.dsl.interp import run

@@ -77,7 +77,7 @@ def _check_dot8_sum(lib):
 
 def test_int8_dot_peak_sums_every_product():
     """The int formats' dot8 as this CPU runs it (vpdpbusd with AVX512-VNNI, else 2 pmaddwd +
-    2 paddd on the split bytes, or pmaddubsw on bytes below 128): exact sums, and rates of the
+    2 paddd on the split bytes, or pmaddubsw and paddw on int4's): exact sums, and rates of the
     order of the FMA peak (the narrow one has fewer instructions, never many more)."""
     _check_dot8_sum(mbench._library()[0])
     gops = mbench.peak_int8_gops(1, iters=200_000, repeat=3)

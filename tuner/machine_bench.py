@@ -131,9 +131,9 @@ def peak_bf16_gflops(threads: int, *, iters: int = 3_000_000, repeat: int = 7) -
 def peak_int8_gops(threads: int, *, narrow: bool = False, iters: int = 3_000_000,
                    repeat: int = 7) -> float | None:
     """Peak G ops/s of the int formats' dot8 (vpdpbusd with AVX512-VNNI, else the bytes
-    split into 16-bit pairs: an and, a shift and an and, 2 pmaddwd + 2 paddd; `narrow`: weight
-    bytes below 128, as the 4- to 6-bit formats' are, where a pmaddubsw, a pmaddwd by ones and
-    a paddd do) on `threads` threads. A dot8 adds 4 products of an unsigned and a signed byte
+    split into 16-bit pairs: an and, a shift and an and, 2 pmaddwd + 2 paddd; `narrow`: int4's
+    as the kernel runs it without VNNI, weight bytes below 128 in a pmaddubsw and a paddw into
+    16-bit sums, folded by a pmaddwd by ones every 8) on `threads` threads. A dot8 adds 4 products of an unsigned and a signed byte
     to each 32-bit lane and each product counts a multiply and an add, as peak_gflops counts
     an FMA: 8 ops per lane, so dot8 instructions per second on L 32-bit lanes are
     this * 1e9 / (8 L). None on an AVX-512 CPU without AVX-512BW."""

@@ -224,8 +224,10 @@ VALUE_OPS = {32: 0.0, 16: 0.0, 8: 2.0, 4: 2.5}
 # Int formats whose groups are whole blocks of 32 (gemm_formats.int_activations) multiply
 # 8-bit activations instead: the "matrix op" is then dot8 (vpdpbusd with AVX512-VNNI, else for
 # int8 the bytes split into 16-bit pairs and 2 pmaddwd + 2 paddd, a split the micro-benchmark
-# counts in the dot8 rate, and for the 4- to 6-bit formats, whose bytes stay below 128, a
-# pmaddubsw, a pmaddwd by ones and a paddd, at their own rate), four weight vectors' bytes (4 values along K, `lanes` columns) per
+# counts in the dot8 rate, and for the 4- to 6-bit formats, whose bytes stay below 128,
+# int4's pmaddubsw and paddw into 16-bit sums, a pmaddwd by ones a block, at that sequence's
+# own rate; int5 and int6 take a pmaddwd a dot8, so the rate is an upper bound for them), four
+# weight vectors' bytes (4 values along K, `lanes` columns) per
 # instruction and row, at its own measured rate. A weight vector's dequantization: int8 is
 # stored as unsigned bytes (value + 128) that vpdpbusd takes as they are, 0 ops; int4 keeps 8
 # nibbles in a 32-bit lane, split with an and, a shift and an and for 8 weight vectors, 3/8 op
@@ -319,8 +321,8 @@ class HostRates:
     vos: Mapping[str, float]  # vector ops/s of each dequantization sequence, all threads
     bf16_dot_ops: float | None = None  # vdpbf16ps per second, all threads (None: no avx512_bf16)
     int8_dot_ops: float | None = None  # dot8 (vpdpbusd, or pmaddwd) per second, all threads
-    # dot8 per second on weight bytes below 128 (4- to 6-bit values; pmaddubsw without VNNI);
-    # None: int8_dot_ops
+    # dot8 per second on weight bytes below 128 (4- to 6-bit values; without VNNI int4's
+    # pmaddubsw + paddw, the others' bound); None: int8_dot_ops
     narrow_dot_ops: float | None = None
 
     def machine(self, m: int, fmt: str = "fp32", k: int = SIGNATURE_K) -> Machine:

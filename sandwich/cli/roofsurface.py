@@ -49,7 +49,7 @@ def _run(args) -> int:
               f"{host.lanes} lanes) (vpdpbusd, or 2 pmaddwd + 2 paddd) (measured)")
     if host.narrow_dot_ops:
         print(f"INT<8 {host.narrow_dot_ops / 1e9:6.2f} G dot8/s           the same on weight bytes below "
-              f"128 (4- to 6-bit; vpdpbusd, or pmaddubsw + pmaddwd + paddd) (measured)")
+              f"128 (4- to 6-bit; vpdpbusd, or int4's pmaddubsw + paddw in 16 bits) (measured)")
     print("VOS      G vector ops/s of each dequantization sequence alone, on registers "
           "(measured): " + ", ".join(f"{kind} {rate / 1e9:.2f}" for kind, rate in host.vos.items()))
     print("matrix op = one weight vector in M FMAs: MOS = FMA rate / M, 2 x lanes x M FLOPs "

@@ -283,69 +283,104 @@ static inline ivec dot8(ivec a, ivec w, const ivec x[2]) {
 }
 #endif
 
-/* The dot8 of weight bytes below 128 (4- to 6-bit values), where pmaddubsw cannot saturate:
- * without VNNI, one pmaddubsw, a pmaddwd by ones and a paddd. Weight bytes 15, 1, 1, 1 times
- * activation bytes -1, 8, 4, 4 add exactly 1 a lane, as W8 and X8 do. */
+/* The chains' sum, over every lane, as the result. */
+static float lanes_total(const ivec *a) {
+    ivec s = a[0];
+    _Pragma("GCC unroll 16") for (int j = 1; j < INT8_ACCS; j++) s = IADD(s, a[j]);
+    int t[INT8_LANES];
+    ISTORE(t, s);
+    float total = 0.0f;
+    for (int j = 0; j < INT8_LANES; j++) total += (float)t[j];
+    return total;
+}
+
+/* INT8_ACCS chains of dot8, as the rows of a register tile: each trip takes a new weight
+ * vector, which every chain (row) multiplies, so a split of its bytes is done once for all
+ * of them, as the kernel's tiles do. The empty asm statements cost no instruction: on the
+ * accumulators, they keep gcc from merging the identical chains into one; on the weights,
+ * from hoisting their split out of the loop; on the activations, from multiplying once for
+ * every row. */
+static void *dot8_worker(void *p) {
+    fma_job *job = (fma_job *)p;
+    ivec w = ISET1(W8), x[2], a[INT8_ACCS];
+    act8(x);
+    _Pragma("GCC unroll 16") for (int j = 0; j < INT8_ACCS; j++) {
+        a[j] = ISET1(0);
+        __asm__("" : "+v"(a[j]));
+    }
+    for (long i = 0; i < job->iters; i++) {
+        __asm__ volatile("" : "+v"(w));
+        _Pragma("GCC unroll 16") for (int j = 0; j < INT8_ACCS; j++) {
+            __asm__ volatile("" : "+v"(x[0]), "+v"(x[1]));
+            a[j] = dot8(a[j], w, x);
+        }
+    }
+    job->result = lanes_total(a);
+    return NULL;
+}
+
+#if !defined(__AVX512VNNI__)
+/* int4's dot8 without VNNI (the kernel's h16): weight bytes below 128, so one pmaddubsw makes
+ * each pair's sum and a paddw adds it to a 16-bit half; every 8 dot8 (a block of 32 values)
+ * a pmaddwd by ones and a paddd fold the halves into the 32-bit sum. Weight bytes 15, 1, 1, 1
+ * times activation bytes -1, 8, 4, 4 add exactly 1 a lane, as W8 and X8 do; `iters` is a
+ * multiple of 8. */
 #define W4 0x0101010F
 #define X4 0x040408FF
-#if defined(__AVX512VNNI__)
-static inline ivec dot8_narrow(ivec a, ivec w, ivec x) { return _mm512_dpbusd_epi32(a, w, x); }
-#elif INT8_LANES == 16
-static inline ivec dot8_narrow(ivec a, ivec w, ivec x) {
-    return IADD(a, IMADD(_mm512_maddubs_epi16(w, x), ISET1(0x00010001)));
-}
+#if INT8_LANES == 16
+#define IMADDUBS(w, x) _mm512_maddubs_epi16(w, x)
+#define IADD16(a, b) _mm512_add_epi16(a, b)
 #else
-static inline ivec dot8_narrow(ivec a, ivec w, ivec x) {
-    return IADD(a, IMADD(_mm256_maddubs_epi16(w, x), ISET1(0x00010001)));
-}
+#define IMADDUBS(w, x) _mm256_maddubs_epi16(w, x)
+#define IADD16(a, b) _mm256_add_epi16(a, b)
 #endif
-
-/* INT8_ACCS chains of DOT on weights W, activations X, as the rows of a register tile: each
- * trip takes a new weight vector, which every chain (row) multiplies, so a split of its bytes
- * is done once for all of them, as the kernel's tiles do. The empty asm statements cost no
- * instruction: on the accumulators, they keep gcc from merging the identical chains into
- * one; on the weights, from hoisting their split out of the loop; on the activations, from
- * multiplying once for every row. */
-#define DOT8_WORKER(NAME, W, X, DOT)                                                    \
-    static void *NAME(void *p) {                                                        \
-        fma_job *job = (fma_job *)p;                                                    \
-        ivec w = ISET1(W), x[2], a[INT8_ACCS];                                          \
-        X;                                                                              \
-        _Pragma("GCC unroll 16") for (int j = 0; j < INT8_ACCS; j++) {                  \
-            a[j] = ISET1(0);                                                            \
-            __asm__("" : "+v"(a[j]));                                                   \
-        }                                                                               \
-        for (long i = 0; i < job->iters; i++) {                                         \
-            __asm__ volatile("" : "+v"(w));                                             \
-            _Pragma("GCC unroll 16") for (int j = 0; j < INT8_ACCS; j++) {              \
-                __asm__ volatile("" : "+v"(x[0]), "+v"(x[1]));                          \
-                a[j] = DOT;                                                             \
-            }                                                                           \
-        }                                                                               \
-        ivec s = a[0];                                                                  \
-        _Pragma("GCC unroll 16") for (int j = 1; j < INT8_ACCS; j++) s = IADD(s, a[j]); \
-        int t[INT8_LANES];                                                              \
-        ISTORE(t, s);                                                                   \
-        float total = 0.0f;                                                             \
-        for (int j = 0; j < INT8_LANES; j++) total += (float)t[j];                      \
-        job->result = total;                                                            \
-        return NULL;                                                                    \
+static void *dot8_h16_worker(void *p) {
+    fma_job *job = (fma_job *)p;
+    const ivec ones = ISET1(0x00010001);
+    ivec w = ISET1(W4), x = ISET1(X4), a[INT8_ACCS], h[INT8_ACCS];
+    _Pragma("GCC unroll 16") for (int j = 0; j < INT8_ACCS; j++) {
+        a[j] = h[j] = ISET1(0);
+        __asm__("" : "+v"(a[j]), "+v"(h[j]));
     }
-DOT8_WORKER(dot8_worker, W8, act8(x), dot8(a[j], w, x))
-DOT8_WORKER(dot8_narrow_worker, W4, x[0] = x[1] = ISET1(X4), dot8_narrow(a[j], w, x[0]))
+    for (long i = 0; i < job->iters; i += 8) {
+        _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++) {
+            __asm__ volatile("" : "+v"(w));
+            _Pragma("GCC unroll 16") for (int j = 0; j < INT8_ACCS; j++) {
+                __asm__ volatile("" : "+v"(x));
+                h[j] = IADD16(h[j], IMADDUBS(w, x));
+            }
+        }
+        _Pragma("GCC unroll 16") for (int j = 0; j < INT8_ACCS; j++) {
+            a[j] = IADD(a[j], IMADD(h[j], ones));
+            h[j] = ISET1(0);
+            __asm__("" : "+v"(h[j]));
+        }
+    }
+    job->result = lanes_total(a);
+    return NULL;
+}
+#endif
 #endif
 
-static int run_dot8(int threads, long iters, int narrow, float *out) {
+int mb_dpbusd(int threads, long iters, float *out) {
 #if defined(INT8_LANES)
-    return run_iters(threads, iters, narrow ? dot8_narrow_worker : dot8_worker, out);
+    return run_iters(threads, iters, dot8_worker, out);
 #else
-    (void)threads; (void)iters; (void)narrow; (void)out;
+    (void)threads; (void)iters; (void)out;
     return -1;
 #endif
 }
 
-int mb_dpbusd(int threads, long iters, float *out) { return run_dot8(threads, iters, 0, out); }
-int mb_dot8_narrow(int threads, long iters, float *out) { return run_dot8(threads, iters, 1, out); }
+/* int4's dot8 as the kernel runs it: vpdpbusd with VNNI, else the h16 sequence above. */
+int mb_dot8_narrow(int threads, long iters, float *out) {
+#if defined(INT8_LANES) && !defined(__AVX512VNNI__)
+    if (iters % 8)
+        return -2;
+    return run_iters(threads, iters, dot8_h16_worker, out);
+#else
+    return mb_dpbusd(threads, iters, out);
+#endif
+}
 
 /* Dequantization (DECA's vector work, VOS): the instruction sequence that turns one format's
  * stored weights into what its products take, on registers only, DQ_ACCS independent weight
