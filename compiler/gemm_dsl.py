@@ -126,7 +126,7 @@ def family_tunables(schedule: KernelSchedule, k: int, *, h16: bool = False) -> d
 
 def format_tunables(fmt: WeightFormat, k: int, *, h16: bool = False) -> dict[str, int]:
     """The tunables that follow from the weight format (and K, for act); `h16`: the target
-    sums int4's products in 16 bits (x86 without VNNI: pmaddubsw + paddw)."""
+    sums int4's and int5's products in 16 bits (x86 without VNNI: pmaddubsw + paddw)."""
     return {"bits": fmt.bits, "asym": int(not fmt.symmetric),
             "s32": int(fmt.scale_dtype == "float32"), "act": int(int_activations(fmt, k)),
             "sup": int(bool(fmt.super_group) and not fmt.symmetric), "h16": int(h16)}
@@ -139,7 +139,7 @@ def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int, 
     one core's L2, which sizes the chunks of rows a thread runs one after another; `bf16_dot`:
     the target has avx512_bf16, so bf16 weights take vdpbf16ps (else f32 FMAs on them);
     `int8_dot`: it has AVX512-VNNI, so the int formats' dot8 is vpdpbusd (else pmaddwd, and
-    int4 sums a block's products in 16 bits);
+    int4 and int5 sum their products in 16 bits);
     `kernel`: another version of the family (load_family), else the shipped one."""
     validate(schedule, GemmProblem(n=n, k=k, lanes=lanes))
     split_k = schedule.polymerization.t_k > 1

@@ -95,10 +95,12 @@ def test_int_formats_are_right_in_the_reference_interpreter(fmt, act):
                act=act)
 
 
-@pytest.mark.parametrize("fmt, k", [("int4-g32", 96), ("int4-g32-asym", 96), ("int4-k", 512)])
-def test_int4_in_16_bit_sums_is_right_in_the_reference_interpreter(fmt, k):
-    """The int4 branch x86 builds without VNNI (h16: each block's products summed in 16-bit
-    halves by dot8h, then halves): a 3-row tile with its tails, split-K, K panels of 48."""
+@pytest.mark.parametrize("fmt, k", [("int4-g32", 96), ("int4-g32-asym", 96), ("int4-k", 512),
+                                    ("int5-k", 512)])
+def test_16_bit_sums_are_right_in_the_reference_interpreter(fmt, k):
+    """The int4 and int5 branch x86 builds without VNNI (h16: products summed in 16-bit halves
+    by dot8h, folded by halves once a block for int4, twice for int5): a 3-row tile with its
+    tails, split-K, K panels of 48."""
     _interpret(dict(mu_m=3, mu_n=4, pack_n=8, t_m=1, t_n=1, t_k=2, h16=1), (1, 2, 48), 7, fmt,
                k=k, act=1)
 
