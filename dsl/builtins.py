@@ -34,7 +34,7 @@ FUNCS: dict[str, tuple[tuple[str, ...], str]] = {
     # unsigned(w_0) * signed(p_0) + unsigned(w_1) * signed(p_1), the high one bytes 2 and 3's,
     # each pair's sum saturated to 16 bits and each half wrapping at 16 bits: x86's pmaddubsw
     # and paddw, where w's bytes stay below 128 (no saturation) and few enough are summed that
-    # no half overflows (int4: a block of 32 values); halves(x) then sums the two
+    # no half overflows (int4: a block of 32 values, int5 half of one); halves(x) sums the two
     "dot8h": (("int", "int", "int"), "i32"),
     # halves(x): the sum of x's low and high halves as signed 16-bit values (pmaddwd by ones)
     "halves": (("int",), "i32"),
