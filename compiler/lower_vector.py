@@ -199,6 +199,12 @@ def _pmaddubsw(w: str, p: str, vl: int) -> str:
             f'T.reinterpret("int8x{4 * vl}", T.Broadcast({p}, {vl})))')
 
 
+def _pmaddwd_ones(x16: str, vl: int) -> str:
+    """pmaddwd of the 2 vl 16-bit lanes x16 by ones: each pair summed into a 32-bit lane."""
+    return (f'T.call_llvm_pure_intrin("int32x{vl}", "{PMADDWD[vl]}", {x16}, '
+            f"T.Broadcast(T.int16(1), {2 * vl}))")
+
+
 def _halves(p: str, q: int) -> str:
     """Signed bytes q and q + 2 of p as the two 16-bit halves of an int32 (pmaddwd's pair)."""
     return f"T.bitwise_or(T.bitwise_and({_byte(p, q)}, 65535), T.shift_left({_byte(p, q + 2)}, 16))"
@@ -351,9 +357,7 @@ class VectorLoops:
                         f'T.reinterpret("int8x{4 * vl}", {w}), '
                         f'T.reinterpret("int8x{4 * vl}", T.Broadcast({p}, {vl})))')
             if vl in PMADDUBSW and self.byte_max(e.args[1]) < 128:
-                ones = f"T.Broadcast(T.int16(1), {2 * vl})"
-                return (f'({acc} + T.call_llvm_pure_intrin("int32x{vl}", "{PMADDWD[vl]}", '
-                        f"{_pmaddubsw(w, p, vl)}, {ones}))")
+                return f"({acc} + {_pmaddwd_ones(_pmaddubsw(w, p, vl), vl)})"
             mask = f"T.Broadcast({_LOW_BYTES}, {vl})"
             out = acc
             for q, wq in enumerate((w, f"T.shift_right({w}, T.Broadcast(8, {vl}))")):
@@ -393,8 +397,7 @@ class VectorLoops:
         """pmaddwd by ones when x is a vector on x86, else the two halves sign-extended."""
         vl = self.vlen
         if self.varies(e.args[0]) and self.isa in ("avx2", "avx512") and vl in PMADDWD:
-            return (f'T.call_llvm_pure_intrin("int32x{vl}", "{PMADDWD[vl]}", '
-                    f'T.reinterpret("int16x{2 * vl}", {x}), T.Broadcast(T.int16(1), {2 * vl}))')
+            return _pmaddwd_ones(f'T.reinterpret("int16x{2 * vl}", {x})', vl)
         return f"({_sext16(x)} + T.shift_right({x}, 16))"
 
     def byte_max(self, e) -> int:

@@ -90,8 +90,8 @@ def _library() -> tuple[ctypes.CDLL, str]:
     lib.mb_dequant_ops.argtypes = [ctypes.c_int]
     for fn in (lib.mb_fma, lib.mb_fma_chains, lib.mb_read, lib.mb_lanes, lib.mb_fma_accs,
                lib.mb_read_block, lib.mb_max_chains, lib.mb_dpbf16, lib.mb_dpbusd,
-               lib.mb_dot8_narrow, lib.mb_int8_lanes, lib.mb_int8_accs, lib.mb_dequant, lib.mb_dequant_kinds,
-               lib.mb_dequant_ops, lib.mb_dequant_accs):
+               lib.mb_dot8_narrow, lib.mb_int8_lanes, lib.mb_int8_accs, lib.mb_dequant,
+               lib.mb_dequant_kinds, lib.mb_dequant_ops, lib.mb_dequant_accs):
         fn.restype = ctypes.c_int
     return lib, isa
 
@@ -133,10 +133,11 @@ def peak_int8_gops(threads: int, *, narrow: bool = False, iters: int = 3_000_000
     """Peak G ops/s of the int formats' dot8 (vpdpbusd with AVX512-VNNI, else the bytes
     split into 16-bit pairs: an and, a shift and an and, 2 pmaddwd + 2 paddd; `narrow`: int4's
     as the kernel runs it without VNNI, weight bytes below 128 in a pmaddubsw and a paddw into
-    16-bit sums, folded by a pmaddwd by ones every 8) on `threads` threads. A dot8 adds 4 products of an unsigned and a signed byte
-    to each 32-bit lane and each product counts a multiply and an add, as peak_gflops counts
-    an FMA: 8 ops per lane, so dot8 instructions per second on L 32-bit lanes are
-    this * 1e9 / (8 L). None on an AVX-512 CPU without AVX-512BW."""
+    16-bit sums, folded by a pmaddwd by ones every 8) on `threads` threads. A dot8 adds 4
+    products of an unsigned and a signed byte to each 32-bit lane and each product counts a
+    multiply and an add, as peak_gflops counts an FMA: 8 ops per lane, so dot8 instructions
+    per second on L 32-bit lanes are this * 1e9 / (8 L). None on an AVX-512 CPU without
+    AVX-512BW."""
     check_threads(threads)
     lib, _ = _library()
     lanes = lib.mb_int8_lanes()

@@ -226,8 +226,8 @@ VALUE_OPS = {32: 0.0, 16: 0.0, 8: 2.0, 4: 2.5}
 # int8 the bytes split into 16-bit pairs and 2 pmaddwd + 2 paddd, a split the micro-benchmark
 # counts in the dot8 rate, and for the 4- to 6-bit formats, whose bytes stay below 128,
 # int4's pmaddubsw and paddw into 16-bit sums, a pmaddwd by ones a block, at that sequence's
-# own rate; int5 and int6 fold their sums more often, so the rate is an upper bound for them), four
-# weight vectors' bytes (4 values along K, `lanes` columns) per
+# own rate; int5 and int6 fold their sums more often, so the rate is an upper bound for them),
+# four weight vectors' bytes (4 values along K, `lanes` columns) per
 # instruction and row, at its own measured rate. A weight vector's dequantization: int8 is
 # stored as unsigned bytes (value + 128) that vpdpbusd takes as they are, 0 ops; int4 keeps 8
 # nibbles in a 32-bit lane, split with an and, a shift and an and for 8 weight vectors, 3/8 op
