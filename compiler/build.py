@@ -75,36 +75,37 @@ class StoredBuild:
 
 def compile_source(source: str, cpu: CpuInfo, threads: int, directory: Path | None = None):
     """Compile TVMScript for the host; returns the TVM runtime module: the same one again
-    for the same source and target in this process (_BUILT), and with a `directory` (or
+    for the same source and target in this process (_BUILT), and with a `directory` (and
     $SANDWICHC_BUILD_CACHE) kept there as `<key>.so` for other processes. The runtime's own
     kernels (norms, RoPE, attention) are not tuned and take no record, so the kernel cache
     keeps them this way: each `generate`, `serve` or plan measurement after the first loads
-    them instead of compiling (1-2 s per kernel on a 2-core machine). A file that does not
-    load is built again and replaced."""
+    them instead of compiling (1-2 s per kernel on a 2-core machine). A build found in one
+    directory is copied to the other; a file that does not load is built again and replaced."""
     import tvm
 
     target = tvm_target(cpu, threads)
     key = _source_key(source, target)
-    directory = directory or os.environ.get("SANDWICHC_BUILD_CACHE") or None
-    path = Path(directory) / f"{key}.so" if directory else None
-    if (ex := _recalled(key)) is not None:
-        if path is not None and not path.exists():  # built here before, for no directory
-            _keep(ex, path)
-        return ex
-    if path is not None and path.exists():
+    dirs = dict.fromkeys(str(d) for d in (directory, os.environ.get("SANDWICHC_BUILD_CACHE")) if d)
+    paths = [Path(d) / f"{key}.so" for d in dirs]
+    ex, stale = _recalled(key), []
+    for path in paths if ex is None else ():
+        if path.exists():
+            try:
+                ex = _remember(key, StoredBuild(load_module(path), path))
+                break
+            except BuildError:
+                stale.append(path)  # a damaged or foreign file: replaced below
+    if ex is None:
         try:
-            return _remember(key, StoredBuild(load_module(path), path))
-        except BuildError:
-            pass  # a damaged or foreign file: build it again below
-    try:
-        ex = tvm.compile(parse_tvmscript(source), target=target)
-    except Exception as e:  # TVM raises many types; the user sees one line
-        first = first_line(e)
-        raise BuildError(f"TVM failed to compile the kernel: {first}") from e
-    ex = splice_module(ex) if DPBF16PS in source else ex
-    if path is not None:
-        _keep(ex, path)
-    return _remember(key, ex)
+            ex = tvm.compile(parse_tvmscript(source), target=target)
+        except Exception as e:  # TVM raises many types; the user sees one line
+            first = first_line(e)
+            raise BuildError(f"TVM failed to compile the kernel: {first}") from e
+        ex = _remember(key, splice_module(ex) if DPBF16PS in source else ex)
+    for path in paths:
+        if path in stale or not path.exists():
+            _keep(ex, path)
+    return ex
 
 
 def _keep(ex, path: Path) -> None:

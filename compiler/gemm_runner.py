@@ -189,6 +189,15 @@ def gemm_args(a: np.ndarray, wp: np.ndarray | tuple[np.ndarray, ...], out: np.nd
     return args + list(sizes)
 
 
+def rotated_args(args: list, wrapped: list[tuple]) -> list[list]:
+    """One call's arguments (gemm_args, checked once) for each weight copy in `wrapped`
+    (tuples of `wrap`ped arrays, in the packed arrays' order), sharing A, C, the workspace and
+    the slice: a decode timing cycles over up to 1024 copies, and wrapping every array again
+    for each took longer than timing a small GEMM."""
+    nw = len(wrapped[0])
+    return [[args[0], *w, *args[1 + nw:]] for w in wrapped]
+
+
 def workspace_view(buf: np.ndarray, t_k: int, m: int, n: int) -> np.ndarray:
     """The contiguous (t_k * M, N) prefix of a preallocated workspace buffer."""
     need = t_k * m * n

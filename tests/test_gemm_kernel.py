@@ -171,6 +171,7 @@ def test_a_stored_build_loads_in_a_new_process_and_a_damaged_one_is_rebuilt(tmp_
 
     from sandwich.compiler import build
 
+    monkeypatch.delenv("SANDWICHC_BUILD_CACHE", raising=False)  # this directory only
     s = _sched(1, LANES, (1, LANES, 16), (1, 1, 1), pack=LANES)
     src = gemm_tvmscript(s, GemmProblem(n=LANES, k=32, lanes=LANES)) + f"\n# stored {tmp_path}\n"
     build.compile_source(src, CPU, 1, tmp_path)
@@ -197,3 +198,33 @@ def test_a_stored_build_loads_in_a_new_process_and_a_damaged_one_is_rebuilt(tmp_
     monkeypatch.setattr(tvm, "compile", real)
     np.testing.assert_allclose(run(build.compile_source(src, CPU, 1, tmp_path)), a @ w, rtol=1e-4, atol=1e-4)
     assert build.load_module(path)["main"] is not None  # replaced by a whole file
+
+
+def test_a_kernel_caches_directory_takes_a_build_from_the_shared_build_cache(tmp_path, monkeypatch):
+    """With $SANDWICHC_BUILD_CACHE set, a build directory that lacks a kernel (a fresh kernel
+    cache's ops/) gets it from there, copied, without compiling; one it has is not replaced."""
+    import tvm
+
+    from sandwich.compiler import build
+
+    shared, own = tmp_path / "shared", tmp_path / "own"
+    shared.mkdir()
+    own.mkdir()
+    monkeypatch.setenv("SANDWICHC_BUILD_CACHE", str(shared))
+    s = _sched(1, LANES, (1, LANES, 16), (1, 1, 1), pack=LANES)
+    src = gemm_tvmscript(s, GemmProblem(n=LANES, k=32, lanes=LANES)) + f"\n# shared {tmp_path}\n"
+    build.compile_source(src, CPU, 1)
+    (kept,) = shared.glob("*.so")
+    monkeypatch.setattr(build, "_BUILT", type(build._BUILT)())
+    monkeypatch.setattr(tvm, "compile", lambda *a, **kw: pytest.fail("compiled again"))
+    mod = build.compile_source(src, CPU, 1, own)
+    assert [p.name for p in own.glob("*.so")] == [kept.name]
+    assert (own / kept.name).read_bytes() == kept.read_bytes()
+    a = np.random.default_rng(0).standard_normal((3, 32)).astype(np.float32)
+    w = np.random.default_rng(1).standard_normal((32, LANES)).astype(np.float32)
+    out = call_gemm(mod["main"], a, pack_weights(w, s.pack_n), np.zeros((3, LANES), np.float32), s)
+    np.testing.assert_allclose(out, a @ w, rtol=1e-4, atol=1e-4)
+    mtime = (own / kept.name).stat().st_mtime_ns
+    monkeypatch.setattr(build, "_BUILT", type(build._BUILT)())
+    build.compile_source(src, CPU, 1, own)
+    assert (own / kept.name).stat().st_mtime_ns == mtime
