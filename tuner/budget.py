@@ -24,7 +24,8 @@ class Budget:
     # of Sheared-LLaMA-1.3B from an empty cache, in 323 s instead of 574 s, for kernels at
     # 1.018 of the unguided tune's (Zen 3; results/cpus/znver3/tune_wall_sheared-llama-1.3b.md)
     measure_share: float = 1.0
-    repeat: int = 5  # timed repeats of each candidate (each at least 10 ms), the best counts
+    repeat: int = 5  # timed repeats of each candidate, the best counts,
+    min_repeat_ms: int = 10  # each at least this long (calls of a small GEMM run back to back)
 
 
     def m_samples(self, seq_max: int) -> list[int]:
@@ -52,10 +53,12 @@ class Budget:
 
 BUDGETS = {
     # tiny (tests, a smoke run) leaves split-K out: it built and checked a second kernel per
-    # shape for a scheme that at M <= 2 wins by noise (tests/test_gemm_dsl.py checks it)
+    # shape for a scheme that at M <= 2 wins by noise (tests/test_gemm_dsl.py checks it); its
+    # 3 repeats of 3 ms time a candidate in about a third of the others' 5 x 10 ms
     "tiny": Budget("tiny", SearchSettings(sigma=2, mk_keep=1, finetune_steps=1, reuse_patience=1,
                                           split_k=False),
-                   mk_widths=1, dense_until=2, per_octave=1, machine_model=False, repeat=3),
+                   mk_widths=1, dense_until=2, per_octave=1, machine_model=False, repeat=3,
+                   min_repeat_ms=3),
     "quick": Budget("quick", SearchSettings(sigma=4, mk_keep=1, finetune_steps=1, reuse_patience=2,
                                                  max_seconds_per_m=6.0, skinny_rounds=3),
                     mk_widths=1, dense_until=4, per_octave=1),

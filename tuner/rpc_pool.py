@@ -119,11 +119,13 @@ class RpcPool:
             proc, conn = spawn_worker(_worker_main, (), threads=threads, name=f"sandwichc-rpc-{i}")
             self._pool.append(_Worker(proc, conn, f"RPC worker {i}"))
 
-    def shape(self, n: int, k: int, pack_n: int) -> RpcPool:
-        """Measure this (N, K) from now on; the per-shape counts start again."""
+    def shape(self, n: int, k: int, pack_n: int, *, repeat: int = 5,
+              min_repeat_ms: int = 10) -> RpcPool:
+        """Measure this (N, K) from now on, each candidate timed `repeat` times for at least
+        `min_repeat_ms` (the budget's); the per-shape counts start again."""
         self.spec = dict(cpu=self.cpu, threads=self.threads, n=n, k=k, pack_n=pack_n,
                          seq_max=self.seq_max, target=self.target, fingerprint=self.fingerprint,
-                         seed=self.seed)
+                         seed=self.seed, repeat=repeat, min_repeat_ms=min_repeat_ms)
         self.compile_seconds, self.retries = 0.0, 0
         self.failed: dict[KernelSchedule, str] = {}
         self.verified: set[KernelSchedule] = set()

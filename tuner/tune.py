@@ -187,13 +187,15 @@ def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget:
     if remote is not None and op.dtype != "float32":
         raise ConfigError(f"tune --rpc measures fp32 weights only so far, not {op.dtype}")
     with open_pool(remote, cache=cache, threads=threads, seq_max=seq_max) as remote:
+        timing = dict(repeat=budget.repeat, min_repeat_ms=budget.min_repeat_ms)
         if isinstance(remote, RpcPool):
-            measure = remote.shape(op.n, op.k, pack_n)
+            measure = remote.shape(op.n, op.k, pack_n, **timing)
         elif remote is not None:
-            measure = RpcMeasure(cpu, threads, op.n, op.k, pack_n, seq_max, remote, cache.fingerprint)
+            measure = RpcMeasure(cpu, threads, op.n, op.k, pack_n, seq_max, remote, cache.fingerprint,
+                                 **timing)
         else:
             measure = TvmMeasure(cpu, threads, op.n, op.k, pack_n, seq_max, dtype=op.dtype,
-                                 repeat=budget.repeat)
+                                 repeat=budget.repeat, min_repeat_s=budget.min_repeat_ms / 1e3)
         bound = None if remote is not None else candidate_bound(cache, budget, op, threads)
         return _tune_shape(measure, names=names, op=op, pack_n=pack_n, panels=panels,
                            seq_max=seq_max, threads=threads, budget=budget, cache=cache, on_step=on_step,

@@ -59,7 +59,7 @@ class HighLevelIndenter(PostLex):
 
 @lru_cache(maxsize=1)
 def _lark() -> Lark:
-    return Lark.open("grammar.lark", rel_to=__file__, parser="lalr", lexer="basic",
+    return Lark.open("grammar.lark", rel_to=__file__, parser="lalr", lexer="basic", cache=True,
                      postlex=HighLevelIndenter(), propagate_positions=True,
                      maybe_placeholders=True)
 

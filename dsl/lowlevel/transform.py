@@ -13,7 +13,7 @@ from sandwich.dsl.parsing import ExprTransformer, run_parser
 
 @lru_cache(maxsize=1)
 def _lark() -> Lark:
-    return Lark.open("grammar.lark", rel_to=__file__, parser="lalr", lexer="basic",
+    return Lark.open("grammar.lark", rel_to=__file__, parser="lalr", lexer="basic", cache=True,
                      propagate_positions=True, maybe_placeholders=True)
 
 
