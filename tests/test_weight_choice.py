@@ -271,6 +271,16 @@ def test_llama_cpp_compares_on_the_file_itself_where_the_spec_runs_it_as_stored(
         resolve_weights(args)
         assert (args.weights_auto, parse_weights(args.weights).name) == (
             same, mix if weights == "auto" else parse_weights(weights).name), (model, weights)
+    # a file of mixed types that auto runs in fp32 (its Q8_0 tensors widened): llama.cpp
+    # runs the file itself for auto, and an F32 export for fp32 named outright (the file
+    # would have it multiply those tensors as Q8_0, 0.5% off in perplexity)
+    f32 = _headers_only(tmp_path / "f32.gguf", {
+        "blk.0.attn_q.weight": ("F32", (512, 512)), "blk.0.ffn_down.weight": ("F16", (512, 512)),
+        "blk.0.attn_k.weight": ("Q8_0", (256, 512)), "output.weight": ("F32", (1024, 512))})
+    for weights, same in (("auto", True), ("fp32", False)):
+        args = Namespace(model=f32, weights=weights, tp=1)
+        resolve_weights(args)
+        assert (args.weights_auto, args.weights) == (same, "fp32"), weights
 
 
 def test_a_weight_spec_names_the_lm_heads_format_beside_the_layers():
