@@ -5,8 +5,8 @@ TVM 0.27 exposes `runtime.config_threadpool(mode, nthreads, cpus)`: mode -3 pins
 worker and the calling thread to `cpus` and uses `nthreads` workers. The pool is created once
 with TVM_NUM_THREADS workers and never grows, so a phase can use at most that many threads:
 start the process with the larger of the two phases' thread counts (`--threads`; the CLI sets
-TVM_NUM_THREADS from it; without it the pool starts with one worker here and pins the main
-thread to one core). Every thread of the process (OpenBLAS's included) is re-pinned with
+TVM_NUM_THREADS from it, and importing the package sets it to the process's CPUs where it is
+unset: TVM's own default is half the CPUs on x86). Every thread of the process (OpenBLAS's included) is re-pinned with
 sched_setaffinity. A phase whose plan equals the current one costs nothing.
 """
 

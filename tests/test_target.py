@@ -1,4 +1,5 @@
 import json
+import os
 import re
 from pathlib import Path
 
@@ -139,3 +140,22 @@ def test_kernel_cache_key_depends_on_the_timing_method(tmp_path, monkeypatch):
     before = cache_fingerprint(cpu)
     monkeypatch.setattr(streaming, "TIMING_VERSION", streaming.TIMING_VERSION + 1)
     assert cache_fingerprint(cpu) != before
+
+
+def test_importing_the_package_sizes_tvms_pool_to_the_cpus_it_may_use():
+    """Without TVM_NUM_THREADS, TVM on x86 sizes its pool to half the CPUs and reads
+    /sys/devices/system/cpu/online on every parallel launch; importing sandwich sets it to
+    the process's CPUs first, and leaves a value the user gave alone."""
+    import subprocess
+    import sys
+
+    code = ("import os, sandwich, tvm; "
+            "print(os.environ['TVM_NUM_THREADS'], tvm.get_global_func('runtime.NumThreads')())")
+    env = {k: v for k, v in os.environ.items() if k != "TVM_NUM_THREADS"}
+    cpus = len(os.sched_getaffinity(0))
+    for given, want in ((None, cpus), ("1", 1)):
+        run_env = env if given is None else {**env, "TVM_NUM_THREADS": given}
+        out = subprocess.run([sys.executable, "-c", code], env=run_env, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == [str(want), str(want)], out.stdout
