@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import (
     LarkError,
@@ -14,6 +16,7 @@ from lark.exceptions import (
 
 from sandwich.dsl import ast as A
 from sandwich.dsl.errors import DSLError, DSLSyntaxError
+from sandwich.private_dir import private_dir
 
 _OPS = {"&&": "and", "||": "or", "!": "not"}
 _MAX_INT_DIGITS = 40  # well beyond i64; also keeps int() away from Python's digit limit
@@ -27,6 +30,19 @@ class IndentError(Exception):
     def __init__(self, message: str, line: int, column: int) -> None:
         super().__init__(message)
         self.line, self.column = line, column
+
+
+def open_grammar(here: str, **options) -> Lark:
+    """The LALR parser of the `grammar.lark` beside `here`, its tables kept between processes
+    in this user's private temp dir (0.29 s -> 0.02 s a process for both grammars). Not in
+    Lark's default place: a predictable name in a shared /tmp that Lark unpickles; where the
+    private dir cannot be had, the tables are built each time."""
+    try:
+        cache: str | bool = str(private_dir("lark") / f"{Path(here).parent.name}.tables")
+    except OSError:
+        cache = False
+    return Lark.open("grammar.lark", rel_to=here, parser="lalr", lexer="basic", cache=cache,
+                     propagate_positions=True, maybe_placeholders=True, **options)
 
 
 def _describe(lark: Lark, names) -> str:

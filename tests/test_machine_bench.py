@@ -129,3 +129,35 @@ def test_dequant_sequences_on_an_avx2_build(monkeypatch):
         pytest.skip("this CPU cannot run an avx2 build")
     monkeypatch.setattr(mbench, "isa_flags", lambda: ("avx2", ["-mavx2", "-mfma"]))
     _check_dequant(mbench._library.__wrapped__()[0])
+
+
+def test_code_is_kept_only_in_a_private_dir_of_this_user(tmp_path, monkeypatch):
+    """The micro-benchmarks' .so and the DSL's pickled parser tables are loaded from
+    <tmp>/sandwichc-<uid>: made 0700, and refused when open to others or a symlink (another
+    user could plant code there); the DSL then parses without keeping its tables."""
+    import os
+    import tempfile
+
+    from sandwich.dsl import parsing
+    from sandwich.dsl.lowlevel import transform
+    from sandwich.errors import BuildError
+    from sandwich.private_dir import private_dir
+
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    d = private_dir("lark")
+    assert d == tmp_path / f"sandwichc-{os.getuid()}" / "lark" and d.is_dir()
+    assert (d.stat().st_mode & 0o777, d.parent.stat().st_mode & 0o777) == (0o700, 0o700)
+    d.chmod(0o777)
+    with pytest.raises(PermissionError, match="is not a private directory of this user"):
+        private_dir("lark")
+    d.chmod(0o700)
+    (d.parent / "csrc").symlink_to(tmp_path)
+    with pytest.raises(BuildError, match="csrc is not a private directory"):
+        mbench._cache_dir()
+    d.parent.chmod(0o755)  # the root open to others: nothing under it is used
+    transform._lark.cache_clear()
+    try:
+        assert parsing.open_grammar(transform.__file__).options.cache is False
+        assert transform.parse("kernel k(i32 n) { }").kernels[0].name == "k"
+    finally:
+        transform._lark.cache_clear()

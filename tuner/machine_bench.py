@@ -13,12 +13,12 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from sandwich.errors import BuildError, ConfigError
+from sandwich.private_dir import private_dir
 from sandwich.tuner.streaming import llc_bytes
 from sandwich.tuner.timing import time_callable
 
@@ -48,14 +48,11 @@ def isa_flags() -> tuple[str, list[str]]:
 
 
 def _cache_dir() -> Path:
-    """A private (0700, ours, not a symlink) dir under the temp dir: we load code from it."""
-    root = Path(tempfile.gettempdir()) / f"sandwichc-{os.getuid()}"
-    for d in (root, root / "csrc"):
-        d.mkdir(exist_ok=True, mode=0o700)
-        st = d.lstat()
-        if d.is_symlink() or st.st_uid != os.getuid() or st.st_mode & 0o077:
-            raise BuildError(f"{d} is not a private directory of this user; remove it and retry")
-    return root / "csrc"
+    """A private dir under the temp dir (sandwich/private_dir.py): we load code from it."""
+    try:
+        return private_dir("csrc")
+    except PermissionError as e:
+        raise BuildError(str(e)) from None
 
 
 @functools.lru_cache(maxsize=None)

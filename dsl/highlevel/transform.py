@@ -9,7 +9,7 @@ from lark.lark import PostLex
 
 from sandwich.dsl import ast as A
 from sandwich.dsl.highlevel import ast as H
-from sandwich.dsl.parsing import ExprTransformer, IndentError, run_parser
+from sandwich.dsl.parsing import ExprTransformer, IndentError, open_grammar, run_parser
 
 _ALIASES = {"int": "i32", "float": "f32"}
 
@@ -59,9 +59,7 @@ class HighLevelIndenter(PostLex):
 
 @lru_cache(maxsize=1)
 def _lark() -> Lark:
-    return Lark.open("grammar.lark", rel_to=__file__, parser="lalr", lexer="basic", cache=True,
-                     postlex=HighLevelIndenter(), propagate_positions=True,
-                     maybe_placeholders=True)
+    return open_grammar(__file__, postlex=HighLevelIndenter())
 
 
 @v_args(meta=True)

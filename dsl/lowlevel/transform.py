@@ -8,13 +8,12 @@ from lark import Lark, v_args
 
 from sandwich.dsl import ast as A
 from sandwich.dsl.lowlevel import ast as L
-from sandwich.dsl.parsing import ExprTransformer, run_parser
+from sandwich.dsl.parsing import ExprTransformer, open_grammar, run_parser
 
 
 @lru_cache(maxsize=1)
 def _lark() -> Lark:
-    return Lark.open("grammar.lark", rel_to=__file__, parser="lalr", lexer="basic", cache=True,
-                     propagate_positions=True, maybe_placeholders=True)
+    return open_grammar(__file__)
 
 
 @v_args(meta=True)
