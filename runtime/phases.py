@@ -6,8 +6,9 @@ worker and the calling thread to `cpus` and uses `nthreads` workers. The pool is
 with TVM_NUM_THREADS workers and never grows, so a phase can use at most that many threads:
 start the process with the larger of the two phases' thread counts (`--threads`; the CLI sets
 TVM_NUM_THREADS from it, and importing the package sets it to the process's CPUs where it is
-unset: TVM's own default is half the CPUs on x86). Every thread of the process (OpenBLAS's included) is re-pinned with
-sched_setaffinity. A phase whose plan equals the current one costs nothing.
+unset: TVM's own default is half the CPUs on x86). Every thread of the process (OpenBLAS's
+included) is re-pinned with sched_setaffinity. A phase whose plan equals the current one
+costs nothing.
 """
 
 from __future__ import annotations

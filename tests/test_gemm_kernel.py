@@ -228,3 +228,21 @@ def test_a_kernel_caches_directory_takes_a_build_from_the_shared_build_cache(tmp
     monkeypatch.setattr(build, "_BUILT", type(build._BUILT)())
     build.compile_source(src, CPU, 1, own)
     assert (own / kept.name).stat().st_mtime_ns == mtime
+
+
+def test_rotated_args_are_each_copys_gemm_args():
+    """A decode timing's calls (rotated_args over copies wrapped once) hold what gemm_args
+    gives each copy: A, that copy's arrays in order, C, the workspace and the slice."""
+    from sandwich.compiler.gemm_runner import gemm_args, rotated_args, wrap
+
+    rng = np.random.default_rng(0)
+    s = _sched(1, LANES, (1, LANES, 16), (1, 1, 2), pack=LANES)
+    a, out = rng.random((3, 32), np.float32), np.zeros((3, LANES), np.float32)
+    ws = np.zeros((2 * 3, LANES), np.float32)
+    copies = [tuple(rng.random((1, 32, LANES), np.float32) for _ in range(2)) for _ in range(3)]
+    calls = rotated_args(gemm_args(a, copies[0], out, s, ws), [tuple(map(wrap, c)) for c in copies])
+
+    def ptrs(args):
+        return [np.from_dlpack(x).ctypes.data if hasattr(x, "__dlpack__") else x for x in args]
+
+    assert [ptrs(c) for c in calls] == [ptrs(gemm_args(a, c, out, s, ws)) for c in copies]
