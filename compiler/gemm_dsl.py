@@ -15,6 +15,7 @@ from sandwich.compiler.build import compile_source
 from sandwich.compiler.gemm_formats import int_activations, weight_args, weight_format
 from sandwich.compiler.gemm_template import GemmProblem, validate
 from sandwich.compiler.lower_tir import to_tvmscript
+from sandwich.compiler.lower_vector import sums_in_16_bits
 from sandwich.compiler.target import CpuInfo
 from sandwich.errors import ConfigError, DSLError, first_line
 from sandwich.types import KernelSchedule
@@ -149,7 +150,7 @@ def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int, 
         # align=4: activations are numpy views (not 64-byte aligned), as in the hand
         # template; "inline" scalars: no let variables, which TVM 0.27 puts in heap
         # workspace and reloads after every store (the hand template pays for that)
-        h16 = isa in ("avx2", "avx512") and not int8_dot
+        h16 = sums_in_16_bits(isa, int8_dot)
         return to_tvmscript(kernel or _kernel(), tunables=family_tunables(schedule, k, h16=h16), vlen=lanes,
                             fixed={"N": n, "K": k, "G": fmt.group_size(k), "L2": l2_bytes}, args=args, align=4,
                             scalars="inline", fold=True, isa=isa, bf16_dot=bf16_dot,

@@ -169,6 +169,18 @@ def affine(start: str, index: str, step: str) -> str:
 PMADDWD = {8: "llvm.x86.avx2.pmadd.wd", 16: "llvm.x86.avx512.pmaddw.d.512"}
 
 
+# the ISAs (compiler/target.CpuInfo.isa) with x86's integer vector instructions: pmaddwd,
+# pmaddubsw (and, with AVX512-VNNI, vpdpbusd)
+X86_ISAS = ("avx2", "avx512")
+
+
+def sums_in_16_bits(isa: str | None, int8_dot: bool) -> bool:
+    """Whether int4 and int5 tiles sum their products in 16 bits (the family's h16: dot8h,
+    pmaddubsw + paddw) on this target: x86 without VNNI, whose vpdpbusd sums in 32 bits at
+    no extra cost."""
+    return isa in X86_ISAS and not int8_dot
+
+
 # x86's vpdpbusd (AVX512-VNNI) by vector width: 4 unsigned bytes times 4 signed bytes, summed
 # into each 32-bit lane; without VNNI, dot8 is two pmaddwd on the bytes split into 16 bits
 DPBUSD = {16: "llvm.x86.avx512.vpdpbusd.512"}
@@ -205,7 +217,7 @@ def _pmaddwd_ones(x16: str, vl: int) -> str:
             f"T.Broadcast(T.int16(1), {2 * vl}))")
 
 
-def _halves(p: str, q: int) -> str:
+def _byte_pair(p: str, q: int) -> str:
     """Signed bytes q and q + 2 of p as the two 16-bit halves of an int32 (pmaddwd's pair)."""
     return f"T.bitwise_or(T.bitwise_and({_byte(p, q)}, 65535), T.shift_left({_byte(p, q + 2)}, 16))"
 
@@ -286,7 +298,7 @@ class VectorLoops:
         rather than left to TVM's vectoriser: loops of plain assignments that call madd16 or
         dot8 on x86, or dotbf16 where vdpbf16ps exists (TVM vectorises calls lane by lane, and neither
         instruction is lane-wise)."""
-        intrinsic = ((self.isa in ("avx2", "avx512") and self.vlen in PMADDWD
+        intrinsic = ((self.isa in X86_ISAS and self.vlen in PMADDWD
                       and any(calls(s.body, f) for f in ("madd16", "dot8", "dot8h", "halves")))
                      or (self.bf16_dot and self.vlen in DPBF16PS_LANES and calls(s.body, "dotbf16")))
         return (intrinsic and not reds and step == "1" and const_trips is not None
@@ -362,7 +374,7 @@ class VectorLoops:
             out = acc
             for q, wq in enumerate((w, f"T.shift_right({w}, T.Broadcast(8, {vl}))")):
                 wide = f'T.reinterpret("int16x{2 * vl}", T.bitwise_and({wq}, {mask}))'
-                pq = f'T.reinterpret("int16x{2 * vl}", T.Broadcast({_halves(p, q)}, {vl}))'
+                pq = f'T.reinterpret("int16x{2 * vl}", T.Broadcast({_byte_pair(p, q)}, {vl}))'
                 out = f'({out} + T.call_llvm_pure_intrin("int32x{vl}", "{PMADDWD[vl]}", {wide}, {pq}))'
             return out
         if self.ramp is not None:
@@ -378,7 +390,7 @@ class VectorLoops:
         each pair saturated and each half wrapped to 16 bits."""
         va, vw, vp = (self.varies(a) for a in e.args)
         vl = self.vlen
-        if va and vw and not vp and self.isa in ("avx2", "avx512") and vl in PMADDUBSW:
+        if va and vw and not vp and self.isa in X86_ISAS and vl in PMADDUBSW:
             return (f'T.reinterpret("int32x{vl}", T.reinterpret("int16x{2 * vl}", {acc}) + '
                     f"{_pmaddubsw(w, p, vl)})")
         if self.ramp is not None:
@@ -396,7 +408,7 @@ class VectorLoops:
     def halves(self, e, x: str) -> str:
         """pmaddwd by ones when x is a vector on x86, else the two halves sign-extended."""
         vl = self.vlen
-        if self.varies(e.args[0]) and self.isa in ("avx2", "avx512") and vl in PMADDWD:
+        if self.varies(e.args[0]) and self.isa in X86_ISAS and vl in PMADDWD:
             return _pmaddwd_ones(f'T.reinterpret("int16x{2 * vl}", {x})', vl)
         return f"({_sext16(x)} + T.shift_right({x}, 16))"
 
