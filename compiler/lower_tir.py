@@ -163,6 +163,8 @@ class _Emitter(V.VectorLoops, StaticParts, TileStatements):
                 return self.dotbf16(e, *args)
             if e.func == "dot8":
                 return self.dot8(e, *args)
+            if e.func == "dot8p":
+                return self.dot8p(e, *args)
             if e.func == "dot8h":
                 return self.dot8h(e, *args)
             if e.func == "halves":

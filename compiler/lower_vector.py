@@ -217,6 +217,19 @@ def _pmaddwd_ones(x16: str, vl: int) -> str:
             f"T.Broadcast(T.int16(1), {2 * vl}))")
 
 
+def _pmaddwd_bytes(acc: str, w: str, pairs: tuple[str, str], vl: int) -> str:
+    """acc plus 2 pmaddwd: bytes 0 and 2 of each of w's lanes (unsigned, split into its 16-bit
+    halves by an and) times pairs[0]'s signed halves, bytes 1 and 3 (a shift and an and)
+    times pairs[1]'s; each pair one int32 for every lane."""
+    mask = f"T.Broadcast({_LOW_BYTES}, {vl})"
+    out = acc
+    for wq, pq in zip((w, f"T.shift_right({w}, T.Broadcast(8, {vl}))"), pairs, strict=True):
+        wide = f'T.reinterpret("int16x{2 * vl}", T.bitwise_and({wq}, {mask}))'
+        p16 = f'T.reinterpret("int16x{2 * vl}", T.Broadcast({pq}, {vl}))'
+        out = f'({out} + T.call_llvm_pure_intrin("int32x{vl}", "{PMADDWD[vl]}", {wide}, {p16}))'
+    return out
+
+
 def _byte_pair(p: str, q: int) -> str:
     """Signed bytes q and q + 2 of p as the two 16-bit halves of an int32 (pmaddwd's pair)."""
     return f"T.bitwise_or(T.bitwise_and({_byte(p, q)}, 65535), T.shift_left({_byte(p, q + 2)}, 16))"
@@ -296,10 +309,10 @@ class VectorLoops:
     def explicit(self, s, reds, step, const_trips) -> bool:
         """Whether a `vector` loop is written as explicit vector statements (T.Ramp lanes)
         rather than left to TVM's vectoriser: loops of plain assignments that call madd16 or
-        dot8 on x86, or dotbf16 where vdpbf16ps exists (TVM vectorises calls lane by lane, and neither
-        instruction is lane-wise)."""
+        dot8 (dot8p, dot8h, halves) on x86, or dotbf16 where vdpbf16ps exists (TVM vectorises
+        calls lane by lane, and neither instruction is lane-wise)."""
         intrinsic = ((self.isa in X86_ISAS and self.vlen in PMADDWD
-                      and any(calls(s.body, f) for f in ("madd16", "dot8", "dot8h", "halves")))
+                      and any(calls(s.body, f) for f in ("madd16", "dot8", "dot8p", "dot8h", "halves")))
                      or (self.bf16_dot and self.vlen in DPBF16PS_LANES and calls(s.body, "dotbf16")))
         return (intrinsic and not reds and step == "1" and const_trips is not None
                 and const_trips % self.vlen == 0 and all(isinstance(t, A.Assign) for t in s.body))
@@ -370,18 +383,29 @@ class VectorLoops:
                         f'T.reinterpret("int8x{4 * vl}", T.Broadcast({p}, {vl})))')
             if vl in PMADDUBSW and self.byte_max(e.args[1]) < 128:
                 return f"({acc} + {_pmaddwd_ones(_pmaddubsw(w, p, vl), vl)})"
-            mask = f"T.Broadcast({_LOW_BYTES}, {vl})"
-            out = acc
-            for q, wq in enumerate((w, f"T.shift_right({w}, T.Broadcast(8, {vl}))")):
-                wide = f'T.reinterpret("int16x{2 * vl}", T.bitwise_and({wq}, {mask}))'
-                pq = f'T.reinterpret("int16x{2 * vl}", T.Broadcast({_byte_pair(p, q)}, {vl}))'
-                out = f'({out} + T.call_llvm_pure_intrin("int32x{vl}", "{PMADDWD[vl]}", {wide}, {pq}))'
-            return out
+            return _pmaddwd_bytes(acc, w, (_byte_pair(p, 0), _byte_pair(p, 1)), vl)
         if self.ramp is not None:
             raise DSLError("dot8 in an explicit vector loop needs its accumulator and weight to "
                            "vary along the loop and its activation bytes not to")
         terms = " + ".join(f"T.bitwise_and(T.shift_right({w}, {8 * q}), 255) * {_byte(p, q)}"
                            for q in range(4))
+        return f"({acc} + {terms})"
+
+    def dot8p(self, e, acc: str, w: str, p02: str, p13: str) -> str:
+        """Two pmaddwd on w's bytes split into 16-bit halves and the pairs p02, p13 as they
+        are, when acc and w are vectors and the pairs one for every lane on x86 (where VNNI
+        exists, vpdpbusd on the pairs' low bytes put back together would do no better than
+        dot8, so the family keeps dot8 there); else the same sum on 32-bit values."""
+        va, vw, v02, v13 = (self.varies(a) for a in e.args)
+        vl = self.vlen
+        if va and vw and not (v02 or v13) and self.isa in X86_ISAS and vl in PMADDWD:
+            return _pmaddwd_bytes(acc, w, (p02, p13), vl)
+        if self.ramp is not None:
+            raise DSLError("dot8p in an explicit vector loop needs its accumulator and weight to "
+                           "vary along the loop and its activation pairs not to")
+        halves = (_sext16(p02), _sext16(p13), f"T.shift_right({p02}, 16)", f"T.shift_right({p13}, 16)")
+        terms = " + ".join(f"T.bitwise_and(T.shift_right({w}, {8 * q}), 255) * {h}"
+                           for q, h in enumerate(halves))
         return f"({acc} + {terms})"
 
     def dot8h(self, e, acc: str, w: str, p: str) -> str:

@@ -30,6 +30,12 @@ FUNCS: dict[str, tuple[tuple[str, ...], str]] = {
     # one 32-bit lane of x86's vpdpbusd (AVX512-VNNI), which the vector lowering emits when acc
     # and w vary along a `vectorize` loop and p does not; elsewhere the same integer sum
     "dot8": (("int", "int", "int"), "i32"),
+    # dot8p(acc, w, p02, p13): dot8 on activations already split into signed 16-bit pairs, bytes
+    # 0 and 2 in p02's halves (lo + 65536 * hi), 1 and 3 in p13's: acc + unsigned(w_0) lo(p02)
+    # + unsigned(w_2) hi(p02) + unsigned(w_1) lo(p13) + unsigned(w_3) hi(p13). x86 without VNNI
+    # then runs 2 pmaddwd on w's bytes split into 16-bit halves and the pairs as loaded, where
+    # dot8 splits p's bytes again for every row and tile on scalar registers
+    "dot8p": (("int", "int", "int", "int"), "i32"),
     # dot8h(acc, w, p): dot8 into two 16-bit sums, acc's low and high halves: the low one adds
     # unsigned(w_0) * signed(p_0) + unsigned(w_1) * signed(p_1), the high one bytes 2 and 3's,
     # each pair's sum saturated to 16 bits and each half wrapping at 16 bits: x86's pmaddubsw

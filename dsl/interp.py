@@ -70,6 +70,16 @@ def _s16(v: int) -> int:
     return ((v & 0xFFFF) ^ 0x8000) - 0x8000
 
 
+def _dot8p(acc: int, w: int, p02: int, p13: int) -> int:
+    """acc + unsigned(byte q of w) times the signed 16-bit half of p02 (q = 0, 2) or p13
+    (q = 1, 3) that holds activation q (dsl/builtins.py)."""
+    total = 0
+    for q in range(4):
+        pair = p02 if q % 2 == 0 else p13
+        total += ((w >> 8 * q) & 0xFF) * _s16(pair >> 16 * (q // 2))
+    return _i32(acc + total)
+
+
 def _dot8h(acc: int, w: int, p: int) -> int:
     """dot8 into acc's two 16-bit halves, each pair's sum saturated to 16 bits and each half
     wrapping (dsl/builtins.py)."""
@@ -131,6 +141,7 @@ _FUNCS = {"exp": _exp, "log": math.log, "sqrt": math.sqrt, "rsqrt": lambda x: 1 
           "cos": math.cos, "erf": math.erf, "floor": math.floor, "ceil": math.ceil,
           "pow": math.pow, "fma": lambda a, b, c: a * b + c, "max": max, "min": min, "abs": abs,
           "select": lambda c, a, b: a if c else b, "madd16": _madd16, "dot8": _dot8, "nibbles": _nibbles,
+          "dot8p": _dot8p,
           "dot8h": _dot8h, "halves": _halves,
           "high2": _high2, "high1": _high1,
           "dotbf16": _dotbf16, "bf16pair": _bf16pair}

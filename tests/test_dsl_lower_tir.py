@@ -347,6 +347,60 @@ def test_dot8h_is_pmaddubsw_and_paddw_on_x86_and_the_same_sums_elsewhere(isa, vl
     np.testing.assert_array_equal(tc.numpy(), want)
 
 
+DOT8P = """
+kernel pairs(i32 n, i32 W[n, 16], i32 P[n, 2], i32 C[16]) {
+    vectorize for (i32 j = 0; j < 16; j++) {
+        C[j] = 0;
+    }
+    for (i32 t = 0; t < n; t++) {
+        vectorize for (i32 j = 0; j < 16; j++) {
+            C[j] = dot8p(C[j], W[t, j], P[t, 0], P[t, 1]);
+        }
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("isa,vlen", [(None, VLEN), ("avx2", 8), ("avx512", 16)])
+def test_dot8p_is_two_pmaddwd_on_the_given_pairs_on_x86_and_the_same_sums_elsewhere(isa, vlen):
+    """dot8p(acc, w, p02, p13) adds bytes 0 and 2 of w (unsigned) times p02's signed 16-bit
+    halves and bytes 1 and 3 times p13's: on x86 two pmaddwd that take the pairs as they are
+    (no scalar work on them), elsewhere the same sums. Bytes 255 against halves -128 and 127,
+    and halves beyond a byte's range: every lowering matches the interpreter and numpy."""
+    from sandwich.compiler.build import parse_tvmscript
+    from sandwich.compiler.target import detect_cpu
+    from sandwich.dsl.interp import run
+    from sandwich.dsl.load import load_source
+
+    kernel = load_source(DOT8P, file="pairs.sw").kernels[0]
+    src = to_tvmscript(kernel, tunables={}, vlen=vlen, isa=isa)
+    madd = {"avx2": "llvm.x86.avx2.pmadd.wd", "avx512": "llvm.x86.avx512.pmaddw.d.512"}
+    for i, name in madd.items():
+        assert src.count(name) == (2 if i == isa else 0)
+    assert ("shift_left" in src) == (isa is None)  # x86 does not split the pairs again
+    n = 41
+    wb = rng.integers(0, 256, (n, 16, 4)).astype(np.uint8)
+    halves = rng.integers(-300, 300, (n, 2, 2)).astype(np.int16)  # [t, p02 / p13, lo / hi]
+    wb[0], halves[0] = 255, -128
+    wb[1], halves[1] = 255, 127
+    w, p = wb.view(np.int32)[..., 0], halves.view(np.int32)[..., 0]
+    act = np.stack([halves[:, 0, 0], halves[:, 1, 0], halves[:, 0, 1], halves[:, 1, 1]], -1)
+    want = (wb.astype(np.int64) * act.astype(np.int64)[:, None, :]).sum((0, 2))
+    c = np.zeros(16, np.int32)
+    run(kernel, tunables={}, vlen=vlen, n=n, W=w, P=p, C=c)
+    np.testing.assert_array_equal(c, want)
+    need = {"avx2": ("avx2", "avx512"), "avx512": ("avx512",)}.get(isa, ())
+    if need and detect_cpu().isa not in need:
+        pytest.skip(f"this CPU has no {isa}: that build cannot run here")
+    target = {"kind": "llvm", "num-cores": 2}
+    if isa:
+        target["mattr"] = {"avx2": ["+avx2"], "avx512": ["+avx512f", "+avx512bw"]}[isa]
+    f = tvm.compile(parse_tvmscript(src), target=tvm.target.Target(target))["main"]
+    tw, tp, tc = dev_arrays(w, p, np.zeros(16, np.int32))
+    f(n, tw, tp, tc)
+    np.testing.assert_array_equal(tc.numpy(), want)
+
+
 def test_integer_division_is_floor_division_in_the_interpreter_and_in_tir():
     """Negative operands: the reference interpreter and the compiled kernel agree."""
     from sandwich.dsl.interp import run
