@@ -73,6 +73,10 @@ def _check_dot8_sum(lib):
         out = ctypes.c_float()
         assert entry(2, 1000, ctypes.byref(out)) == 0
         assert out.value == 2 * 1000 * accs * lanes
+    for narrow in (0, 1):  # blocks of 8 dot8, each block's sum converted and scaled twice
+        out = ctypes.c_float()
+        assert lib.mb_dot8_block(2, 1000, narrow, ctypes.byref(out)) == 0
+        assert out.value == 2 * 1000 * 8 * accs * lanes
 
 
 def test_int8_dot_peak_sums_every_product():
@@ -84,6 +88,9 @@ def test_int8_dot_peak_sums_every_product():
     assert gops > 0
     assert gops > 0.25 * mbench.peak_gflops(1, iters=200_000, repeat=3)
     assert mbench.peak_int8_gops(1, narrow=True, iters=200_000, repeat=3) > 0.5 * gops
+    # in the tile's blocks (the Roof-Surface model's rate): the same order, never far above
+    block = mbench.int8_block_gops(1, iters=50_000, repeat=3)
+    assert 0.25 * gops < block < 1.5 * gops
 
 
 @pytest.mark.parametrize("isa, flags", [("avx512", ["-mavx512f", "-mavx512bw"]),

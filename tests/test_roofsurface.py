@@ -187,7 +187,7 @@ def test_calibrate_uses_the_micro_benchmarks(monkeypatch):
     monkeypatch.setattr(machine_bench, "read_bandwidth_gbs", lambda threads: 40.0 * threads)
     monkeypatch.setattr(machine_bench, "peak_gflops", lambda threads: 160.0 * threads)
     monkeypatch.setattr(machine_bench, "peak_bf16_gflops", lambda threads: None)
-    monkeypatch.setattr(machine_bench, "peak_int8_gops", lambda threads: None)
+    monkeypatch.setattr(machine_bench, "int8_block_gops", lambda threads, narrow=False: None)
     rates = {kind: 10.0 * (i + 1) for i, kind in enumerate(machine_bench.DEQUANT_KINDS)}
     monkeypatch.setattr(machine_bench, "dequant_gops", lambda kind, threads: rates[kind] * threads)
     host = rs.calibrate(2, lanes=8)
@@ -214,7 +214,7 @@ def test_bf16_weights_halve_the_bytes_and_take_the_dot_product_rate(monkeypatch)
     monkeypatch.setattr(machine_bench, "read_bandwidth_gbs", lambda threads: 40.0)
     monkeypatch.setattr(machine_bench, "peak_gflops", lambda threads: 200.0)
     monkeypatch.setattr(machine_bench, "peak_bf16_gflops", lambda threads: 400.0)
-    monkeypatch.setattr(machine_bench, "peak_int8_gops", lambda threads: None)
+    monkeypatch.setattr(machine_bench, "int8_block_gops", lambda threads, narrow=False: None)
     host = rs.calibrate(2, lanes=16)
     assert host.bf16_dot_ops == pytest.approx(400e9 / 64)  # 16 lanes x 2 products x 2 FLOPs
     b = rs.bound(host.machine(512, "bf16"), dot, rs.gemm_flops_per_op(16, 512))
@@ -265,18 +265,20 @@ def test_cli_prints_every_format_and_m_and_draws(monkeypatch, capsys, tmp_path):
 
 
 def test_int_formats_on_8_bit_activations_take_the_dot8_rate(monkeypatch):
-    """Groups of 32: the matrix op is dot8 at its measured rate (8 ops a lane; four weight
-    vectors a dot8 per row, with 3 scaling ops per row and block of 32 for groups of 32, 2
-    for one group along K) and a weight vector's dequantization is 0 ops for int8, 3/4 for
-    int4's nibble split, plus the group's scaling; a per-column int8 whose K is no multiple
-    of 32 keeps f32 FMAs on converted values. int4's bytes stay below 128, so its dot8 runs
-    at the narrow rate (pmaddubsw without VNNI), int8's at the full-byte one."""
+    """Groups of 32: the matrix op is dot8 at its rate measured in the tile's blocks (8 ops a
+    lane; four weight vectors a dot8 per row; the block's 3 scaling ops are in that rate),
+    other groups scale the block by its op count (one group along K: 8 + 2 + 32 / 4096 of the
+    measured 11); a weight vector's dequantization is 0 ops for int8, 3/4 for int4's nibble
+    split, plus the group's scaling; a per-column int8 whose K is no multiple of 32 keeps f32
+    FMAs on converted values. int4's bytes stay below 128, so its dot8 runs at the narrow
+    rate (pmaddubsw without VNNI), int8's at the full-byte one."""
     from sandwich.tuner import machine_bench
 
     monkeypatch.setattr(machine_bench, "read_bandwidth_gbs", lambda threads: 30.0)
     monkeypatch.setattr(machine_bench, "peak_gflops", lambda threads: 200.0)
     monkeypatch.setattr(machine_bench, "peak_bf16_gflops", lambda threads: None)
-    monkeypatch.setattr(machine_bench, "peak_int8_gops",
+    monkeypatch.setattr(machine_bench, "peak_int8_gops", lambda threads, narrow=False: 1e6)
+    monkeypatch.setattr(machine_bench, "int8_block_gops",
                         lambda threads, narrow=False: 600.0 if narrow else 400.0)
     host = rs.calibrate(2, lanes=16)
     assert host.int8_dot_ops == pytest.approx(400e9 / 128)  # 16 lanes x 4 products x 2 ops
@@ -284,12 +286,12 @@ def test_int_formats_on_8_bit_activations_take_the_dot8_rate(monkeypatch):
     for fmt, ops, peak in (("int8-g32", 0.0, 400e9), ("int4-g32", 0.75, 600e9)):
         sig = rs.kernel_signature(fmt, 16)
         assert 1 / sig.ai_xv == pytest.approx(ops + (3 if fmt == "int4-g32" else 2) / 32)
-        # M = 512: 32 / 11 x 400e9 / 128 / 512 weight vectors/s of 2 x 16 x 512 FLOPs: 8 of
-        # each 11 ops of a row's block are dot8, so 8 / 11 of the dot8 peak
+        # M = 512: 4 x 400e9 / 128 / 512 weight vectors/s of 2 x 16 x 512 FLOPs: the block
+        # rate as measured
         b = rs.bound(host.machine(512, fmt), sig, rs.gemm_flops_per_op(16, 512))
-        assert b == rs.Bound(pytest.approx(peak * 8 / 11), "MTX")
-    per_column = host.machine(512, "int8", k=4096).mos  # one group: 8 + 2 + 1 / 128 a block
-    assert per_column == pytest.approx(32 / (10 + 32 / 4096) * host.int8_dot_ops / 512)
+        assert b == rs.Bound(pytest.approx(peak), "MTX")
+    per_column = host.machine(512, "int8", k=4096).mos
+    assert per_column == pytest.approx(4 * 11 / (10 + 32 / 4096) * host.int8_dot_ops / 512)
     assert host.machine(512, "int8", k=1000).mos == pytest.approx(host.fma_vector_ops / 512)
     assert 1 / rs.kernel_signature("int8", 16, k=1000).ai_xv > 2
 

@@ -82,12 +82,14 @@ def _library() -> tuple[ctypes.CDLL, str]:
                             ctypes.c_int, ctypes.POINTER(ctypes.c_float)]
     for fn in (lib.mb_dpbf16, lib.mb_dpbusd, lib.mb_dot8_narrow):
         fn.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.POINTER(ctypes.c_float)]
+    lib.mb_dot8_block.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.c_int,
+                                  ctypes.POINTER(ctypes.c_float)]
     lib.mb_dequant.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long,
                                ctypes.POINTER(ctypes.c_float)]
     lib.mb_dequant_ops.argtypes = [ctypes.c_int]
     for fn in (lib.mb_fma, lib.mb_fma_chains, lib.mb_read, lib.mb_lanes, lib.mb_fma_accs,
                lib.mb_read_block, lib.mb_max_chains, lib.mb_dpbf16, lib.mb_dpbusd,
-               lib.mb_dot8_narrow, lib.mb_int8_lanes, lib.mb_int8_accs, lib.mb_dequant,
+               lib.mb_dot8_narrow, lib.mb_dot8_block, lib.mb_int8_lanes, lib.mb_int8_accs, lib.mb_dequant,
                lib.mb_dequant_kinds, lib.mb_dequant_ops, lib.mb_dequant_accs):
         fn.restype = ctypes.c_int
     return lib, isa
@@ -142,6 +144,29 @@ def peak_int8_gops(threads: int, *, narrow: bool = False, iters: int = 3_000_000
         return None
     return _peak("mb_dot8_narrow" if narrow else "mb_dpbusd", "int8 dot", 8.0, threads, iters,
                  repeat, lanes=lanes, accs=lib.mb_int8_accs())
+
+
+def int8_block_gops(threads: int, *, narrow: bool = False, iters: int = 400_000,
+                    repeat: int = 7) -> float | None:
+    """G ops/s of dot8 (8 a lane, as peak_int8_gops counts them) when it runs as the int
+    formats' tile runs it: blocks of 8 dot8 per row and column vector, each block's sum then
+    converted to f32 and scaled twice (vcvtdq2ps and 2 FMAs, a group of 32). On Zen 4 those 3
+    ops take ports the dot8 needs; on a Zen 3, whose dot8 is 2 pmaddwd + 2 paddd, the tile
+    hid them (its gate_up ran at the bare dot8 rate). `narrow`: int4's h16 sequence. None
+    where peak_int8_gops is None."""
+    check_threads(threads)
+    lib, _ = _library()
+    lanes = lib.mb_int8_lanes()
+    if lanes == 0:
+        return None
+    out = ctypes.c_float()
+
+    def call() -> None:
+        _check_rc(lib.mb_dot8_block(threads, iters, int(narrow), ctypes.byref(out)), "int8 block")
+
+    t = time_callable(call, warmup=2, repeat=repeat, min_repeat_s=0.0)
+    dots = 8 * threads * iters * lib.mb_int8_accs()
+    return 8.0 * dots * lanes / t.min_s / 1e9
 
 
 # The dequantization sequences of csrc/machine_bench.c (DQ_*), in its order: the vector work

@@ -239,10 +239,14 @@ VALUE_OPS = {32: 0.0, 16: 0.0, 8: 2.0, 4: 2.5}
 ACT8_VALUE_OPS = {8: 0.0, 6: 9 / 8, 5: 9 / 8, 4: 0.75}
 # Per row and block of 32 values, besides its 8 dot8 per column vector, the kernel converts
 # the block's integer sums to f32 and scales them by the activation scale (vcvtdq2ps and an
-# FMA), and per group of G values once more by the weight scale (an FMA): the matrix term
-# counts those 2 + 32 / G ops with the dot8, at the dot8 rate (as on Zen 4, where all three
-# run at one 512-bit op a cycle), as in the znver4 assembly.
+# FMA), and per group of G values once more by the weight scale (an FMA). The dot8 rates are
+# measured on that block, with groups of 32 (machine_bench.int8_block_gops), not assumed:
+# the model used to count the 3 ops at the dot8 rate (8 / 11 of it for the block), as where
+# they take the ports vpdpbusd needs (Zen 4), but a Zen 3's tile hid them behind its pmaddwd
+# sequence and ran above that bound; other groups scale the block by its op count, 8 + 2 +
+# 32 / G against the measured 8 + 2 + 1.
 ACT8_BLOCK_DOTS, ACT8_BLOCK_SCALING = 8, 2
+ACT8_MEASURED_BLOCK = ACT8_BLOCK_DOTS + ACT8_BLOCK_SCALING + 1
 BF16_WIDEN_OPS = 1.0
 SIGNATURE_K = 4096  # K for the per-column formats' share of scale bytes and scaling ops
 
@@ -320,16 +324,19 @@ class HostRates:
     fma_vector_ops: float  # FMA vector instructions per second, all threads
     vos: Mapping[str, float]  # vector ops/s of each dequantization sequence, all threads
     bf16_dot_ops: float | None = None  # vdpbf16ps per second, all threads (None: no avx512_bf16)
-    int8_dot_ops: float | None = None  # dot8 (vpdpbusd, or pmaddwd) per second, all threads
-    # dot8 per second on weight bytes below 128 (4- to 6-bit values; without VNNI int4's
-    # pmaddubsw + paddw, the others' bound); None: int8_dot_ops
+    # dot8 (vpdpbusd, or pmaddwd) per second, all threads, in the tile's blocks (8 dot8 and
+    # their scaling, groups of 32: ACT8_MEASURED_BLOCK)
+    int8_dot_ops: float | None = None
+    # the same on weight bytes below 128 (4- to 6-bit values; without VNNI int4's pmaddubsw +
+    # paddw, the others' bound); None: int8_dot_ops
     narrow_dot_ops: float | None = None
 
     def machine(self, m: int, fmt: str = "fp32", k: int = SIGNATURE_K) -> Machine:
         """MOS is weight vectors/s: each one takes M FMA vector ops; for bf16 weights on a
         CPU with a bf16 dot product, M / 2 of them (one takes two weight vectors' pairs); for
         int weights multiplied on 8-bit activations (K as in kernel_signature), M / 4 dot8
-        (one takes four weight vectors' bytes) plus the per-block scaling (ACT8_BLOCK_SCALING)."""
+        (one takes four weight vectors' bytes) at their rate in the tile's blocks, whose
+        scaling that rate includes for groups of 32 (ACT8_MEASURED_BLOCK)."""
         f = parse_format(fmt)
         vos = self.vos_for(f.name, k)
         if f.bits == 16 and self.bf16_dot_ops:
@@ -337,7 +344,8 @@ class HostRates:
         if self.int8_dot_ops and int_activations(f, k):
             block = ACT8_BLOCK_DOTS + ACT8_BLOCK_SCALING + ACT_BLOCK / f.group_size(k)
             dots = (self.narrow_dot_ops or self.int8_dot_ops) if f.bits < 8 else self.int8_dot_ops
-            return Machine(self.mbw, vos, ACT_BLOCK / block * dots / m)
+            per_dot = ACT_BLOCK / ACT8_BLOCK_DOTS  # weight vectors a dot8 takes
+            return Machine(self.mbw, vos, per_dot * ACT8_MEASURED_BLOCK / block * dots / m)
         return Machine(self.mbw, vos, self.fma_vector_ops / m)
 
     def vos_for(self, fmt: str, k: int = SIGNATURE_K) -> float:
@@ -352,8 +360,8 @@ class HostRates:
 
 def calibrate(threads: int, *, lanes: int | None = None, read_gbs: float | None = None,
               peak_gflops: float | None = None) -> HostRates:
-    """Measure MBW, the FMA rate, the int8 dot product's (dot8) rate, where the CPU has one
-    the bf16 dot product's, and the rate of each dequantization sequence (VOS), with the
+    """Measure MBW, the FMA rate, the int8 dot product's (dot8) rate in the tile's blocks,
+    where the CPU has one the bf16 dot product's, and the rate of each dequantization sequence (VOS), with the
     tuner's C micro-benchmarks (a few seconds), not from vendor tables. A caller that has
     just measured the read (GB/s) and the FMA peak (GFLOPS) passes them, and they are not
     measured again."""
@@ -368,8 +376,8 @@ def calibrate(threads: int, *, lanes: int | None = None, read_gbs: float | None 
     mbw = read_gbs * 1e9
     fma = peak_gflops * 1e9 / (2 * lanes)
     bf16 = machine_bench.peak_bf16_gflops(threads)
-    int8 = machine_bench.peak_int8_gops(threads)  # 8 ops per lane of a dot8
-    narrow = machine_bench.peak_int8_gops(threads, narrow=True) if int8 else None
+    int8 = machine_bench.int8_block_gops(threads)  # 8 ops per lane of a dot8
+    narrow = machine_bench.int8_block_gops(threads, narrow=True) if int8 else None
     vos = {kind: machine_bench.dequant_gops(kind, threads) * 1e9
            for kind in machine_bench.DEQUANT_KINDS}
     return HostRates(threads=threads, lanes=lanes, mbw=mbw, fma_vector_ops=fma, vos=vos,

@@ -46,7 +46,8 @@ def _run(args) -> int:
               f"{host.lanes} lanes) (measured)")
     if host.int8_dot_ops:
         print(f"INT8 {host.int8_dot_ops / 1e9:7.2f} G dot8/s           peak int8 G ops/s / (8 x "
-              f"{host.lanes} lanes) (vpdpbusd, or 2 pmaddwd + 2 paddd) (measured)")
+              f"{host.lanes} lanes) (vpdpbusd, or 2 pmaddwd + 2 paddd), in the tile's blocks of 8 and "
+              f"their scaling (measured)")
     if host.narrow_dot_ops:
         print(f"INT<8 {host.narrow_dot_ops / 1e9:6.2f} G dot8/s           the same on weight bytes below "
               f"128 (4- to 6-bit; vpdpbusd, or int4's pmaddubsw + paddw in 16 bits) (measured)")
@@ -54,7 +55,8 @@ def _run(args) -> int:
           "(measured): " + ", ".join(f"{kind} {rate / 1e9:.2f}" for kind, rate in host.vos.items()))
     print("matrix op = one weight vector in M FMAs: MOS = FMA rate / M, 2 x lanes x M FLOPs "
           "(bf16 with vdpbf16ps: 2 x its rate / M; int formats on 8-bit activations: 4 x the "
-          "dot8 rate / M, less the 2 + 32 / G scaling ops per row and block of 32)")
+          "dot8 rate in blocks / M, that block's scaling measured for groups of 32 and scaled by "
+          "8 + 2 + 32 / G ops for others)")
     print("a format's VOS: its sequence at that rate, its group epilogue (scaling FMAs) at the "
           "FMA rate")
     print(f"{'format':<14} {'M':>5} {'AI_XM op/B':>10} {'AI_XV op/vop':>12} {'VOS G/s':>8} "

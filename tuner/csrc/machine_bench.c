@@ -348,6 +348,9 @@ static void *dot8_h16_worker(void *p) {
             _Pragma("GCC unroll 16") for (int j = 0; j < INT8_ACCS; j++) {
                 __asm__ volatile("" : "+v"(x));
                 h[j] = IADD16(h[j], IMADDUBS(w, x));
+                /* a chain step after step: else gcc makes the 8 steps' products first and
+                 * spills them (it read this rate 0.6-0.8x of what the sequence runs at) */
+                __asm__ volatile("" : "+v"(h[j]));
             }
         }
         _Pragma("GCC unroll 16") for (int j = 0; j < INT8_ACCS; j++) {
@@ -361,6 +364,96 @@ static void *dot8_h16_worker(void *p) {
 }
 #endif
 #endif
+
+/* A block of 32 values of the int formats' tile (the family's act = 1), per row and column
+ * vector: its 8 dot8 into an integer sum started from an offset, that sum converted to f32
+ * and scaled by the row's activation scale into the group's sum (vcvtdq2ps and an FMA), and
+ * the group's sum scaled into the output (an FMA: a group of 32 is one block). On a core
+ * whose dot8 and FMAs share ports (Zen 4's vpdpbusd) those 3 ops cost as much as 3 dot8; on
+ * one whose dot8 is a longer integer sequence (2 pmaddwd + 2 paddd on Zen 3's four vector
+ * pipes) they can be hidden: measured, not assumed. `narrow`: the h16 sequence, its halves
+ * folded once a block. INT8_ACCS chains (rows) share each weight vector, as dot8_worker's
+ * do; each block adds exactly 8 to each lane of its chain's output, a float that stays exact
+ * below 2^21 blocks. */
+#if defined(INT8_LANES)
+#if INT8_LANES == 16
+#define VCVT(a) _mm512_cvtepi32_ps(a)
+#else
+#define VCVT(a) _mm256_cvtepi32_ps(a)
+#endif
+static void *block_worker(void *p, int narrow) {
+    fma_job *job = (fma_job *)p;
+    ivec x[2];
+    act8(x);
+#if defined(__AVX512VNNI__)
+    ivec w = ISET1(W8); /* the narrow dot8 is vpdpbusd too */
+    narrow = 0;
+#else
+    ivec w = ISET1(narrow ? W4 : W8);
+    const ivec ones = ISET1(0x00010001);
+    ivec xn = ISET1(X4);
+#endif
+    vec out[INT8_ACCS], scale = VSET1(1.0f), zero = VSET1(0.0f);
+    __asm__("" : "+v"(scale), "+v"(zero)); /* not folded: the kernel's scales are data */
+    _Pragma("GCC unroll 16") for (int j = 0; j < INT8_ACCS; j++) {
+        out[j] = zero;
+        __asm__("" : "+v"(out[j]));
+    }
+    for (long i = 0; i < job->iters; i++) {
+        ivec a[INT8_ACCS];
+        _Pragma("GCC unroll 16") for (int j = 0; j < INT8_ACCS; j++) {
+            a[j] = ISET1(0);
+            __asm__ volatile("" : "+v"(a[j]));
+        }
+        /* each step a new weight vector, which every chain (row) multiplies */
+        _Pragma("GCC unroll 8") for (int t = 0; t < 8; t++) {
+            __asm__ volatile("" : "+v"(w));
+            _Pragma("GCC unroll 16") for (int j = 0; j < INT8_ACCS; j++) {
+#if !defined(__AVX512VNNI__)
+                if (narrow) { /* 16-bit halves in a, folded below */
+                    __asm__ volatile("" : "+v"(xn)); /* a row's own product, as x below */
+                    a[j] = IADD16(a[j], IMADDUBS(w, xn));
+                } else
+#endif
+                {
+                    __asm__ volatile("" : "+v"(x[0]), "+v"(x[1]));
+                    a[j] = dot8(a[j], w, x);
+                }
+                /* each row's sum a chain, step after step, as in the tile: without this gcc
+                 * makes every product of the block first and spills them */
+                __asm__ volatile("" : "+v"(a[j]));
+            }
+        }
+        _Pragma("GCC unroll 16") for (int j = 0; j < INT8_ACCS; j++) {
+#if !defined(__AVX512VNNI__)
+            if (narrow)
+                a[j] = IMADD(a[j], ones);
+#endif
+            vec g = VFMA(VCVT(a[j]), scale, zero);
+            out[j] = VFMA(g, scale, out[j]);
+        }
+    }
+    vec s = out[0];
+    _Pragma("GCC unroll 16") for (int j = 1; j < INT8_ACCS; j++) s = VADD(s, out[j]);
+    float t[LANES], total = 0.0f;
+    VSTORE(t, s);
+    for (int j = 0; j < LANES; j++) total += t[j];
+    job->result = total;
+    return NULL;
+}
+static void *block_full_worker(void *p) { return block_worker(p, 0); }
+static void *block_narrow_worker(void *p) { return block_worker(p, 1); }
+#endif
+
+/* `iters` blocks per chain; -1 where the build has no int8 dot (AVX-512 without AVX-512BW). */
+int mb_dot8_block(int threads, long iters, int narrow, float *out) {
+#if defined(INT8_LANES)
+    return run_iters(threads, iters, narrow ? block_narrow_worker : block_full_worker, out);
+#else
+    (void)threads; (void)iters; (void)narrow; (void)out;
+    return -1;
+#endif
+}
 
 int mb_dpbusd(int threads, long iters, float *out) {
 #if defined(INT8_LANES)
