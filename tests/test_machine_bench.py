@@ -88,9 +88,10 @@ def test_int8_dot_peak_sums_every_product():
     assert gops > 0
     assert gops > 0.25 * mbench.peak_gflops(1, iters=200_000, repeat=3)
     assert mbench.peak_int8_gops(1, narrow=True, iters=200_000, repeat=3) > 0.5 * gops
-    # in the tile's blocks (the Roof-Surface model's rate): the same order, never far above
+    # in the tile's blocks (the Roof-Surface model's rate): the same order; gcc merging the
+    # rows' identical chains into one would read 4x (this VM's bare rate alone spreads 2x)
     block = mbench.int8_block_gops(1, iters=50_000, repeat=3)
-    assert 0.25 * gops < block < 1.5 * gops
+    assert 0.25 * gops < block < 3 * gops
 
 
 @pytest.mark.parametrize("isa, flags", [("avx512", ["-mavx512f", "-mavx512bw"]),
