@@ -12,7 +12,8 @@ let-bound index into a local array breaks CompactBufferAllocation: "Buffer ... i
 before its definition"); every local scalar is a 1-element "global" array, not a let
 binding (TVM 0.27 turns let variables into "local" arrays, which become heap workspace
 that aliases everything) unless the caller asks for substitution (`scalars`); nested
-parallel loops are fused or run serially. `unroll` loops with constant bounds, `if`s on
+parallel loops are fused or run serially, and a parallel loop whose trip count is 1 at run
+time runs on the calling thread. `unroll` loops with constant bounds, `if`s on
 constants and constant-row local arrays are resolved here (compiler/lower_static.py).
 """
 
@@ -293,13 +294,29 @@ class _Emitter(V.VectorLoops, StaticParts, TileStatements):
                 kind = "range"  # TVM unrolls only constant trip counts
             if s.kind == "parallel" and self.parallel_depth:
                 kind = "range"  # TVM's thread pool does not nest parallel loops
-            self.parallel_depth += s.kind == "parallel"
-            self.line(depth, f"for {u} in {kind}({trips}):")
-            self.names[s.var] = V.affine(start, u, step)
-            self.block(s.body, depth + 1)
-            self.parallel_depth -= s.kind == "parallel"
+            if kind == "T.parallel" and const_trips is None:
+                # a trip count known only at run time may be 1 (a decode step's one row):
+                # then the loop runs on the calling thread, without waking the pool (a
+                # one-row RMSNorm: 0.66 us a call against 2.1-2.4 us through the pool)
+                self.line(depth, f"if {trips} > 1:")
+                self.parallel_loop(s, u, "T.parallel", trips, start, step, depth + 1)
+                self.line(depth, "else:")
+                self.fresh += 1
+                self.parallel_loop(s, f"t{self.fresh}", "range", trips, start, step, depth + 1)
+                return
+            self.parallel_loop(s, u, kind, trips, start, step, depth)
             return
         self.vector(s, reds, u, start, step, trips, const_trips, depth)
+
+    def parallel_loop(self, s: H.For, u: str, kind: str, trips: str, start: str, step: str,
+                      depth: int) -> None:
+        """A loop of `kind` over `trips`, its body inside (a parallel one counted as such, so
+        no loop inside it asks the pool again)."""
+        self.parallel_depth += s.kind == "parallel"
+        self.line(depth, f"for {u} in {kind}({trips}):")
+        self.names[s.var] = V.affine(start, u, step)
+        self.block(s.body, depth + 1)
+        self.parallel_depth -= s.kind == "parallel"
 
     def fused(self, s: H.For, inner: H.For, u, start, step, trips, depth: int) -> None:
         """Two directly nested parallel loops become one parallel loop over both."""

@@ -42,6 +42,27 @@ def test_rmsnorm():
         close(ty.numpy(), xd / np.sqrt((xd**2).mean(1, keepdims=True) + 1e-6) * w)
 
 
+def test_a_parallel_loop_of_one_trip_at_run_time_stays_on_the_calling_thread():
+    """A parallel loop whose trip count is known only at run time (RMSNorm's rows) runs
+    serially when it has one trip (a decode step), without waking TVM's pool; a constant trip
+    count (the GEMM family's threads) keeps the plain parallel loop. test_rmsnorm checks both
+    paths' values (M = 1 and 7)."""
+    from sandwich.dsl.load import load_source
+
+    src = to_tvmscript(load_kernel("rmsnorm"), tunables={}, vlen=VLEN)
+    assert src.count("T.parallel(") == 1 and "if T.max((M_), 0) > 1:" in src
+    assert "else:\n        for t" in src and "in range(T.max((M_), 0)):" in src
+    fixed = load_source("""
+kernel fixed(f32 x[4]) {
+    parallel for (i32 i = 0; i < 4; i++) {
+        x[i] = 1.0;
+    }
+}
+""").kernels[0]
+    src = to_tvmscript(fixed, tunables={}, vlen=VLEN)
+    assert "T.parallel(4)" in src and "if " not in src
+
+
 def test_silu_mul():
     f = build("silu_mul")
     m, n = 5, 37
