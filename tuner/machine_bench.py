@@ -150,10 +150,10 @@ def int8_block_gops(threads: int, *, narrow: bool = False, iters: int = 400_000,
                     repeat: int = 7) -> float | None:
     """G ops/s of dot8 (8 a lane, as peak_int8_gops counts them) when it runs as the int
     formats' tile runs it: blocks of 8 dot8 per row and column vector, each block's sum then
-    converted to f32 and scaled twice (vcvtdq2ps and 2 FMAs, a group of 32). On Zen 4 those 3
-    ops take ports the dot8 needs; on a Zen 3, whose dot8 is 2 pmaddwd + 2 paddd, the tile
-    hid them (its gate_up ran at the bare dot8 rate). `narrow`: int4's h16 sequence. None
-    where peak_int8_gops is None."""
+    converted to f32 and scaled twice (vcvtdq2ps and 2 FMAs, a group of 32): where the dot8
+    and the FMAs share ports (Zen 4's vpdpbusd) those 3 ops may cost as much as 3 dot8, where
+    the dot8 is a longer integer sequence (2 pmaddwd + 2 paddd on a Zen 3) they may hide
+    behind it. `narrow`: int4's h16 sequence. None where peak_int8_gops is None."""
     check_threads(threads)
     lib, _ = _library()
     lanes = lib.mb_int8_lanes()

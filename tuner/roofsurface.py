@@ -241,10 +241,10 @@ ACT8_VALUE_OPS = {8: 0.0, 6: 9 / 8, 5: 9 / 8, 4: 0.75}
 # the block's integer sums to f32 and scales them by the activation scale (vcvtdq2ps and an
 # FMA), and per group of G values once more by the weight scale (an FMA). The dot8 rates are
 # measured on that block, with groups of 32 (machine_bench.int8_block_gops), not assumed:
-# the model used to count the 3 ops at the dot8 rate (8 / 11 of it for the block), as where
-# they take the ports vpdpbusd needs (Zen 4), but a Zen 3's tile hid them behind its pmaddwd
-# sequence and ran above that bound; other groups scale the block by its op count, 8 + 2 +
-# 32 / G against the measured 8 + 2 + 1.
+# the model used to count the 3 ops at the bare dot8 rate (8 / 11 of it for the block), as
+# where they take the ports vpdpbusd needs (Zen 4), and a Zen 3's int8 tile ran above that
+# bound (in a run whose bare rate read low: that rate spread 2x there, the block rate less);
+# other groups scale the block by its op count, 8 + 2 + 32 / G against the measured 8 + 2 + 1.
 ACT8_BLOCK_DOTS, ACT8_BLOCK_SCALING = 8, 2
 ACT8_MEASURED_BLOCK = ACT8_BLOCK_DOTS + ACT8_BLOCK_SCALING + 1
 BF16_WIDEN_OPS = 1.0

@@ -369,9 +369,9 @@ static void *dot8_h16_worker(void *p) {
  * vector: its 8 dot8 into an integer sum started from an offset, that sum converted to f32
  * and scaled by the row's activation scale into the group's sum (vcvtdq2ps and an FMA), and
  * the group's sum scaled into the output (an FMA: a group of 32 is one block). On a core
- * whose dot8 and FMAs share ports (Zen 4's vpdpbusd) those 3 ops cost as much as 3 dot8; on
- * one whose dot8 is a longer integer sequence (2 pmaddwd + 2 paddd on Zen 3's four vector
- * pipes) they can be hidden: measured, not assumed. `narrow`: the h16 sequence, its halves
+ * whose dot8 and FMAs share ports (Zen 4's vpdpbusd) those 3 ops may cost as much as 3 dot8;
+ * on one whose dot8 is a longer integer sequence (2 pmaddwd + 2 paddd on Zen 3's four vector
+ * pipes) they may hide behind it: measured, not assumed. `narrow`: the h16 sequence, its halves
  * folded once a block. INT8_ACCS chains (rows) share each weight vector, as dot8_worker's
  * do; each block adds exactly 8 to each lane of its chain's output, a float that stays exact
  * below 2^21 blocks. */
