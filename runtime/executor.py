@@ -385,7 +385,11 @@ class Executor:
         if self.kv_hook is not None:
             self.kv_hook(layer, self.kv, segments)
         attn, proj = b["attn"][:n_tok], b["proj"][:n_tok]
-        ops.attention(q, kc, vc, segments, self.scale, out=attn)
+        if self._decode:  # the same buffers every step: bound once (`_call`), replayed
+            self._call(layer, "attention", n_tok,
+                       lambda: ops.bind_decode_attention(kc, vc, self.scale, attn))(q, segments)
+        else:
+            ops.attention(q, kc, vc, segments, self.scale, out=attn)
         run(layer, "o", n_tok, lambda: g.o.bind(attn, w.o, proj))
         if self.allreduce is not None:
             self.allreduce(proj)

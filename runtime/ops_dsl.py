@@ -156,6 +156,11 @@ class DslOps(NumpyOps):
                           out[rows])
             t0 += n
 
+    def bind_decode_attention(self, k_cache: np.ndarray, v_cache: np.ndarray, scale: float,
+                              out: np.ndarray) -> Callable:
+        """The decode kernel bound to these buffers (DecodeAttention.bind): run(q, segments)."""
+        return self._decode.bind(k_cache, v_cache, scale, out)
+
     def _self_check(self, hidden: int) -> None:
         """Run each kernel once against the numpy fallback on random data (3 tokens; a
         2-slot, 9-position KV cache for decode attention; a 3-token chunk after 2 cached

@@ -98,6 +98,13 @@ class NumpyOps:
             np.multiply(x2, c, out=x2)
             np.add(x2, b, out=x2)  # x2 c + x1 s
 
+    def bind_decode_attention(self, k_cache: np.ndarray, v_cache: np.ndarray, scale: float,
+                              out: np.ndarray) -> Callable:
+        """run(q, segments): `attention` of a decode step (one token a segment) on these
+        buffers, which a caller binds once and replays (DslOps wraps the kernel's arguments
+        once)."""
+        return lambda q, segments: self.attention(q, k_cache, v_cache, segments, scale, out)
+
     def attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                   segments: Sequence[Segment], scale: float, out: np.ndarray) -> None:
         """Causal GQA attention of each segment's queries over its slot's cached keys.

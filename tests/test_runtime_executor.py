@@ -162,6 +162,27 @@ def test_batched_decode_and_chunked_prefill_equal_single_runs(llama160m, ops):
     np.testing.assert_allclose(out[1], alone.decode([t], [9])[0], rtol=1e-4, atol=1e-5)
 
 
+def test_decode_steps_replay_their_bound_attention(llama160m, monkeypatch):
+    """A decode step's attention is bound to its buffers once per layer and batch size and
+    replayed (DecodeAttention.bind): no step looks its wrapped arguments up again (three
+    pointer reads, about 9 us a call), and the logits are the numpy fallback's."""
+    from sandwich.runtime.dsl_attention import DecodeAttention
+
+    _, model, _ = llama160m
+    runs = {o: Executor(model, max_batch=2, max_seq=32, max_tokens=16, ops=o, threads=2)
+            for o in ("dsl", "numpy")}
+    slots = {o: (ex.start(PROMPT)[0], ex.start(PROMPT[:3])[0]) for o, ex in runs.items()}
+
+    def looked_up(*args, **kwargs):
+        raise AssertionError("a decode step looked its attention up again")
+
+    for step, tokens in enumerate(([3, 4], [5, 6], [7, 8])):
+        out = {o: ex.decode(list(slots[o]), tokens).copy() for o, ex in runs.items()}
+        np.testing.assert_allclose(out["dsl"], out["numpy"], rtol=1e-4, atol=1e-4)
+        if step == 0:  # bound on the first step; the others replay
+            monkeypatch.setattr(DecodeAttention, "__call__", looked_up)
+
+
 def test_capacity_errors_leave_other_sequences_running(llama160m):
     _, model, _ = llama160m
     ex = Executor(model, max_batch=2, max_seq=12, max_tokens=8)
