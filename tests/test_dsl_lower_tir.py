@@ -28,6 +28,24 @@ def dev_arrays(*arrays):
     return [tvm.runtime.tensor(a, dev) for a in arrays]
 
 
+def build_for(src: str, isa: str | None, *, int8_dot: bool = False):
+    """TVMScript `src` compiled for `isa` (None: a plain llvm target; with `int8_dot`,
+    AVX512-VNNI too), or a skip where this CPU cannot run that build."""
+    from sandwich.compiler.build import parse_tvmscript
+    from sandwich.compiler.target import detect_cpu
+
+    need = {"avx2": ("avx2", "avx512"), "avx512": ("avx512",)}.get(isa, ())
+    if need and detect_cpu().isa not in need:
+        pytest.skip(f"this CPU has no {isa}: that build cannot run here")
+    if int8_dot and not detect_cpu().int8_dot:
+        pytest.skip("this CPU has no AVX512-VNNI: the vpdpbusd build cannot run here")
+    target = {"kind": "llvm", "num-cores": 2}
+    if isa:
+        target["mattr"] = {"avx2": ["+avx2"], "avx512": ["+avx512f", "+avx512bw"]}[isa] + (
+            ["+avx512vnni"] if int8_dot else [])
+    return tvm.compile(parse_tvmscript(src), target=tvm.target.Target(target))["main"]
+
+
 def close(a, b):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
@@ -267,8 +285,6 @@ def test_dot8_is_vpdpbusd_with_vnni_pmaddwd_on_other_x86_and_shifts_elsewhere(is
     below 128) take one pmaddubsw, three times in this kernel: every lowering matches the
     interpreter and numpy on bytes at their extremes (255 x -128 through pmaddubsw would
     saturate)."""
-    from sandwich.compiler.build import parse_tvmscript
-    from sandwich.compiler.target import detect_cpu
     from sandwich.dsl.interp import run
     from sandwich.dsl.load import load_source
 
@@ -294,16 +310,7 @@ def test_dot8_is_vpdpbusd_with_vnni_pmaddwd_on_other_x86_and_shifts_elsewhere(is
     c = np.zeros(16, np.int32)
     run(kernel, tunables={}, vlen=vlen, n=n, W=w, P=p, C=c)
     np.testing.assert_array_equal(c, want)
-    need = {"avx2": ("avx2",), "avx512": ("avx512",)}.get(isa, ())
-    if need and detect_cpu().isa not in need + ("avx512",):
-        pytest.skip(f"this CPU has no {isa}: that build cannot run here")
-    if int8_dot and not detect_cpu().int8_dot:
-        pytest.skip("this CPU has no AVX512-VNNI: the vpdpbusd build cannot run here")
-    target = {"kind": "llvm", "num-cores": 2}
-    if isa:
-        target["mattr"] = {"avx2": ["+avx2"], "avx512": ["+avx512f", "+avx512bw"]}[isa] + (
-            ["+avx512vnni"] if int8_dot else [])
-    f = tvm.compile(parse_tvmscript(src), target=tvm.target.Target(target))["main"]
+    f = build_for(src, isa, int8_dot=int8_dot)
     tw, tp, tc = dev_arrays(w, p, np.zeros(16, np.int32))
     f(n, tw, tp, tc)
     np.testing.assert_array_equal(tc.numpy(), want)
@@ -333,8 +340,6 @@ def test_dot8h_is_pmaddubsw_and_paddw_on_x86_and_the_same_sums_elsewhere(isa, vl
     pmaddubsw and paddw do; halves sums the two halves (pmaddwd by ones). The first trips take
     bytes at their extremes (255 x -128 twice saturates a pair) and the sums wrap many times:
     every lowering matches the interpreter and numpy."""
-    from sandwich.compiler.build import parse_tvmscript
-    from sandwich.compiler.target import detect_cpu
     from sandwich.dsl.interp import run
     from sandwich.dsl.load import load_source
 
@@ -356,13 +361,7 @@ def test_dot8h_is_pmaddubsw_and_paddw_on_x86_and_the_same_sums_elsewhere(isa, vl
     c, h = np.zeros(16, np.int32), np.zeros(16, np.int32)
     run(kernel, tunables={}, vlen=vlen, n=n, W=w, P=p, C=c, H=h)
     np.testing.assert_array_equal(c, want)
-    need = {"avx2": ("avx2", "avx512"), "avx512": ("avx512",)}.get(isa, ())
-    if need and detect_cpu().isa not in need:
-        pytest.skip(f"this CPU has no {isa}: that build cannot run here")
-    target = {"kind": "llvm", "num-cores": 2}
-    if isa:
-        target["mattr"] = {"avx2": ["+avx2"], "avx512": ["+avx512f", "+avx512bw"]}[isa]
-    f = tvm.compile(parse_tvmscript(src), target=tvm.target.Target(target))["main"]
+    f = build_for(src, isa)
     tw, tp, tc, th = dev_arrays(w, p, np.zeros(16, np.int32), np.zeros(16, np.int32))
     f(n, tw, tp, tc, th)
     np.testing.assert_array_equal(tc.numpy(), want)
@@ -388,8 +387,6 @@ def test_dot8p_is_two_pmaddwd_on_the_given_pairs_on_x86_and_the_same_sums_elsewh
     halves and bytes 1 and 3 times p13's: on x86 two pmaddwd that take the pairs as they are
     (no scalar work on them), elsewhere the same sums. Bytes 255 against halves -128 and 127,
     and halves beyond a byte's range: every lowering matches the interpreter and numpy."""
-    from sandwich.compiler.build import parse_tvmscript
-    from sandwich.compiler.target import detect_cpu
     from sandwich.dsl.interp import run
     from sandwich.dsl.load import load_source
 
@@ -410,13 +407,7 @@ def test_dot8p_is_two_pmaddwd_on_the_given_pairs_on_x86_and_the_same_sums_elsewh
     c = np.zeros(16, np.int32)
     run(kernel, tunables={}, vlen=vlen, n=n, W=w, P=p, C=c)
     np.testing.assert_array_equal(c, want)
-    need = {"avx2": ("avx2", "avx512"), "avx512": ("avx512",)}.get(isa, ())
-    if need and detect_cpu().isa not in need:
-        pytest.skip(f"this CPU has no {isa}: that build cannot run here")
-    target = {"kind": "llvm", "num-cores": 2}
-    if isa:
-        target["mattr"] = {"avx2": ["+avx2"], "avx512": ["+avx512f", "+avx512bw"]}[isa]
-    f = tvm.compile(parse_tvmscript(src), target=tvm.target.Target(target))["main"]
+    f = build_for(src, isa)
     tw, tp, tc = dev_arrays(w, p, np.zeros(16, np.int32))
     f(n, tw, tp, tc)
     np.testing.assert_array_equal(tc.numpy(), want)
