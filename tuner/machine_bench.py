@@ -80,16 +80,16 @@ def _library() -> tuple[ctypes.CDLL, str]:
     lib.mb_fma_chains.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.POINTER(ctypes.c_float)]
     lib.mb_read.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                             ctypes.c_int, ctypes.POINTER(ctypes.c_float)]
-    for fn in (lib.mb_dpbf16, lib.mb_dpbusd, lib.mb_dot8_narrow):
+    for fn in (lib.mb_dpbf16, lib.mb_dpbusd, lib.mb_dot8_narrow, lib.mb_dot8_block,
+               lib.mb_dot8_block_narrow):
         fn.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.POINTER(ctypes.c_float)]
-    lib.mb_dot8_block.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.c_int,
-                                  ctypes.POINTER(ctypes.c_float)]
     lib.mb_dequant.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long,
                                ctypes.POINTER(ctypes.c_float)]
     lib.mb_dequant_ops.argtypes = [ctypes.c_int]
     for fn in (lib.mb_fma, lib.mb_fma_chains, lib.mb_read, lib.mb_lanes, lib.mb_fma_accs,
                lib.mb_read_block, lib.mb_max_chains, lib.mb_dpbf16, lib.mb_dpbusd,
-               lib.mb_dot8_narrow, lib.mb_dot8_block, lib.mb_int8_lanes, lib.mb_int8_accs, lib.mb_dequant,
+               lib.mb_dot8_narrow, lib.mb_dot8_block, lib.mb_dot8_block_narrow, lib.mb_int8_lanes,
+               lib.mb_int8_accs, lib.mb_dequant,
                lib.mb_dequant_kinds, lib.mb_dequant_ops, lib.mb_dequant_accs):
         fn.restype = ctypes.c_int
     return lib, isa
@@ -159,14 +159,9 @@ def int8_block_gops(threads: int, *, narrow: bool = False, iters: int = 400_000,
     lanes = lib.mb_int8_lanes()
     if lanes == 0:
         return None
-    out = ctypes.c_float()
-
-    def call() -> None:
-        _check_rc(lib.mb_dot8_block(threads, iters, int(narrow), ctypes.byref(out)), "int8 block")
-
-    t = time_callable(call, warmup=2, repeat=repeat, min_repeat_s=0.0)
-    dots = 8 * threads * iters * lib.mb_int8_accs()
-    return 8.0 * dots * lanes / t.min_s / 1e9
+    # a block is 8 dot8 of 8 ops a lane
+    return _peak("mb_dot8_block_narrow" if narrow else "mb_dot8_block", "int8 block", 64.0,
+                 threads, iters, repeat, lanes=lanes, accs=lib.mb_int8_accs())
 
 
 # The dequantization sequences of csrc/machine_bench.c (DQ_*), in its order: the vector work

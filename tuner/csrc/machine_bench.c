@@ -446,11 +446,21 @@ static void *block_narrow_worker(void *p) { return block_worker(p, 1); }
 #endif
 
 /* `iters` blocks per chain; -1 where the build has no int8 dot (AVX-512 without AVX-512BW). */
-int mb_dot8_block(int threads, long iters, int narrow, float *out) {
+int mb_dot8_block(int threads, long iters, float *out) {
 #if defined(INT8_LANES)
-    return run_iters(threads, iters, narrow ? block_narrow_worker : block_full_worker, out);
+    return run_iters(threads, iters, block_full_worker, out);
 #else
-    (void)threads; (void)iters; (void)narrow; (void)out;
+    (void)threads; (void)iters; (void)out;
+    return -1;
+#endif
+}
+
+/* The same on int4's weight bytes (the narrow dot8). */
+int mb_dot8_block_narrow(int threads, long iters, float *out) {
+#if defined(INT8_LANES)
+    return run_iters(threads, iters, block_narrow_worker, out);
+#else
+    (void)threads; (void)iters; (void)out;
     return -1;
 #endif
 }
