@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 from sandwich.compiler.lower_tir import lower_to_tir  # noqa: E402
 from sandwich.compiler.target import detect_cpu, tvm_target  # noqa: E402
 from sandwich.dsl.load import load_kernel  # noqa: E402
+from sandwich.runtime.dsl_attention import decode_tiling  # noqa: E402
 from sandwich.tuner.reference import reference_attention  # noqa: E402
 
 pytestmark = pytest.mark.tvm
@@ -108,6 +109,36 @@ def test_decode_ragged_batch_equals_separate_calls_and_ignores_nan_slots(decode_
     for b, (n, s) in enumerate(zip(lens, slots, strict=True)):
         alone = decode(decode_kernel, q[b:b + 1], kc, vc, [s], [n])
         np.testing.assert_array_equal(out[b], alone[0])
+        close(out[b], torch_attention(q[b:b + 1], kc[:n, s], vc[:n, s], 0.25, causal=False)[0])
+
+
+def test_decode_tiling_takes_two_vectors_a_head_row_and_blocks_within_half_of_l2():
+    """The runtime's decode tiling: two FMA chains per head row where D allows (one left a
+    head's products waiting on each other's latency), and the largest block whose K and V
+    copies for a full batch take at most half of L2, never below the old 16."""
+    kib = 1024
+    assert decode_tiling(kv_heads=16, head_dim=128, vlen=8, max_batch=1, l2_bytes=512 * kib) \
+        == {"n_d": 16, "b_kv": 16}  # 16 x 16 KB of copies: half of 512 KiB
+    assert decode_tiling(kv_heads=3, head_dim=64, vlen=8, max_batch=1, l2_bytes=512 * kib) \
+        == {"n_d": 16, "b_kv": 64}
+    assert decode_tiling(kv_heads=3, head_dim=64, vlen=8, max_batch=8, l2_bytes=512 * kib)["b_kv"] == 16
+    assert decode_tiling(kv_heads=16, head_dim=128, vlen=16, max_batch=1, l2_bytes=1024 * kib) \
+        == {"n_d": 32, "b_kv": 32}
+    assert decode_tiling(kv_heads=2, head_dim=24, vlen=8, max_batch=1, l2_bytes=512 * kib)["n_d"] == 8
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2)])
+def test_decode_attention_at_the_runtime_tiling_is_attention(heads, kv_heads):
+    """The kernel as the runtime builds it (decode_tiling on this CPU), with lengths that
+    leave a tail block and a sequence shorter than one block, against torch."""
+    D, max_seq, lens, slots = 32, 160, [150, 9], [1, 0]
+    tiling = decode_tiling(kv_heads=kv_heads, head_dim=D, vlen=CPU.lanes_f32, max_batch=2,
+                           l2_bytes=CPU.l2_bytes)
+    f = build("decode_attention", {"D": D, "H": heads, "KVH": kv_heads}, n_split=SPLIT, **tiling)
+    kc, vc = rand(max_seq, 2, kv_heads, D), rand(max_seq, 2, kv_heads, D)
+    q = rand(2, heads, D)
+    out = decode(f, q, kc, vc, slots, lens)
+    for b, (n, s) in enumerate(zip(lens, slots, strict=True)):
         close(out[b], torch_attention(q[b:b + 1], kc[:n, s], vc[:n, s], 0.25, causal=False)[0])
 
 
