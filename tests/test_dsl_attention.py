@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 from sandwich.compiler.lower_tir import lower_to_tir  # noqa: E402
 from sandwich.compiler.target import detect_cpu, tvm_target  # noqa: E402
 from sandwich.dsl.load import load_kernel  # noqa: E402
-from sandwich.runtime.dsl_attention import decode_tiling  # noqa: E402
+from sandwich.runtime.dsl_attention import decode_tiling, prefill_tiling  # noqa: E402
 from sandwich.tuner.reference import reference_attention  # noqa: E402
 
 pytestmark = pytest.mark.tvm
@@ -140,6 +140,20 @@ def test_decode_attention_at_the_runtime_tiling_is_attention(heads, kv_heads):
     out = decode(f, q, kc, vc, slots, lens)
     for b, (n, s) in enumerate(zip(lens, slots, strict=True)):
         close(out[b], torch_attention(q[b:b + 1], kc[:n, s], vc[:n, s], 0.25, causal=False)[0])
+
+
+@pytest.mark.parametrize("heads,kv_heads,D", [(4, 4, 32), (6, 2, 24)])
+def test_flash_prefill_at_the_runtime_tiling_is_causal_attention(heads, kv_heads, D):
+    """The kernel as the runtime builds it (prefill_tiling on this CPU: two vectors of query
+    rows, 4 x 2-vector tiles; D = 24 takes one-vector columns), with a cached prefix and S
+    leaving tails in every block, against torch."""
+    tiling = prefill_tiling(head_dim=D, vlen=CPU.lanes_f32)
+    f = build("flash_prefill", {"D": D, "H": heads, "KVH": kv_heads}, **tiling)
+    S, prior, scale = 77, 19, 0.3
+    q, k, v = rand(S, heads, D), rand(prior + S, kv_heads, D), rand(prior + S, kv_heads, D)
+    tq, tk, tv, to = tensors(q, k, v, np.full((S, heads, D), np.nan, np.float32))
+    f(S, prior + S, heads, kv_heads, D, scale, tq, tk, tv, to)
+    close(to.numpy(), reference_attention(q, k, v, scale, causal=True))
 
 
 def test_paged_decode_attention_follows_the_block_table():
