@@ -49,7 +49,8 @@ def decode_tiling(*, kv_heads: int, head_dim: int, vlen: int, max_batch: int,
     row run as two FMA chains per query head, not one: with one (n_d = vlen) a head's 16 FMAs
     of D = 128 waited on each other's latency. b_kv: the largest block whose K and V copies for
     a full batch (f32, as the kernel copies them) fill at most half of L2, and never below the
-    16 it was; blocks of one cache row cost the same loop overhead whatever their size.
+    16 it was: each block rescales every head's running output once (online softmax), a cost
+    that more positions a block share.
     Measured on Zen 3 (AVX2), 2 threads, one sequence at 512 positions, the caches of every
     layer rotated, the candidates built side by side and timed in interleaved rounds: MHA 16 x
     128 (Sheared-LLaMA) 404 -> 351 us a call, GQA 9/3 x 64 (SmolLM2) 42.9 -> 35.6, GQA 32/8 x
@@ -141,7 +142,7 @@ def prefill_tiling(*, head_dim: int, vlen: int) -> dict[str, int]:
     most FMAs waiting on latency. Measured on Zen 3 (AVX2), 2 threads, causal S = 512, the
     candidates built side by side and timed in interleaved rounds: GQA 9/3 x 64 (SmolLM2)
     53 -> 104 GFLOPS, MHA 16 x 128 (Sheared-LLaMA) 39 -> 87; at S = 128 45 -> 76. Blocks of
-    4 vectors of rows (2 keys a tile) or of 64 keys ran within 7% of these."""
+    4 vectors of rows (2 keys a tile) or of 64 keys ran within 8% of these."""
     return {"b_q": 2 * vlen, "b_kv": 32, "mu_k": 4, "mu_q": 4,
             "n_d": 2 * vlen if head_dim % (2 * vlen) == 0 else vlen}
 
