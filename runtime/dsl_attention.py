@@ -41,6 +41,11 @@ def retyped(kernel, types: dict[str, str]):
 B_KV_MIN, B_KV_MAX = 16, 64  # of the kernel's b_kv domain: the floor is the old fixed choice
 
 
+def _row_lanes(head_dim: int, vlen: int) -> int:
+    """Lanes of a head row a register tile takes: two vectors where D allows, one else."""
+    return 2 * vlen if head_dim % (2 * vlen) == 0 else vlen
+
+
 def decode_tiling(*, kv_heads: int, head_dim: int, vlen: int, max_batch: int,
                   l2_bytes: int) -> dict[str, int]:
     """decode_attention's n_d and b_kv for a model's shape and the CPU.
@@ -55,7 +60,7 @@ def decode_tiling(*, kv_heads: int, head_dim: int, vlen: int, max_batch: int,
     layer rotated, the candidates built side by side and timed in interleaved rounds: MHA 16 x
     128 (Sheared-LLaMA) 404 -> 351 us a call, GQA 9/3 x 64 (SmolLM2) 42.9 -> 35.6, GQA 32/8 x
     128 307 -> 259; n_d = 4 vlen was no faster than 2 vlen for MHA and slower for GQA."""
-    n_d = 2 * vlen if head_dim % (2 * vlen) == 0 else vlen
+    n_d = _row_lanes(head_dim, vlen)
     copy_per_position = 2 * max_batch * kv_heads * head_dim * 4
     b_kv = B_KV_MIN
     while b_kv * 2 <= B_KV_MAX and 2 * b_kv * copy_per_position <= l2_bytes // 2:
@@ -67,16 +72,17 @@ class DecodeAttention:
     """Split-KV decode attention for one token per sequence; buffers sized for max_batch."""
 
     def __init__(self, build, *, heads: int, kv_heads: int, head_dim: int, max_batch: int,
-                 vlen: int, n_split: int = 2, b_kv: int = 16, n_d: int | None = None,
-                 kv_dtype: str = "f32") -> None:
-        """`build(kernel, fixed, tunables)` compiles; `kv_dtype`: the cache's element type
-        (f32, or bf16: the kernel widens each K/V row as it copies the block); `n_d`: lanes of
-        a head row a register tile takes (default one vector, `vlen`)."""
+                 vlen: int, l2_bytes: int, n_split: int = 2, kv_dtype: str = "f32") -> None:
+        """`build(kernel, fixed, tunables)` compiles; `l2_bytes`: one core's L2, which sizes
+        the blocks (decode_tiling); `kv_dtype`: the cache's element type (f32, or bf16: the
+        kernel widens each K/V row as it copies the block)."""
         from sandwich.dsl.interp import Interpreter
         from sandwich.dsl.load import load_kernel
 
         self.dims, self.max_batch = (heads, kv_heads, head_dim), max_batch
-        tunables = {"b_kv": b_kv, "n_split": n_split, "n_d": n_d or vlen}
+        tunables = {"n_split": n_split, **decode_tiling(kv_heads=kv_heads, head_dim=head_dim,
+                                                         vlen=vlen, max_batch=max_batch,
+                                                         l2_bytes=l2_bytes)}
         fixed = {"H": heads, "KVH": kv_heads, "D": head_dim}
         kernel = load_kernel("decode_attention")
         if kv_dtype != "f32":
@@ -143,8 +149,7 @@ def prefill_tiling(*, head_dim: int, vlen: int) -> dict[str, int]:
     candidates built side by side and timed in interleaved rounds: GQA 9/3 x 64 (SmolLM2)
     53 -> 104 GFLOPS, MHA 16 x 128 (Sheared-LLaMA) 39 -> 87; at S = 128 45 -> 76. Blocks of
     4 vectors of rows (2 keys a tile) or of 64 keys ran within 8% of these."""
-    return {"b_q": 2 * vlen, "b_kv": 32, "mu_k": 4, "mu_q": 4,
-            "n_d": 2 * vlen if head_dim % (2 * vlen) == 0 else vlen}
+    return {"b_q": 2 * vlen, "b_kv": 32, "mu_k": 4, "mu_q": 4, "n_d": _row_lanes(head_dim, vlen)}
 
 
 class PrefillAttention:

@@ -16,13 +16,7 @@ import numpy as np
 from sandwich.compiler.buffers import aligned_zeros
 from sandwich.compiler.target import CpuInfo
 from sandwich.errors import BuildError, first_line
-from sandwich.runtime.dsl_attention import (
-    DecodeAttention,
-    PrefillAttention,
-    Segment,
-    decode_tiling,
-    kernel_arg,
-)
+from sandwich.runtime.dsl_attention import DecodeAttention, PrefillAttention, Segment, kernel_arg
 from sandwich.runtime.kv_cache import kv_dtype
 from sandwich.runtime.ops_fallback import HeadNorms, NumpyOps
 
@@ -74,12 +68,10 @@ class DslOps(NumpyOps):
         # SiLU-mul per width: the MLP's (or each expert's), and a shared expert's (Qwen2-MoE)
         self._silu = {n: build("silu_mul", {"N": n}) for n in {intermediate, shared_intermediate} if n}
         self._rope = build("rope", {"H": heads, "KVH": kv_heads, "D": head_dim})
-        tiling = decode_tiling(kv_heads=kv_heads, head_dim=head_dim, vlen=cpu.lanes_f32,
-                               max_batch=max_batch, l2_bytes=cpu.l2_bytes)
         self._decode = DecodeAttention(build, heads=heads,
                                        kv_heads=kv_heads, head_dim=head_dim, max_batch=max_batch,
-                                       vlen=cpu.lanes_f32, n_split=_pow2_at_most(threads, 16),
-                                       kv_dtype=kv_dtype, **tiling)
+                                       vlen=cpu.lanes_f32, l2_bytes=cpu.l2_bytes,
+                                       n_split=_pow2_at_most(threads, 16), kv_dtype=kv_dtype)
         rows = max(max_tokens, 3)  # the self-check below runs 3 tokens, whatever max_tokens
         self._prefill = PrefillAttention(build,
                                          heads=heads, kv_heads=kv_heads, head_dim=head_dim,
