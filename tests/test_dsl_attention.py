@@ -125,6 +125,9 @@ def test_decode_tiling_takes_two_vectors_a_head_row_and_blocks_within_half_of_l2
     assert decode_tiling(kv_heads=16, head_dim=128, vlen=16, max_batch=1, l2_bytes=1024 * kib) \
         == {"n_d": 32, "b_kv": 32}
     assert decode_tiling(kv_heads=2, head_dim=24, vlen=8, max_batch=1, l2_bytes=512 * kib)["n_d"] == 8
+    # D = 24 on 16 AVX-512 lanes: no whole vector divides it, so the widest part that does
+    assert decode_tiling(kv_heads=2, head_dim=24, vlen=16, max_batch=1, l2_bytes=512 * kib)["n_d"] == 8
+    assert prefill_tiling(head_dim=24, vlen=16)["n_d"] == 8
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2)])
