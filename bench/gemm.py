@@ -22,7 +22,7 @@ from sandwich.compiler.target import describe_machine
 from sandwich.errors import ConfigError
 from sandwich.models import load_model_config
 from sandwich.payload import make_payload
-from sandwich.tuner.machine_bench import peak_gflops, read_bandwidth_gbs
+from sandwich.tuner.machine_bench import peak_gflops, read_bandwidth_gbs, tile_gflops
 from sandwich.tuner.quiet import other_cpu_load, warn_if_busy
 from sandwich.tuner.streaming import rotation_copies
 from sandwich.tuner.timing import gflops
@@ -55,14 +55,16 @@ class BenchResult:
     rotated_rows: list[dict] = field(default_factory=list)
     passes: int = 1
     other_load: tuple[float, float] = (0.0, 0.0)  # other processes' CPU share, start and end
+    tile_gflops: float = 0.0  # the register tile fed from L1 (bench/machine.py), same threads
 
     def to_json(self) -> dict:
         return {"command": self.command, "date": self.date, "machine": self.machine,
                 "other_cpu_load_start_end": list(self.other_load),
                 "threads": self.threads, "passes": self.passes, "peak_gflops": self.peak_gflops,
+                "tile_gflops": self.tile_gflops,
                 "read_gbs": self.read_gbs, "peers": self.peers, "skipped": self.skipped,
                 "rows": self.rows, "rotated_rows": self.rotated_rows,
-                "summary": summarize(self.rows, self.peers, self.peak_gflops),
+                "summary": summarize(self.rows, self.peers, self.peak_gflops, self.tile_gflops),
                 "rotated_summary": summarize_rotated(self.rotated_rows, ["sandwich", *self.peers])}
 
 
@@ -71,12 +73,14 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else 0.0
 
 
-def summarize(rows: list[dict], peers: list[str], peak: float) -> dict:
-    """Geomean speedup over the best peer per row; fraction of peak for large M."""
+def summarize(rows: list[dict], peers: list[str], peak: float, tile: float = 0.0) -> dict:
+    """Geomean speedup over the best peer per row; fraction of peak for large M, and of the
+    L1-fed register tile's rate (`tile`, 0 when not measured)."""
     def speedups(pred):
         return [r["speedup_vs_best_peer"] for r in rows if pred(r) and r.get("speedup_vs_best_peer")]
 
     large = [r["sandwich_gflops"] / peak for r in rows if r["m"] >= 512 and peak > 0]
+    of_tile = [r["sandwich_gflops"] / tile for r in rows if r["m"] >= 512 and tile > 0]
     # the peak is the FMA loop's best repeat; the same statistic of ours, beside the median's
     large_best = [r.get("sandwich_best_gflops", 0.0) / peak for r in rows if r["m"] >= 512 and peak > 0]
     return {
@@ -87,6 +91,8 @@ def summarize(rows: list[dict], peers: list[str], peak: float) -> dict:
         "geomean_fraction_of_peak_m_ge_512": geomean(large),
         "min_best_fraction_of_peak_m_ge_512": min(large_best) if large_best else 0.0,
         "geomean_best_fraction_of_peak_m_ge_512": geomean(large_best),
+        "geomean_fraction_of_tile_m_ge_512": geomean(of_tile),
+        "min_fraction_of_tile_m_ge_512": min(of_tile) if of_tile else 0.0,
     }
 
 
@@ -190,13 +196,15 @@ def run_bench(*, models: list[str], ms: list[int], tp: int, peer_names: list[str
     assert peers is not None
     # the peak again after the timings: a slow moment of this VM at the start once read 108
     # GFLOPS for a 2-core peak of 160-180, and every row's % of peak came out above 100
-    peak_end = peak_gflops(threads)
+    peak_end, tile_end = peak_gflops(threads), tile_gflops(threads)
     log(f"machine peak measured again after the timings: {peak_end:.1f} GFLOPS (the larger of "
-        f"the two, {max(peak_end, limits.peak_gflops):.1f}, is the peak of this run)")
-    limits = replace(limits, peak_gflops=max(peak_end, limits.peak_gflops))
+        f"the two, {max(peak_end, limits.peak_gflops):.1f}, is the peak of this run); the "
+        f"L1-fed tile {max(tile_end, limits.tile_gflops):.1f}")
+    limits = replace(limits, peak_gflops=max(peak_end, limits.peak_gflops),
+                     tile_gflops=max(tile_end, limits.tile_gflops))
     res = BenchResult(command, datetime.date.today().isoformat(), describe_machine(), threads,
                       limits.peak_gflops, limits.read_gbs, list(peers.names), list(peers.messages),
-                      passes=passes)
+                      passes=passes, tile_gflops=limits.tile_gflops)
     for i, row in enumerate(rows):
         del row["_op"]
         for name in ["sandwich", *peers.names]:

@@ -35,7 +35,7 @@ def write_markdown(res, path: Path) -> None:
         f"{100 * s['geomean_best_fraction_of_peak_m_ge_512']:.0f}% (min "
         f"{100 * s['min_best_fraction_of_peak_m_ge_512']:.0f}%) by their best repeat, the "
         "statistic the peak is measured by (other processes and the hypervisor only ever slow "
-        "a repeat down).",
+        "a repeat down)." + _tile_sentence(res, s),
         "",
         "| model | op | M | N x K | sandwich GFLOPS | " + " | ".join(f"{p}" for p in res.peers)
         + " | speedup vs best | % of peak | % of peak, best repeat |",
@@ -98,3 +98,14 @@ def _rotated_summary_line(rs: dict) -> str:
         parts.append(f"{name} {r['at_target']}/{r['rows']} ({per_m}; min {r['min_pct_read']:.0f}%"
                      + (f"; each pass alone: {alone}" if alone else "") + ")")
     return f"**Rows at >= {rs['target_pct_read']:.0f}% of the read:** " + "; ".join(parts) + "."
+
+
+def _tile_sentence(res, s: dict) -> str:
+    """How far the FMA peak is from a loop with a GEMM's loads on this CPU, and ours from that."""
+    if not res.tile_gflops:
+        return ""
+    return (f" A register tile with every load an L1 hit (bench/machine.py: a GEMM's inner loop "
+            f"with no cache misses) runs at {res.tile_gflops:.1f} GFLOPS, "
+            f"{100 * res.tile_gflops / res.peak_gflops:.0f}% of that peak; the M >= 512 rows reach "
+            f"{100 * s['geomean_fraction_of_tile_m_ge_512']:.0f}% of it on average (min "
+            f"{100 * s['min_fraction_of_tile_m_ge_512']:.0f}%).")

@@ -27,6 +27,11 @@ def test_summary_geomeans_and_peak_fraction():
     # the best repeats, the peak's own statistic, beside the medians
     assert s["min_best_fraction_of_peak_m_ge_512"] == pytest.approx(0.95)
     assert s["geomean_best_fraction_of_peak_m_ge_512"] == pytest.approx((0.95 * 0.98) ** 0.5)
+    # and of the L1-fed register tile, where the run measured it
+    t = summarize(rows, ["numpy"], peak=200.0, tile=170.0)
+    assert t["geomean_fraction_of_tile_m_ge_512"] == pytest.approx((180 / 170 * 160 / 170) ** 0.5)
+    assert t["min_fraction_of_tile_m_ge_512"] == pytest.approx(160 / 170)
+    assert s["geomean_fraction_of_tile_m_ge_512"] == 0.0  # not measured: no figure
 
 
 def test_reports_are_written(tmp_path):
@@ -39,8 +44,13 @@ def test_reports_are_written(tmp_path):
     text = (tmp_path / "r.md").read_text()
     assert "sandwichc bench gemm" in text and "| 512 |" in text and "80%" in text
     assert "| 90% | 90% |" in text and "by their best repeat" in text
+    assert "register tile" not in text  # a run without the tile's figure says nothing of it
     write_png(res, tmp_path / "r.png")
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+    res.tile_gflops = 170.0
+    write_markdown(res, tmp_path / "t.md")
+    assert "runs at 170.0 GFLOPS, 85% of that peak; the M >= 512 rows reach 106% of it" \
+        in (tmp_path / "t.md").read_text()
     assert json.loads(json.dumps(res.to_json()))["threads"] == 2
 
 

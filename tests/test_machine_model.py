@@ -31,6 +31,12 @@ def test_derived_figures_come_from_the_chains():
     summary = m.summary()
     assert "8 (GFLOPS by chains" in summary["accumulators for peak"]
     assert "3 x 8: 82.9" in summary["panel probe (GFLOPS)"]
+    assert summary["L1-fed tile (1 core)"] == "not measured"  # a model without the figure
+    assert summary_of(replace(m, tile_gflops=78.2)).startswith("78.2 GFLOPS, 85% of the FMA peak")
+
+
+def summary_of(m: mm.MachineModel) -> str:
+    return m.summary()["L1-fed tile (1 core)"]
 
 
 def test_the_panel_width_follows_the_probe():
@@ -71,6 +77,19 @@ def test_fma_chains_show_the_latency_and_the_peak():
     assert many > 2.0 * one > 0
     with pytest.raises(Exception, match="chains must be"):
         fma_chain_gflops(0)
+
+
+def test_the_l1_fed_tile_runs_near_but_not_above_the_fma_peak():
+    """The register tile on L1-resident data (mb_tile): 12 or 24 independent accumulators, so
+    well above one FMA chain, and loads besides its FMAs, so not above the FMA loop's peak
+    (a flop count off by a factor would be; the margin is for a moment of another process)."""
+    from sandwich.tuner.machine_bench import fma_chain_gflops, peak_gflops, tile_gflops
+
+    one_chain = max(fma_chain_gflops(1, iters=100_000) for _ in range(3))
+    tile, peak = tile_gflops(1, iters=5_000, repeat=3), peak_gflops(1, iters=300_000, repeat=3)
+    assert 2 * one_chain < tile < 1.3 * peak
+    with pytest.raises(Exception, match="threads must be"):
+        tile_gflops(0)
 
 
 @pytest.mark.tvm

@@ -78,6 +78,7 @@ def _library() -> tuple[ctypes.CDLL, str]:
     lib = ctypes.CDLL(str(so))
     lib.mb_fma.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.POINTER(ctypes.c_float)]
     lib.mb_fma_chains.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.POINTER(ctypes.c_float)]
+    lib.mb_tile.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.POINTER(ctypes.c_float)]
     lib.mb_read.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                             ctypes.c_int, ctypes.POINTER(ctypes.c_float)]
     for fn in (lib.mb_dpbf16, lib.mb_dpbusd, lib.mb_dot8_narrow, lib.mb_dot8_block,
@@ -86,7 +87,8 @@ def _library() -> tuple[ctypes.CDLL, str]:
     lib.mb_dequant.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long,
                                ctypes.POINTER(ctypes.c_float)]
     lib.mb_dequant_ops.argtypes = [ctypes.c_int]
-    for fn in (lib.mb_fma, lib.mb_fma_chains, lib.mb_read, lib.mb_lanes, lib.mb_fma_accs,
+    for fn in (lib.mb_fma, lib.mb_fma_chains, lib.mb_tile, lib.mb_tile_flops, lib.mb_read,
+               lib.mb_lanes, lib.mb_fma_accs,
                lib.mb_read_block, lib.mb_max_chains, lib.mb_dpbf16, lib.mb_dpbusd,
                lib.mb_dot8_narrow, lib.mb_dot8_block, lib.mb_dot8_block_narrow, lib.mb_int8_lanes,
                lib.mb_int8_accs, lib.mb_dequant,
@@ -116,6 +118,21 @@ def peak_gflops(threads: int, *, iters: int = 3_000_000, repeat: int = 7) -> flo
     the peak here while something else ran for a moment)."""
     check_threads(threads)
     return _peak("mb_fma", "FMA", 2.0, threads, iters, repeat)
+
+
+def tile_gflops(threads: int, *, iters: int = 40_000, repeat: int = 7) -> float:
+    """GFLOPS of `threads` threads, each running a GEMM's register tile on weights and
+    activations that stay in L1 (csrc/machine_bench.c, mb_tile): the FMA peak with the loads
+    a GEMM's inner loop cannot do without. The best repeat, as peak_gflops."""
+    check_threads(threads)
+    lib, _ = _library()
+    out = ctypes.c_float()
+
+    def call() -> None:
+        _check_rc(lib.mb_tile(threads, iters, ctypes.byref(out)), "register tile")
+
+    t = time_callable(call, warmup=2, repeat=repeat, min_repeat_s=0.0)
+    return threads * iters * lib.mb_tile_flops() / t.min_s / 1e9
 
 
 def peak_bf16_gflops(threads: int, *, iters: int = 3_000_000, repeat: int = 7) -> float | None:

@@ -1,6 +1,7 @@
 """The machine model: what one core of this CPU does, measured rather than assumed.
 
-FMA latency and throughput (how many independent accumulators reach the peak), read
+FMA latency and throughput (how many independent accumulators reach the peak), the rate of
+a GEMM's register tile fed from L1 (how much of that peak loads leave), read
 bandwidth from L1, L2 and DRAM, the caches' sizes and associativity, and the GFLOPS of the
 tallest register tile of each weight-panel width. The tuner derives its weight layout from
 these figures (`space.pack_width`), so no constant names a vendor or a CPU model. Measured
@@ -21,7 +22,7 @@ from sandwich.compiler.target import CpuInfo
 from sandwich.errors import BuildError, ConfigError
 from sandwich.types import ComputeSlice, KernelSchedule, MicroKernel, Polymerization
 
-MODEL_VERSION = 3  # bump when what is measured, or how, changes: older files are re-measured
+MODEL_VERSION = 4  # bump when what is measured, or how, changes: older files are re-measured
 PEAK_SHARE = 0.95  # a chain count within this of the best rate counts as reaching the peak
 PROBE_SHAPE = (256, 768, 768)  # (M, N, K) of the panel probe: N divides 1..4 vectors of 4..16 lanes
 
@@ -44,6 +45,7 @@ class MachineModel:
     l2_ways: int
     cache_line: int
     panel_gflops: dict[int, float] = field(default_factory=dict)  # vectors per panel -> GFLOPS
+    tile_gflops: float = 0.0  # a GEMM's register tile with every load an L1 hit (mb_tile)
     date: str = ""
     version: int = MODEL_VERSION
 
@@ -90,6 +92,9 @@ class MachineModel:
                                        f"GB/s, DRAM {self.dram_read_gbs:.1f} GB/s",
             "caches": f"L1d {kib(self.l1d_bytes)} {self.l1d_ways}-way, L2 {kib(self.l2_bytes)} "
                       f"{self.l2_ways}-way, LLC {kib(self.llc_bytes)}, line {self.cache_line} B",
+            "L1-fed tile (1 core)": (f"{self.tile_gflops:.1f} GFLOPS, {self.tile_gflops / self.peak_gflops:.0%} "
+                                     "of the FMA peak (a GEMM's inner loop, every load an L1 hit)"
+                                     if self.tile_gflops > 0 else "not measured"),
             "panel probe (GFLOPS)": panels or "not measured",
             "measured": f"{self.date} (model v{self.version})",
         }
@@ -168,11 +173,12 @@ def measure_model(cpu: CpuInfo, fingerprint: str, *,
                   log: Callable[[str], None] = lambda _: None) -> MachineModel:
     """Measure every figure on one thread (about 20 s on a 2-core Zen 3, most of it the
     panel probe's builds)."""
-    from sandwich.tuner.machine_bench import default_read_bytes, read_bandwidth_gbs
+    from sandwich.tuner.machine_bench import default_read_bytes, read_bandwidth_gbs, tile_gflops
     from sandwich.tuner.streaming import llc_bytes
 
-    log("machine model: FMA chains")
+    log("machine model: FMA chains, and a register tile fed from L1")
     chains = measure_chains(cpu.vector_registers)
+    tile = tile_gflops(1)
     log("machine model: read bandwidth from L1, L2 and DRAM")
     l1, l2 = cpu.l1d_bytes or 32 << 10, cpu.l2_bytes or 1 << 20
     one = (1,)
@@ -184,7 +190,8 @@ def measure_model(cpu: CpuInfo, fingerprint: str, *,
         chain_gflops=tuple(round(g, 2) for g in chains), l1_read_gbs=round(l1_gbs, 1),
         l2_read_gbs=round(l2_gbs, 1), dram_read_gbs=round(dram_gbs, 2), l1d_bytes=l1,
         l2_bytes=l2, llc_bytes=cpu.l3_bytes or llc_bytes(), l1d_ways=_cache_ways(1),
-        l2_ways=_cache_ways(2), cache_line=cpu.cache_line, date=datetime.date.today().isoformat())
+        l2_ways=_cache_ways(2), cache_line=cpu.cache_line, tile_gflops=round(tile, 2),
+        date=datetime.date.today().isoformat())
     log("machine model: the tallest register tile of each weight-panel width, on a grid of slices")
     return replace(model, panel_gflops=probe_panels(cpu, model.accumulators))
 

@@ -12,6 +12,7 @@
 #include <immintrin.h>
 #include <pthread.h>
 #include <stddef.h>
+#include <stdlib.h>
 
 #if defined(__AVX512F__)
 typedef __m512 vec;
@@ -181,6 +182,65 @@ int mb_read(int threads, const float *buf, size_t n, int passes, int streams, fl
     for (int t = 0; t < threads; t++) s += jobs[t].result;
     *out = s;
     return rc;
+}
+
+/* A GEMM's register tile fed from L1: TILE_ROWS rows x TILE_VECS vectors of accumulators, per
+ * step one row of TILE_VECS weight vectors loaded and one broadcast of A per row, as the
+ * family's inner loop runs (dsl/kernels/gemm_family.sw), over TILE_KROWS weight rows that
+ * stay in L1 (16 KB on AVX-512) and rows of A TILE_LDA floats apart. No cache misses and no
+ * loop around it: how close a GEMM can come to the FMA peak on this core, which on some
+ * (a Sapphire Rapids VM: 85-90% of it) is well below a loop of FMAs on registers alone. */
+#if LANES == 16
+#define TILE_ROWS 6
+#define TILE_VECS 4
+#else
+#define TILE_ROWS 4
+#define TILE_VECS 3
+#endif
+#define TILE_KROWS 64
+#define TILE_LDA 264
+
+int mb_tile_flops(void) { return 2 * TILE_ROWS * TILE_VECS * LANES * TILE_KROWS; }
+
+static void *tile_worker(void *p) {
+    fma_job *job = (fma_job *)p;
+    float *w = NULL, *a = NULL;
+    if (posix_memalign((void **)&w, 64, sizeof(float) * TILE_KROWS * TILE_VECS * LANES) ||
+        posix_memalign((void **)&a, 64, sizeof(float) * TILE_ROWS * TILE_LDA)) {
+        free(w);
+        job->result = -1.0f;
+        return NULL;
+    }
+    for (int i = 0; i < TILE_KROWS * TILE_VECS * LANES; i++) w[i] = 1e-3f;
+    for (int i = 0; i < TILE_ROWS * TILE_LDA; i++) a[i] = 1e-3f;
+    vec c[TILE_ROWS][TILE_VECS];
+    _Pragma("GCC unroll 8") for (int i = 0; i < TILE_ROWS; i++)
+        _Pragma("GCC unroll 8") for (int j = 0; j < TILE_VECS; j++) c[i][j] = VSET1(0.0f);
+    for (long it = 0; it < job->iters; it++) {
+        const float *wk = w, *ak = a;
+        for (int k = 0; k < TILE_KROWS; k++, wk += TILE_VECS * LANES, ak++) {
+            vec wv[TILE_VECS];
+            _Pragma("GCC unroll 8") for (int j = 0; j < TILE_VECS; j++) wv[j] = VLOAD(wk + j * LANES);
+            _Pragma("GCC unroll 8") for (int i = 0; i < TILE_ROWS; i++) {
+                vec b = VSET1(ak[i * TILE_LDA]);
+                _Pragma("GCC unroll 8") for (int j = 0; j < TILE_VECS; j++) c[i][j] = VFMA(b, wv[j], c[i][j]);
+            }
+        }
+    }
+    vec s = VSET1(0.0f);
+    for (int i = 0; i < TILE_ROWS; i++)
+        for (int j = 0; j < TILE_VECS; j++) s = VADD(s, c[i][j]);
+    job->result = hsum(s);
+    free(w);
+    free(a);
+    return NULL;
+}
+
+/* `iters` passes of the tile over its TILE_KROWS weight rows per thread (mb_tile_flops() each);
+ * -3 when a thread could not allocate its buffers. */
+int mb_tile(int threads, long iters, float *out) {
+    int rc = run_iters(threads, iters, tile_worker, out);
+    return rc == 0 && *out < 0.0f ? -3 : rc;
 }
 
 /* bf16 dot products (vdpbf16ps, avx512_bf16): FMA_ACCS independent chains per thread, each
