@@ -26,6 +26,7 @@ from sandwich.errors import ConfigError
 from sandwich.tuner import roofsurface as rs
 from sandwich.tuner.streaming import from_dram, rotation_copies
 from sandwich.tuner.tvm_measure import kernel_rows
+from sandwich.types import AMX_OP
 from sandwich.weight_formats import dequantize, gemm_dtype, parse_format, quantize
 
 DECODE_MAX_M = 8
@@ -149,10 +150,12 @@ def _paired_rows(by_fmt: dict, passes: int, time_row: Callable[[str, object], Fo
 
 
 def _median_pass(runs: list[FormatRow]) -> FormatRow:
-    """The pass of median % of bound (the lower middle of an even count), with the range."""
-    ranked = sorted(runs, key=lambda r: r.pct_bound)
+    """The pass of median % of bound (the lower middle of an even count), with the range; of
+    median GFLOPS for a row without a bound (the AMX kernel's)."""
+    bounded = all(r.pct_bound is not None for r in runs)
+    ranked = sorted(runs, key=lambda r: r.pct_bound if bounded else r.gflops)
     row = ranked[(len(ranked) - 1) // 2]
-    if len(runs) > 1:
+    if len(runs) > 1 and bounded:
         row.pct_bound_range = (ranked[0].pct_bound, ranked[-1].pct_bound)
     return row
 
@@ -198,7 +201,10 @@ def _time_row(cache, limits, model: str, name: str, op, fmt: str, m: int,
 
 def _roof(row: FormatRow, host: rs.HostRates, cpu) -> None:
     """The row's Roof-Surface bound: MBW is the read of its own moment for a decode row (the
-    bandwidth drifts within seconds), the start's for the others."""
+    bandwidth drifts within seconds), the start's for the others. A row the AMX kernel runs
+    has none: the model's bf16 MOS is vdpbf16ps', which AMX's tiles pass several times over."""
+    if row.schedule.startswith(f"{AMX_OP}_"):
+        return
     rates = dataclasses.replace(host, mbw=row.read_gbs * 1e9) if row.read_gbs else host
     sig = rs.kernel_signature(row.weights, cpu.lanes_f32, k=row.k, bf16_dot=cpu.bf16_dot)
     b = rs.bound(rates.machine(row.m, row.weights, k=row.k), sig,

@@ -11,6 +11,7 @@ import hashlib
 from functools import lru_cache
 from pathlib import Path
 
+from sandwich.compiler.amx import request_tiles
 from sandwich.compiler.build import compile_source
 from sandwich.compiler.gemm_formats import int_activations, weight_args, weight_format
 from sandwich.compiler.gemm_template import GemmProblem, validate
@@ -18,10 +19,14 @@ from sandwich.compiler.lower_tir import to_tvmscript
 from sandwich.compiler.lower_vector import sums_in_16_bits
 from sandwich.compiler.target import CpuInfo
 from sandwich.errors import ConfigError, DSLError, first_line
-from sandwich.types import KernelSchedule
+from sandwich.types import AMX_OP, ComputeSlice, KernelSchedule, MicroKernel, Polymerization
 from sandwich.weight_formats import WeightFormat
 
 KERNEL = "gemm_family"
+# bf16 GEMMs on x86 AMX tiles (dsl/kernels/gemm_amx_bf16.sw): a schedule of op AMX_OP runs it
+# on the bf16 family's packed weights, so one packing serves both kernels
+AMX_KERNEL = "gemm_amx_bf16"
+AMX_BLOCK = 32  # the C block its four accumulator tiles hold (rows and columns)
 
 
 @lru_cache(maxsize=1)
@@ -102,7 +107,8 @@ def lowering_files() -> list[Path]:
         todo += [n for n in _imported_names(name, path)
                  if n not in seen and n.startswith(_LOWERING_PACKAGES)]
     grammars = sorted(Path(sandwich.dsl.__file__).parent.rglob("*.lark"))
-    return [builtin_kernels()[KERNEL], *grammars, *(seen[n] for n in sorted(seen))]
+    kernels = builtin_kernels()
+    return [kernels[KERNEL], kernels[AMX_KERNEL], *grammars, *(seen[n] for n in sorted(seen))]
 
 
 @lru_cache(maxsize=1)
@@ -159,11 +165,56 @@ def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int, 
         raise ConfigError(f"GEMM schedule {schedule.key()} is outside {KERNEL}.sw: {e}") from e
 
 
+def amx_schedule(*, n: int, k: int, pack_n: int, threads: int, cpu: CpuInfo) -> KernelSchedule | None:
+    """The schedule that runs a bf16 GEMM of (N, K), packed pack_n wide, on AMX tiles, or None
+    where it cannot: no AMX-BF16 on `cpu`, or a panel or K that its 32 x 32 blocks do not
+    divide. Its tile and slice name the kernel's fixed 32 x 32 blocks (it takes no slice
+    arguments); its threads split N's panels (t_n)."""
+    if not cpu.amx or pack_n % AMX_BLOCK or n % pack_n or k % AMX_BLOCK:
+        return None
+    return KernelSchedule(MicroKernel(AMX_BLOCK, AMX_BLOCK), ComputeSlice(AMX_BLOCK, AMX_BLOCK, AMX_BLOCK),
+                          Polymerization(1, threads, 1), pack_n, AMX_OP, "bf16")
+
+
+def amx_panel(*, n: int, k: int, pack_n: int, cpu: CpuInfo) -> int:
+    """The panel width a bf16 GEMM's weights are packed in where the AMX kernel can run it:
+    `pack_n` when its 32-column blocks divide it, else 64 or 32 columns, the widest that
+    divides N. On a Sapphire Rapids VM the probe ranked 48-wide panels best, which left the
+    AMX kernel (5-8x the vdpbf16ps family there) out of every GEMM but lm_head; the decode
+    Ms then run the family on 64-wide panels instead. `pack_n` where AMX cannot run."""
+    if not cpu.amx or k % AMX_BLOCK or pack_n % AMX_BLOCK == 0:
+        return pack_n
+    return next((w for w in (2 * AMX_BLOCK, AMX_BLOCK) if n % w == 0 and w % cpu.lanes_f32 == 0),
+                pack_n)
+
+
+def amx_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int) -> str:
+    """TVMScript of the AMX kernel for an AMX_OP schedule, called as the family is without
+    its slice: main(A[M, K], WB[N / pack_n, K / 2, pack_n], C[M, N]), M from A."""
+    from sandwich.dsl.load import load_kernel
+
+    if schedule.op != AMX_OP or schedule.dtype != "bf16":
+        raise ConfigError(f"schedule {schedule.key()} is not an AMX bf16 schedule")
+    try:
+        return to_tvmscript(load_kernel(AMX_KERNEL), tunables={"pack_n": schedule.pack_n},
+                            vlen=lanes, fixed={"N": n, "K": k}, args=("A", "WB", "C"), align=4,
+                            scalars="inline", fold=True, amx=True)
+    except DSLError as e:
+        raise ConfigError(f"GEMM schedule {schedule.key()} is outside {AMX_KERNEL}.sw: {e}") from e
+
+
 def build_gemm_dsl(schedule: KernelSchedule, *, n: int, k: int, cpu: CpuInfo, threads: int,
                    kernel=None):
     """Compile the DSL GEMM for the family of one schedule (any M, any slice); `kernel`: as
-    in gemm_dsl_tvmscript."""
-    src = gemm_dsl_tvmscript(schedule, n=n, k=k, lanes=cpu.lanes_f32, l2_bytes=cpu.l2_bytes,
-                             isa=cpu.isa, bf16_dot=cpu.bf16_dot, int8_dot=cpu.int8_dot,
-                             kernel=kernel)
+    in gemm_dsl_tvmscript. An AMX_OP schedule builds the AMX kernel instead (only for a CPU
+    with AMX-BF16), and this process asks Linux for the tile state it runs with."""
+    if schedule.op == AMX_OP:
+        if not cpu.amx:
+            raise ConfigError(f"schedule {schedule.key()} needs AMX-BF16, which {cpu.mcpu} lacks")
+        src = amx_tvmscript(schedule, n=n, k=k, lanes=cpu.lanes_f32)
+        request_tiles()
+    else:
+        src = gemm_dsl_tvmscript(schedule, n=n, k=k, lanes=cpu.lanes_f32, l2_bytes=cpu.l2_bytes,
+                                 isa=cpu.isa, bf16_dot=cpu.bf16_dot, int8_dot=cpu.int8_dot,
+                                 kernel=kernel)
     return compile_source(src, cpu, threads)

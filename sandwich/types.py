@@ -93,6 +93,10 @@ class Polymerization(JsonMixin):
         return self.t_m * self.t_n * self.t_k
 
 
+GEMM_OP = "gemm"
+AMX_OP = "amx"
+
+
 @dataclass(frozen=True)
 class KernelSchedule(JsonMixin):
     """Everything the compiler needs to build one GEMM kernel (valid for any M)."""
@@ -101,7 +105,7 @@ class KernelSchedule(JsonMixin):
     slice: ComputeSlice
     polymerization: Polymerization
     pack_n: int  # packed weight layout W[N/pack_n, K, pack_n]
-    op: str = "gemm"
+    op: str = GEMM_OP  # the DSL family; AMX_OP: bf16 on AMX tiles (compiler/gemm_dsl.py)
     dtype: str = "float32"
 
     def key(self) -> str:

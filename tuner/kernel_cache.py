@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sandwich.compiler.amx import request_tiles
 from sandwich.compiler.build import export_atomic, load_function
 from sandwich.compiler.gemm_runner import (
     aligned_empty,
@@ -31,7 +32,7 @@ from sandwich.compiler.gemm_runner import (
 from sandwich.compiler.target import CpuInfo, detect_cpu
 from sandwich.errors import CacheError, ShapeError
 from sandwich.tuner.tuning_db import KernelFile, StoredRecord, TuningDB
-from sandwich.types import KernelSchedule
+from sandwich.types import AMX_OP, KernelSchedule
 from sandwich.weight_formats import QuantizedWeight, pad_columns
 
 DB_NAME = "tuning.sqlite"
@@ -147,6 +148,8 @@ class KernelCache:
             raise CacheError(f"kernel for N={n} K={k} ({schedule.family_key()}): {problem}; "
                              f"run `sandwichc tune` again to rebuild it")
         assert kf is not None
+        if schedule.op == AMX_OP:  # its first tile instruction would kill a process without
+            request_tiles()       # the tile state (compiler/amx.py)
         return load_function(self.dir / kf.path)
 
     # -- lookup ------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from sandwich.errors import ConfigError
 from sandwich.tuner.tuning_db import StoredRecord
+from sandwich.types import AMX_OP, GEMM_OP
 
 
 def record_problem(rec: StoredRecord, *, lanes: int) -> str | None:
@@ -21,7 +22,8 @@ def record_problem(rec: StoredRecord, *, lanes: int) -> str | None:
         return f"shape N={r.n} K={r.k} pack_n={r.schedule.pack_n}"
     if r.schedule.polymerization.threads > rec.threads:
         return f"{r.schedule.polymerization.threads} threads in a schedule tuned for {rec.threads}"
-    if r.schedule.dtype != r.dtype or r.schedule.op != "gemm":
+    if r.schedule.dtype != r.dtype or r.schedule.op not in (GEMM_OP, AMX_OP) or \
+            (r.schedule.op == AMX_OP and r.dtype != "bf16"):
         return f"schedule {r.schedule.op}/{r.schedule.dtype} for a {r.dtype} record"
     try:
         validate(r.schedule, GemmProblem(r.n, r.k, lanes))

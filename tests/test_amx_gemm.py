@@ -1,0 +1,111 @@
+"""bf16 GEMMs on AMX tiles through the kernel cache: which GEMMs get an AMX schedule, its
+calling convention and records, and, on a CPU with AMX-BF16, the kernel the cache serves and
+the tune that chooses it, against numpy."""
+
+import numpy as np
+import pytest
+
+from sandwich.compiler.gemm_dsl import (
+    amx_panel,
+    amx_schedule,
+    amx_tvmscript,
+    build_gemm_dsl,
+    lowering_files,
+)
+from sandwich.compiler.gemm_runner import aligned_empty, gemm_args
+from sandwich.compiler.static_check import cpu_for
+from sandwich.compiler.target import detect_cpu
+from sandwich.runtime import KernelCache
+from sandwich.tuner.budget import get_budget
+from sandwich.tuner.record_check import record_problem
+from sandwich.tuner.reference import reference_matmul
+from sandwich.tuner.trial_log import parse_schedule_key
+from sandwich.tuner.tune import tune_op
+from sandwich.tuner.tuning_db import StoredRecord
+from sandwich.tuner.tvm_measure import result_error
+from sandwich.types import AMX_OP, GemmOp, TuneRecord
+from sandwich.weight_formats import dequantize, quantize, round_bf16
+
+pytestmark = pytest.mark.tvm
+
+N, K = 128, 96
+HAS_AMX = detect_cpu().amx
+
+
+def test_an_amx_schedule_only_where_its_32_x_32_blocks_fit():
+    spr = cpu_for("sapphirerapids")
+    s = amx_schedule(n=N, k=K, pack_n=64, threads=2, cpu=spr)
+    assert (s.op, s.dtype, s.pack_n, s.polymerization.t_n) == (AMX_OP, "bf16", 64, 2)
+    assert parse_schedule_key(s.key()) == s  # logs and `bench schedules` name it
+    assert amx_schedule(n=96, k=K, pack_n=48, threads=2, cpu=spr) is None  # a 48-wide panel
+    assert amx_schedule(n=N, k=80, pack_n=64, threads=2, cpu=spr) is None  # K not whole blocks
+    assert amx_schedule(n=N, k=K, pack_n=64, threads=2, cpu=cpu_for("znver4")) is None  # no AMX
+
+
+def test_bf16_weights_are_packed_in_panels_the_amx_blocks_divide_where_it_runs():
+    spr, zen4 = cpu_for("sapphirerapids"), cpu_for("znver4")
+    assert amx_panel(n=2304, k=768, pack_n=48, cpu=spr) == 64  # the probe's 48 would leave it out
+    assert amx_panel(n=96, k=768, pack_n=48, cpu=spr) == 32
+    assert amx_panel(n=2304, k=768, pack_n=64, cpu=spr) == 64
+    assert amx_panel(n=2304, k=768, pack_n=48, cpu=zen4) == 48  # no AMX: the probe decides
+    assert amx_panel(n=2304, k=80, pack_n=48, cpu=spr) == 48  # K not whole blocks
+
+
+def test_an_amx_kernel_is_called_as_the_family_without_its_slice():
+    s = amx_schedule(n=N, k=K, pack_n=64, threads=2, cpu=cpu_for("sapphirerapids"))
+    src = amx_tvmscript(s, n=N, k=K, lanes=16)
+    assert "def main(A_h: T.handle, WB_h: T.handle, C_h: T.handle)" in src
+    a, out = aligned_empty((5, K)), aligned_empty((5, N))
+    wb = aligned_empty((N // 64, K // 2, 64), np.int32)
+    assert len(gemm_args(a, (wb,), out, s)) == 3
+    assert any(p.name == "gemm_amx_bf16.sw" for p in lowering_files())  # it keys the cache too
+
+
+def test_amx_records_are_bf16_records():
+    s = amx_schedule(n=N, k=K, pack_n=64, threads=2, cpu=cpu_for("sapphirerapids"))
+
+    def rec(dtype):
+        return StoredRecord(TuneRecord("fp", "t", N, K, dtype, 1, 64, s, 900.0, 1, 0.1), 2, False)
+    assert record_problem(rec("bf16"), lanes=16) is None
+    assert "amx/bf16 for a float32 record" in record_problem(rec("float32"), lanes=16)
+
+
+@pytest.mark.skipif(not HAS_AMX, reason="the CPU has no AMX-BF16")
+def test_the_cache_serves_an_amx_record_at_any_m(tmp_path):
+    """Stored and recorded as the tuner stores a winner, then loaded by a GemmKernel (which
+    asks Linux for the tile state first): 20 random M, every tail of the 32-row blocks."""
+    cache = KernelCache(tmp_path)
+    s = amx_schedule(n=N, k=K, pack_n=64, threads=2, cpu=cache.cpu)
+    cache.store_kernel(build_gemm_dsl(s, n=N, k=K, cpu=cache.cpu, threads=2), n=N, k=K,
+                       dtype="bf16", schedule=s)
+    cache.db.put_record(TuneRecord(cache.fingerprint, "t", N, K, "bf16", 1, 256, s, 900.0, 1, 0.1),
+                        threads=2)
+    gemm = KernelCache(tmp_path).gemm(n=N, k=K, dtype="bf16", threads=2)
+    assert gemm.schedule_for(7).op == AMX_OP
+    rng = np.random.default_rng(3)
+    assert _errors(gemm, sorted(rng.choice(np.arange(1, 300), 20, replace=False)), rng) == []
+
+
+def _errors(gemm, ms, rng) -> list[str]:
+    """The GEMM at each M against float64 on what a bf16 kernel multiplies (A rounded to
+    bf16, the bf16 weights), as the tuner checks its candidates."""
+    qw = quantize(rng.standard_normal((K, N), dtype=np.float32), "bf16")
+    wp, w = gemm.pack(qw), dequantize(qw)
+    out = []
+    for m in ms:
+        a = rng.standard_normal((m, K), dtype=np.float32)
+        out.append(result_error(gemm(a, wp), reference_matmul(round_bf16(a), w), gemm.schedule_for(m)))
+    return [e for e in out if e]
+
+
+@pytest.mark.skipif(not HAS_AMX, reason="the CPU has no AMX-BF16")
+def test_a_bf16_tune_offers_the_amx_kernel_and_keeps_what_matches_numpy(tmp_path):
+    """On an AMX CPU a bf16 tune times the AMX kernel at every M beside the family's winner;
+    whichever it records, the cache's GEMM matches numpy."""
+    cache = KernelCache(tmp_path)
+    rep = tune_op(names=["t"], op=GemmOp("t", N, K, "bf16"), seq_max=64, threads=2,
+                  budget=get_budget("tiny"), cache=cache)
+    assert rep.searched > 0 and cache.verify() == []
+    assert {r.schedule.op for r in rep.results} <= {"gemm", AMX_OP}
+    gemm = cache.gemm(n=N, k=K, dtype="bf16", threads=2)
+    assert _errors(gemm, [1, 5, 33, 64, 100], np.random.default_rng(4)) == []
