@@ -51,11 +51,13 @@ def test_read_bandwidth_over_several_streams_checks_its_sum():
 
 
 def test_bf16_dot_peak_where_the_cpu_has_one(monkeypatch):
-    """About twice the FMA peak on Zen 4 (a vdpbf16ps adds two products per lane); None, not
-    an error, on a CPU without avx512_bf16."""
+    """About twice the FMA peak on Zen 4 (a vdpbf16ps adds two products per lane), half of it
+    on a Sapphire Rapids VM (110-115 against 224-231 GFLOPS: there it issues at a quarter of
+    the FMAs' rate); a flop count off by two would read below 0.3. None, not an error, on a
+    CPU without avx512_bf16."""
     if "avx512_bf16" in mbench._cpu_flags():
         gflops = mbench.peak_bf16_gflops(1, iters=200_000, repeat=3)
-        assert gflops > 0.5 * mbench.peak_gflops(1, iters=200_000, repeat=3)
+        assert gflops > 0.3 * mbench.peak_gflops(1, iters=200_000, repeat=3)
     monkeypatch.setattr(mbench, "_cpu_flags", lambda: {"avx512f", "avx2", "fma"})
     assert mbench.peak_bf16_gflops(1) is None
 
