@@ -16,11 +16,10 @@ import numpy as np
 from sandwich.bench.baselines.measure import check_gemm
 from sandwich.bench.cache_ab import AbRow, gemm_timer, interleaved_rounds, row_line
 from sandwich.bench.kernel_ab import build_side, check_source_args, problem
+from sandwich.compiler.gemm_dsl import AMX_KERNEL, amx_schedule
 from sandwich.compiler.gemm_runner import aligned_empty
 from sandwich.compiler.target import detect_cpu
 from sandwich.errors import ConfigError
-
-AMX_KERNEL = "gemm_amx_bf16"
 
 
 def run_amx(*, schedule: str, n: int, k: int, ms: list[int], threads: int, rounds: int = 5,
@@ -38,7 +37,7 @@ def run_amx(*, schedule: str, n: int, k: int, ms: list[int], threads: int, round
     cpu = detect_cpu()
     if not cpu.amx:
         raise ConfigError(f"this CPU ({cpu.model}, {cpu.mcpu}) has no AMX-BF16: nothing to time")
-    if s.pack_n % 32 or n % s.pack_n or k % 32:
+    if amx_schedule(n=n, k=k, pack_n=s.pack_n, threads=threads, cpu=cpu) is None:
         raise ConfigError(f"the AMX kernel needs pack_n a multiple of 32 dividing N and K a "
                           f"multiple of 32; got pack_n {s.pack_n}, N {n}, K {k}")
     family = build_side("family", None, s, n, k, threads, cpu)

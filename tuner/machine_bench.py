@@ -126,13 +126,9 @@ def tile_gflops(threads: int, *, iters: int = 40_000, repeat: int = 7) -> float:
     a GEMM's inner loop cannot do without. The best repeat, as peak_gflops."""
     check_threads(threads)
     lib, _ = _library()
-    out = ctypes.c_float()
-
-    def call() -> None:
-        _check_rc(lib.mb_tile(threads, iters, ctypes.byref(out)), "register tile")
-
-    t = time_callable(call, warmup=2, repeat=repeat, min_repeat_s=0.0)
-    return threads * iters * lib.mb_tile_flops() / t.min_s / 1e9
+    # a pass is mb_tile_flops() / 2 multiply-adds: as _peak counts them, that many links a lane
+    return _peak("mb_tile", "register tile", 2.0, threads, iters, repeat,
+                 accs=lib.mb_tile_flops() // (2 * lib.mb_lanes()))
 
 
 def peak_bf16_gflops(threads: int, *, iters: int = 3_000_000, repeat: int = 7) -> float | None:
