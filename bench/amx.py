@@ -1,10 +1,8 @@
 """`sandwichc bench amx`: the AMX bf16 GEMM (dsl/kernels/gemm_amx_bf16.sw) on a CPU with
 AMX-BF16, checked against numpy and timed beside the bf16 family's kernel (vdpbf16ps) on the
-same packed weights and M, in interleaved rounds (bench/cache_ab.py's).
-
-No machine of the project had AMX when the tile statements landed, so this is the command an
-AMX session runs first: whether the kernel runs and computes what the interpreter says it
-does, and how far it is ahead of the vector kernel, before the tuner is taught to pick it.
+same packed weights and M, in interleaved rounds (bench/cache_ab.py's): every AMX schedule a
+bf16 tune measures (the row split with cache-sized blocks, the panel split), so the tuner's
+choice at each M can be read off a table.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ import numpy as np
 from sandwich.bench.baselines.measure import check_gemm
 from sandwich.bench.cache_ab import AbRow, gemm_timer, interleaved_rounds, row_line
 from sandwich.bench.kernel_ab import build_side, check_source_args, problem
-from sandwich.compiler.gemm_dsl import AMX_KERNEL, amx_schedule
+from sandwich.compiler.gemm_dsl import AMX_KERNEL, amx_schedules, amx_tunables
 from sandwich.compiler.gemm_runner import aligned_empty
 from sandwich.compiler.target import detect_cpu
 from sandwich.errors import ConfigError
@@ -24,9 +22,11 @@ from sandwich.errors import ConfigError
 
 def run_amx(*, schedule: str, n: int, k: int, ms: list[int], threads: int, rounds: int = 5,
             log: Callable[[str], None] = print) -> list[AbRow]:
-    """The AMX kernel at the schedule's pack_n (B) and the family's bf16 `schedule` (A, a key
-    such as gemm_bf16_mk6x64_p2x1x1_n64_s12x256x512), each checked against numpy on the
-    bf16-rounded operands, then timed in rounds at every M: each row's ratio is AMX / family."""
+    """Each AMX schedule the tuner would measure at the schedule's pack_n (B; see
+    gemm_dsl.amx_schedules) against the family's bf16 `schedule` (A, a key such as
+    gemm_bf16_mk6x64_p2x1x1_n64_s12x256x512), each checked against numpy on the bf16-rounded
+    operands, then all timed in the same interleaved rounds at every M: a row per AMX
+    schedule and M, its ratio AMX / family."""
     from sandwich.compiler.lower_build import build_kernel
     from sandwich.compiler.tensors import tensor_over
     from sandwich.dsl.load import load_kernel
@@ -37,12 +37,14 @@ def run_amx(*, schedule: str, n: int, k: int, ms: list[int], threads: int, round
     cpu = detect_cpu()
     if not cpu.amx:
         raise ConfigError(f"this CPU ({cpu.model}, {cpu.mcpu}) has no AMX-BF16: nothing to time")
-    if amx_schedule(n=n, k=k, pack_n=s.pack_n, threads=threads, cpu=cpu) is None:
-        raise ConfigError(f"the AMX kernel needs pack_n a multiple of 32 dividing N and K a "
-                          f"multiple of 32; got pack_n {s.pack_n}, N {n}, K {k}")
+    amxs = amx_schedules(n=n, k=k, pack_n=s.pack_n, threads=threads, cpu=cpu)
+    if not amxs:
+        raise ConfigError(f"the AMX kernel needs pack_n a multiple of 32 dividing N, K a "
+                          f"multiple of 32 and threads in its domain; got pack_n {s.pack_n}, "
+                          f"N {n}, K {k}, {threads} threads")
     family = build_side("family", None, s, n, k, threads, cpu)
-    amx = build_kernel(load_kernel(AMX_KERNEL), tunables={"pack_n": s.pack_n},
-                       fixed={"N": n, "K": k}, cpu=cpu, threads=threads)["main"]
+    kernels = [build_kernel(load_kernel(AMX_KERNEL), tunables=amx_tunables(a), fixed={"N": n, "K": k},
+                            cpu=cpu, threads=threads)["main"] for a in amxs]
     rng = np.random.default_rng(0)
     w, ref, rows_of = problem(s, n, k, rng)  # bf16 weights, their values, A rounded to bf16
     packed = family.prepare(w)  # the family's layout is the AMX kernel's B tiles
@@ -53,18 +55,20 @@ def run_amx(*, schedule: str, n: int, k: int, ms: list[int], threads: int, round
         a[...] = rng.standard_normal((m, k), dtype=np.float32)
         c = aligned_empty((m, n))
         ta, tc = tensor_over(a), tensor_over(c)
-
-        def run_amx_once(ta=ta, tc=tc, m=m) -> None:
-            amx(m, n, k, ta, wb, tc)
-
-        run_amx_once()
         want = rows_of(a)
-        check_gemm(c, want, ref, what="the AMX kernel")
         check_gemm(family.run(a, packed), want, ref, what="the bf16 family")
-        row = AbRow(f"AMX pack_n {s.pack_n} / family", n, k, m, rotated=False)
-        row.a_gflops, row.b_gflops = interleaved_rounds(
-            [gemm_timer(family.run, a, [packed], n, k),
-             gemm_timer(lambda _a, _w, run=run_amx_once: run(), a, [packed], n, k)], rounds)
-        rows.append(row)
-        log(row_line(row))
+        timers = [gemm_timer(family.run, a, [packed], n, k)]
+        for sched, kernel in zip(amxs, kernels, strict=True):
+            def run_once(_a=None, _w=None, kernel=kernel, ta=ta, tc=tc, m=m) -> None:
+                kernel(m, n, k, ta, wb, tc)
+
+            run_once()
+            check_gemm(c, want, ref, what=f"the AMX kernel ({sched.key()})")
+            timers.append(gemm_timer(run_once, a, [packed], n, k))
+        fam, *amx = interleaved_rounds(timers, rounds)
+        for sched, figures in zip(amxs, amx, strict=True):
+            row = AbRow(f"AMX {sched.key()} / family", n, k, m, rotated=False)
+            row.a_gflops, row.b_gflops = list(fam), figures
+            rows.append(row)
+            log(row_line(row))
     return rows

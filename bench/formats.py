@@ -202,12 +202,13 @@ def _time_row(cache, limits, model: str, name: str, op, fmt: str, m: int,
 def _roof(row: FormatRow, host: rs.HostRates, cpu) -> None:
     """The row's Roof-Surface bound: MBW is the read of its own moment for a decode row (the
     bandwidth drifts within seconds), the start's for the others. A row the AMX kernel runs
-    has none: the model's bf16 MOS is vdpbf16ps', which AMX's tiles pass several times over."""
-    if row.schedule.startswith(f"{AMX_OP}_"):
+    has AMX's tile rate for its MTX term (vdpbf16ps' is several times below it)."""
+    amx = row.schedule.startswith(f"{AMX_OP}_")
+    if amx and not host.amx_flops:
         return
     rates = dataclasses.replace(host, mbw=row.read_gbs * 1e9) if row.read_gbs else host
     sig = rs.kernel_signature(row.weights, cpu.lanes_f32, k=row.k, bf16_dot=cpu.bf16_dot)
-    b = rs.bound(rates.machine(row.m, row.weights, k=row.k), sig,
+    b = rs.bound(rates.machine(row.m, row.weights, k=row.k, amx=amx), sig,
                  rs.gemm_flops_per_op(cpu.lanes_f32, row.m))
     row.bound_gflops, row.bound_by = b.flops / 1e9, b.resource
     row.pct_bound = 100 * row.gflops / row.bound_gflops

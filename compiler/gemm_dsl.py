@@ -165,15 +165,41 @@ def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int, 
         raise ConfigError(f"GEMM schedule {schedule.key()} is outside {KERNEL}.sw: {e}") from e
 
 
-def amx_schedule(*, n: int, k: int, pack_n: int, threads: int, cpu: CpuInfo) -> KernelSchedule | None:
-    """The schedule that runs a bf16 GEMM of (N, K), packed pack_n wide, on AMX tiles, or None
-    where it cannot: no AMX-BF16 on `cpu`, or a panel or K that its 32 x 32 blocks do not
-    divide. Its tile and slice name the kernel's fixed 32 x 32 blocks (it takes no slice
-    arguments); its threads split N's panels (t_n)."""
+def amx_schedules(*, n: int, k: int, pack_n: int, threads: int, cpu: CpuInfo) -> list[KernelSchedule]:
+    """The schedules that may run a bf16 GEMM of (N, K), packed pack_n wide, on AMX tiles, for
+    the tuner to measure at each M; none where the kernel cannot run it: no AMX-BF16 on
+    `cpu`, a panel or K that its 32 x 32 blocks do not divide, or `threads` outside its
+    domains. The tile (mk32x32) names the C block; the slice carries the kernel's built-in
+    blocks (b_n columns, b_k depth); the polymerization its threads.
+    - the rows split over the threads, W in blocks of b_n columns that take a quarter of L2
+      and K in blocks of b_k whose 32 rows of A take a third of L1: 768 x 768 at M = 512
+      1.43x the panel split below, 2304 x 768 1.23x, lm_head 1.21x (SPR, 2 threads);
+    - the panels split, one a block, K whole (the first kernel's order): as fast or faster
+      at K = 3072 and at M = 64 on a wide N (there the row split streams all of W to each
+      thread)."""
     if not cpu.amx or pack_n % AMX_BLOCK or n % pack_n or k % AMX_BLOCK:
-        return None
-    return KernelSchedule(MicroKernel(AMX_BLOCK, AMX_BLOCK), ComputeSlice(AMX_BLOCK, AMX_BLOCK, AMX_BLOCK),
-                          Polymerization(1, threads, 1), pack_n, AMX_OP, "bf16")
+        return []
+    doms = _amx_domains(cpu.lanes_f32)
+    if threads not in doms["t_m"]:
+        return []
+    fits_l2 = [v for v in doms["b_n"] if v % pack_n == 0 and v * k * 2 <= cpu.l2_bytes // 4]
+    fits_l1 = [v for v in doms["b_k"] if AMX_BLOCK * v * 2 <= cpu.l1d_bytes // 3]
+    whole_k = min((v for v in doms["b_k"] if v >= k), default=max(doms["b_k"]))
+
+    def schedule(split: Polymerization, b_n: int, b_k: int) -> KernelSchedule:
+        return KernelSchedule(MicroKernel(AMX_BLOCK, AMX_BLOCK), ComputeSlice(AMX_BLOCK, b_n, b_k),
+                              split, pack_n, AMX_OP, "bf16")
+    return [schedule(Polymerization(threads, 1, 1), max(fits_l2, default=pack_n),
+                     max(fits_l1, default=AMX_BLOCK)),
+            schedule(Polymerization(1, threads, 1), pack_n, whole_k)]
+
+
+@lru_cache(maxsize=None)
+def _amx_domains(lanes: int) -> dict[str, tuple[int, ...]]:
+    from sandwich.dsl.load import load_kernel
+    from sandwich.dsl.space import domains
+
+    return domains(load_kernel(AMX_KERNEL), vlen=lanes)
 
 
 def amx_panel(*, n: int, k: int, pack_n: int, cpu: CpuInfo) -> int:
@@ -188,6 +214,12 @@ def amx_panel(*, n: int, k: int, pack_n: int, cpu: CpuInfo) -> int:
                 pack_n)
 
 
+def amx_tunables(schedule: KernelSchedule) -> dict[str, int]:
+    """The AMX kernel's tunable values for an AMX_OP schedule (amx_schedules)."""
+    p, b = schedule.polymerization, schedule.slice
+    return {"pack_n": schedule.pack_n, "t_m": p.t_m, "t_n": p.t_n, "b_n": b.b_n, "b_k": b.b_k}
+
+
 def amx_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int) -> str:
     """TVMScript of the AMX kernel for an AMX_OP schedule, called as the family is without
     its slice: main(A[M, K], WB[N / pack_n, K / 2, pack_n], C[M, N]), M from A."""
@@ -196,7 +228,7 @@ def amx_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int) -> st
     if schedule.op != AMX_OP or schedule.dtype != "bf16":
         raise ConfigError(f"schedule {schedule.key()} is not an AMX bf16 schedule")
     try:
-        return to_tvmscript(load_kernel(AMX_KERNEL), tunables={"pack_n": schedule.pack_n},
+        return to_tvmscript(load_kernel(AMX_KERNEL), tunables=amx_tunables(schedule),
                             vlen=lanes, fixed={"N": n, "K": k}, args=("A", "WB", "C"), align=4,
                             scalars="inline", fold=True, amx=True)
     except DSLError as e:

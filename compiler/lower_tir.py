@@ -177,7 +177,7 @@ class _Emitter(V.VectorLoops, StaticParts, TileStatements):
             if e.func == "high1":
                 return self.high1(e, *args)
             if e.func == "bf16pair":
-                return V.bf16_pair(*args)
+                return self.bf16pair(e, *args)
             if e.func == "exp" and self.in_vector and self.dtype(e) == "f32":
                 return V.fast_exp(args[0])
             return f"{_FUNCS[e.func]}({', '.join(args)})"

@@ -240,21 +240,22 @@ def _byte_pair(p: str, q: int) -> str:
 DPBF16PS_LANES = (16,)
 
 
-def _bf16_bits(x: str) -> str:
-    """x (float32) rounded to bf16, nearest even: its 16 bits in a uint32. A NaN is first made
-    quiet in its upper half, so that rounding cannot carry its payload into an infinity (as
-    weight_formats._to_bf16, ggml's rounding, does for the weights)."""
-    raw = f'T.reinterpret("uint32", {x})'
+def _bf16_bits(x: str, lanes: str = "") -> str:
+    """x (float32, or a vector of them with `lanes` such as "x32") rounded to bf16, nearest
+    even: its 16 bits in a uint32. A NaN is first made quiet in its upper half, so that
+    rounding cannot carry its payload into an infinity (as weight_formats._to_bf16, ggml's
+    rounding, does for the weights)."""
+    raw = f'T.reinterpret("uint32{lanes}", {x})'
     b = (f"T.Select(T.bitwise_and({raw}, T.uint32(0x7FFFFFFF)) > T.uint32(0x7F800000), "
          f"T.bitwise_or(T.bitwise_and({raw}, T.uint32(0xFFFF0000)), T.uint32(0x400000)), {raw})")
     return (f"T.shift_right({b} + T.uint32(32767) + T.bitwise_and(T.shift_right({b}, "
             f"T.uint32(16)), T.uint32(1)), T.uint32(16))")
 
 
-def bf16_pair(x: str, y: str) -> str:
+def bf16_pair(x: str, y: str, lanes: str = "") -> str:
     """TVMScript of bf16pair(x, y) (dsl/builtins.py): the two bf16s' bits in an int32."""
-    return (f'T.reinterpret("int32", T.bitwise_or({_bf16_bits(x)}, '
-            f"T.shift_left({_bf16_bits(y)}, T.uint32(16))))")
+    return (f'T.reinterpret("int32{lanes}", T.bitwise_or({_bf16_bits(x, lanes)}, '
+            f"T.shift_left({_bf16_bits(y, lanes)}, T.uint32(16))))")
 
 
 def calls(stmts, func: str) -> bool:
@@ -310,10 +311,12 @@ class VectorLoops:
         """Whether a `vector` loop is written as explicit vector statements (T.Ramp lanes)
         rather than left to TVM's vectoriser: loops of plain assignments that call madd16 or
         dot8 (dot8p, dot8h, halves) on x86, or dotbf16 where vdpbf16ps exists (TVM vectorises
-        calls lane by lane, and neither instruction is lane-wise)."""
+        calls lane by lane, and neither instruction is lane-wise), or bf16pair (TVM loads
+        its x and y lane by lane, 48 vinsertps a vector on AVX-512; see bf16pair)."""
         intrinsic = ((self.isa in X86_ISAS and self.vlen in PMADDWD
                       and any(calls(s.body, f) for f in ("madd16", "dot8", "dot8p", "dot8h", "halves")))
-                     or (self.bf16_dot and self.vlen in DPBF16PS_LANES and calls(s.body, "dotbf16")))
+                     or (self.bf16_dot and self.vlen in DPBF16PS_LANES and calls(s.body, "dotbf16"))
+                     or calls(s.body, "bf16pair"))
         return (intrinsic and not reds and step == "1" and const_trips is not None
                 and const_trips % self.vlen == 0 and all(isinstance(t, A.Assign) for t in s.body))
 
@@ -367,6 +370,27 @@ class VectorLoops:
             a = f'T.reinterpret("int16x{2 * vl}", T.Broadcast({p}, {vl}))'
             return f'T.call_llvm_pure_intrin("int32x{vl}", "{PMADDWD[vl]}", {w}, {a})'
         return f"({x} * {_sext16(p)} + {y} * T.shift_right({p}, 16))"
+
+    def bf16pair(self, e, x: str, y: str) -> str:
+        """bf16pair of vectors: where x and y are side_by_side (x on the even elements, y on
+        the odd ones, as a row of A is paired along K), one load of 2 vlen consecutive
+        floats, each rounded in its 32-bit lane, then narrowed to 16 bits, so that each pair
+        of 16-bit lanes is one int32 lane (vpmovdw); TVM's own vectoriser loaded every
+        element apart (the AMX kernel's conversion of A: 0.2 ns a value on SPR)."""
+        vx, vy = (self.varies(a) for a in e.args)
+        if not (vx or vy):
+            return bf16_pair(x, y)
+        vl = self.vlen
+        if side_by_side(*e.args, self.ramp):
+            self.wide = True
+            try:
+                w = self.expr(e.args[0])
+            finally:
+                self.wide = False
+            return (f'T.reinterpret("int32x{vl}", '
+                    f'T.Cast("uint16x{2 * vl}", {_bf16_bits(w, f"x{2 * vl}")}))')
+        x, y = (a if v else f"T.Broadcast({a}, {vl})" for a, v in ((x, vx), (y, vy)))
+        return bf16_pair(x, y, f"x{vl}")
 
     def dot8(self, e, acc: str, w: str, p: str) -> str:
         """vpdpbusd where the target has AVX512-VNNI, else, where w's bytes stay below 128

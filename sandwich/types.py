@@ -111,16 +111,23 @@ class KernelSchedule(JsonMixin):
     def key(self) -> str:
         """Names the whole schedule."""
         s = self.slice
-        return f"{self.family_key()}_s{s.b_m}x{s.b_n}x{s.b_k}"
+        return f"{self._base_key()}_s{s.b_m}x{s.b_n}x{s.b_k}"
 
-    def family_key(self) -> str:
-        """Names the compiled kernel: the slice is a call-time argument, so every slice of
-        one micro-kernel + polymerization + layout shares one `.so`."""
+    def _base_key(self) -> str:
         mk, p = self.micro_kernel, self.polymerization
         return f"{self.op}_{self.dtype}_mk{mk.mu_m}x{mk.mu_n}_p{p.t_m}x{p.t_n}x{p.t_k}_n{self.pack_n}"
 
+    def family_key(self) -> str:
+        """Names the compiled kernel: the family's slice is a call-time argument, so every
+        slice of one micro-kernel + polymerization + layout shares one `.so`; the AMX
+        kernel's blocks are built in, so its slice names its own."""
+        return self.key() if self.op == AMX_OP else self._base_key()
+
     def family(self) -> KernelSchedule:
-        """This schedule with a canonical slice: the key under which its kernel is built."""
+        """This schedule with a canonical slice: the key under which its kernel is built
+        (an AMX schedule as it is: its slice is built in)."""
+        if self.op == AMX_OP:
+            return self
         mk = self.micro_kernel
         return KernelSchedule(mk, ComputeSlice(mk.mu_m, mk.mu_n, 16), self.polymerization,
                               self.pack_n, self.op, self.dtype)

@@ -7,7 +7,7 @@ import pytest
 
 from sandwich.compiler.gemm_dsl import (
     amx_panel,
-    amx_schedule,
+    amx_schedules,
     amx_tvmscript,
     build_gemm_dsl,
     lowering_files,
@@ -32,14 +32,30 @@ N, K = 128, 96
 HAS_AMX = detect_cpu().amx
 
 
-def test_an_amx_schedule_only_where_its_32_x_32_blocks_fit():
+def test_amx_schedules_only_where_its_32_x_32_blocks_fit():
     spr = cpu_for("sapphirerapids")
-    s = amx_schedule(n=N, k=K, pack_n=64, threads=2, cpu=spr)
-    assert (s.op, s.dtype, s.pack_n, s.polymerization.t_n) == (AMX_OP, "bf16", 64, 2)
-    assert parse_schedule_key(s.key()) == s  # logs and `bench schedules` name it
-    assert amx_schedule(n=96, k=K, pack_n=48, threads=2, cpu=spr) is None  # a 48-wide panel
-    assert amx_schedule(n=N, k=80, pack_n=64, threads=2, cpu=spr) is None  # K not whole blocks
-    assert amx_schedule(n=N, k=K, pack_n=64, threads=2, cpu=cpu_for("znver4")) is None  # no AMX
+    rows, panels = amx_schedules(n=N, k=K, pack_n=64, threads=2, cpu=spr)
+    for s in (rows, panels):
+        assert (s.op, s.dtype, s.pack_n) == (AMX_OP, "bf16", 64)
+        assert parse_schedule_key(s.key()) == s  # logs and `bench schedules` name it
+        assert s.family() == s and s.family_key() == s.key()  # its blocks are built in
+    assert rows.polymerization.t_m == 2 and panels.polymerization.t_n == 2
+    assert amx_schedules(n=96, k=K, pack_n=48, threads=2, cpu=spr) == []  # a 48-wide panel
+    assert amx_schedules(n=N, k=80, pack_n=64, threads=2, cpu=spr) == []  # K not whole blocks
+    assert amx_schedules(n=N, k=K, pack_n=64, threads=5, cpu=spr) == []  # outside its domains
+    assert amx_schedules(n=N, k=K, pack_n=64, threads=2, cpu=cpu_for("znver4")) == []  # no AMX
+
+
+def test_the_row_split_blocks_are_sized_from_the_caches():
+    """W's block takes at most a quarter of L2, 32 rows of A's K block at most a third of
+    L1; the panel split runs one panel and the whole K a block."""
+    spr = cpu_for("sapphirerapids")  # 48 KiB L1d, 2 MiB L2
+    for k, b_n in ((768, 320), (3072, 64), (5504, 64)):
+        rows, panels = amx_schedules(n=64 * 96, k=k, pack_n=64, threads=2, cpu=spr)
+        assert (rows.slice.b_n, rows.slice.b_k) == (b_n, 256)
+        assert b_n * k * 2 <= spr.l2_bytes // 4 or b_n == 64
+        assert (panels.slice.b_n, panels.slice.b_k) == (64, 1024 if k == 768 else 4096 if k == 3072
+                                                        else 8192)
 
 
 def test_bf16_weights_are_packed_in_panels_the_amx_blocks_divide_where_it_runs():
@@ -52,7 +68,7 @@ def test_bf16_weights_are_packed_in_panels_the_amx_blocks_divide_where_it_runs()
 
 
 def test_an_amx_kernel_is_called_as_the_family_without_its_slice():
-    s = amx_schedule(n=N, k=K, pack_n=64, threads=2, cpu=cpu_for("sapphirerapids"))
+    s = amx_schedules(n=N, k=K, pack_n=64, threads=2, cpu=cpu_for("sapphirerapids"))[0]
     src = amx_tvmscript(s, n=N, k=K, lanes=16)
     assert "def main(A_h: T.handle, WB_h: T.handle, C_h: T.handle)" in src
     a, out = aligned_empty((5, K)), aligned_empty((5, N))
@@ -62,7 +78,7 @@ def test_an_amx_kernel_is_called_as_the_family_without_its_slice():
 
 
 def test_amx_records_are_bf16_records():
-    s = amx_schedule(n=N, k=K, pack_n=64, threads=2, cpu=cpu_for("sapphirerapids"))
+    s = amx_schedules(n=N, k=K, pack_n=64, threads=2, cpu=cpu_for("sapphirerapids"))[0]
 
     def rec(dtype):
         return StoredRecord(TuneRecord("fp", "t", N, K, dtype, 1, 64, s, 900.0, 1, 0.1), 2, False)
@@ -71,11 +87,12 @@ def test_amx_records_are_bf16_records():
 
 
 @pytest.mark.skipif(not HAS_AMX, reason="the CPU has no AMX-BF16")
-def test_the_cache_serves_an_amx_record_at_any_m(tmp_path):
+@pytest.mark.parametrize("split", [0, 1], ids=["rows", "panels"])
+def test_the_cache_serves_an_amx_record_at_any_m(tmp_path, split):
     """Stored and recorded as the tuner stores a winner, then loaded by a GemmKernel (which
     asks Linux for the tile state first): 20 random M, every tail of the 32-row blocks."""
     cache = KernelCache(tmp_path)
-    s = amx_schedule(n=N, k=K, pack_n=64, threads=2, cpu=cache.cpu)
+    s = amx_schedules(n=N, k=K, pack_n=64, threads=2, cpu=cache.cpu)[split]
     cache.store_kernel(build_gemm_dsl(s, n=N, k=K, cpu=cache.cpu, threads=2), n=N, k=K,
                        dtype="bf16", schedule=s)
     cache.db.put_record(TuneRecord(cache.fingerprint, "t", N, K, "bf16", 1, 256, s, 900.0, 1, 0.1),

@@ -438,3 +438,45 @@ kernel divs(i32 n, i32 X[n], i32 Q[n], i32 R[n]) {
     f(len(x), tx, tq, tr)
     np.testing.assert_array_equal(tq.numpy(), q)
     np.testing.assert_array_equal(tr.numpy(), r)
+
+
+BF16PAIR = """
+kernel pairs(i32 n, f32 X[n, 64], i32 P[n, 32], i32 Q[n, 32]) {
+    for (i32 t = 0; t < n; t++) {
+        vectorize for (i32 j = 0; j < 32; j++) {
+            P[t, j] = bf16pair(X[t, 2 * j], X[t, 2 * j + 1]);
+        }
+        vectorize for (i32 j = 0; j < 32; j++) {
+            Q[t, j] = bf16pair(X[t, j], X[t, j + 32]);
+        }
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("vlen", [8, 16])
+def test_bf16pair_in_a_vector_loop_rounds_as_numpy(vlen):
+    """bf16pair on a row's even and odd elements (A paired along K, as the AMX kernel rounds
+    it) is one load of 2 vlen floats narrowed to 16-bit halves, not vlen loads apart; on any
+    other pair, lanes of the same arithmetic. Both round as weight_formats.round_bf16 does,
+    NaN payloads, infinities and denormals included."""
+    from sandwich.dsl.load import load_source
+    from sandwich.weight_formats import round_bf16
+
+    kernel = load_source(BF16PAIR, file="pairs.sw").kernels[0]
+    src = to_tvmscript(kernel, tunables={}, vlen=vlen)
+    assert "T.Ramp((2 * (" in src and f"T.Cast(\"uint16x{2 * vlen}\"" in src
+    assert src.count(f'T.reinterpret("int32x{vlen}"') == 2
+    n = 5
+    x = rng.standard_normal((n, 64), dtype=np.float32)
+    special = np.array([0x7F800001, 0xFF800100, 0x7FC00000, 0x7F7FFFFF, 0x7F800000, 0x00000001,
+                        0x3F808000, 0x3F818000], np.uint32).view(np.float32)  # and both ties
+    x[0, :8], x[1, 40:48] = special, special
+    bits = (round_bf16(x).view(np.uint32) >> 16).astype(np.int64)
+    want_p = (bits[:, 0::2] | bits[:, 1::2] << 16).astype(np.uint32).view(np.int32)
+    want_q = (bits[:, :32] | bits[:, 32:] << 16).astype(np.uint32).view(np.int32)
+    f = build_for(src, None if vlen == 8 else "avx512")
+    tx, tp, tq = dev_arrays(x, np.zeros((n, 32), np.int32), np.zeros((n, 32), np.int32))
+    f(n, tx, tp, tq)
+    np.testing.assert_array_equal(tp.numpy(), want_p)
+    np.testing.assert_array_equal(tq.numpy(), want_q)

@@ -29,16 +29,23 @@ def bf16_product(a: np.ndarray, w: np.ndarray) -> np.ndarray:
     return round_bf16(a).astype(np.float64) @ round_bf16(w).astype(np.float64)
 
 
-@pytest.mark.parametrize("m,n,k,pack_n", [(37, 64, 64, 32), (5, 64, 96, 64), (32, 32, 32, 32),
-                                          (16, 128, 32, 64)])
-def test_the_amx_gemm_matches_numpy_in_the_interpreter(m, n, k, pack_n):
-    """Row blocks of 32 with a tail of any size, both panel widths, one to three K steps."""
+@pytest.mark.parametrize("m,n,k,pack_n,t_m,t_n,b_n,b_k", [
+    (37, 64, 64, 32, 2, 1, 32, 32),  # rows split, a tail block, two groups, two K blocks
+    (75, 128, 96, 64, 3, 1, 64, 64),  # three row threads, the last K block half full
+    (5, 64, 96, 64, 1, 2, 64, 64),  # panels split, A rounded once for both threads
+    (32, 32, 32, 32, 2, 1, 8192, 32768),  # one thread with no rows
+    (16, 128, 32, 64, 1, 2, 128, 128),  # one group a thread
+    (70, 192, 64, 64, 2, 3, 64, 32768)])  # both: 2 x 3 threads
+def test_the_amx_gemm_matches_numpy_in_the_interpreter(m, n, k, pack_n, t_m, t_n, b_n, b_k):
+    """Row blocks of 32 with a tail of any size, both panel widths, one to three K steps, the
+    rows or the panels or both split over threads, W and K in blocks or whole."""
     rng = np.random.default_rng(m + n + k)
     a = rng.standard_normal((m, k), dtype=np.float32)
     w = rng.standard_normal((k, n), dtype=np.float32)
     (wb,) = pack_weight(w, pack_n, "bf16")  # the bf16 family's packing is the B tile's layout
     c = np.full((m, n), np.nan, np.float32)
-    run(load_kernel("gemm_amx_bf16"), tunables={"pack_n": pack_n}, M=m, N=n, K=k, A=a, WB=wb, C=c)
+    tunables = {"pack_n": pack_n, "t_m": t_m, "t_n": t_n, "b_n": b_n, "b_k": b_k}
+    run(load_kernel("gemm_amx_bf16"), tunables=tunables, M=m, N=n, K=k, A=a, WB=wb, C=c)
     np.testing.assert_allclose(c, bf16_product(a, w), rtol=1e-5, atol=1e-4)
 
 
@@ -107,14 +114,15 @@ def test_the_amx_gemm_builds_for_sapphire_rapids_and_nowhere_without_amx():
     k = load_kernel("gemm_amx_bf16")
     spr, zen4 = cpu_for("sapphirerapids"), cpu_for("znver4")
     assert spr.amx and not zen4.amx
-    src = to_tvmscript(k, tunables={"pack_n": 64}, vlen=16, isa=spr.isa, amx=spr.amx)
+    tunables = {"pack_n": 64, "t_m": 2, "t_n": 1, "b_n": 640, "b_k": 256}
+    src = to_tvmscript(k, tunables=tunables, vlen=16, isa=spr.isa, amx=spr.amx)
     ex = tvm.compile(parse_tvmscript(src), target=tvm_target(spr, 2))
     asm = getattr(ex, "mod", ex).inspect_source("asm")
     ops = collections.Counter(line.split()[0] for line in asm.splitlines()
                               if line.strip().startswith(("tile", "tdp", "ldtilecfg")))
     assert {"ldtilecfg", "tilezero", "tileloadd", "tdpbf16ps", "tilestored", "tilerelease"} <= set(ops)
     with pytest.raises(DSLError, match="this target has no AMX-BF16"):
-        to_tvmscript(k, tunables={"pack_n": 64}, vlen=16, isa=zen4.isa, amx=zen4.amx)
+        to_tvmscript(k, tunables=tunables, vlen=16, isa=zen4.isa, amx=zen4.amx)
 
 
 def test_linux_refuses_the_tile_state_on_a_cpu_without_amx():
@@ -161,8 +169,10 @@ def test_bench_amx_checks_and_times_both_kernels_with_the_interpreter_standing_i
     lines = []
     rows = bench_amx.run_amx(schedule=BF16, n=64, k=64, ms=[5, 33], threads=2, rounds=2,
                              log=lines.append)
-    assert [(r.m, len(r.a_gflops), len(r.b_gflops)) for r in rows] == [(5, 2, 2), (33, 2, 2)]
-    assert len(lines) == 2 and "AMX pack_n 32 / family" in lines[0] and "B/A" in lines[0]
+    # a row for each AMX schedule the tuner measures (the rows split, the panels split) at each M
+    assert [(r.m, len(r.a_gflops), len(r.b_gflops)) for r in rows] == [(5, 2, 2)] * 2 + [(33, 2, 2)] * 2
+    assert len(lines) == 4 and "B/A" in lines[0]
+    assert "AMX amx_bf16_mk32x32_p2x1x1_n32_" in lines[0] and "_p1x2x1_n32_" in lines[1]
     wrong.append(True)
     with pytest.raises(SandwichError, match="the AMX kernel"):
         bench_amx.run_amx(schedule=BF16, n=64, k=64, ms=[5], threads=2, rounds=1)

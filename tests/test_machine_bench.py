@@ -62,6 +62,27 @@ def test_bf16_dot_peak_where_the_cpu_has_one(monkeypatch):
     assert mbench.peak_bf16_gflops(1) is None
 
 
+def test_amx_tile_peak_where_the_cpu_has_it(monkeypatch):
+    """tdpbf16ps's rate on operands held in tiles: 3369 GFLOPS on one core of a Sapphire
+    Rapids VM, 15x its fp32 FMA peak (Intel states 1024 flops a cycle, 16 times two FMA
+    pipes'), and each product's sum comes back: tile 3 adds 32 products of two bf16 0x3A83
+    (2^-10 x 1.0234375) a trip. A build without AMX (any CPU without it) has no such entry: None."""
+    import ctypes
+
+    if {"amx_tile", "amx_bf16"} <= mbench._cpu_flags():
+        assert mbench.peak_amx_bf16_gflops(1, iters=20_000, repeat=3) > \
+            4 * mbench.peak_gflops(1, iters=200_000, repeat=3)
+        out = ctypes.c_float()
+        assert mbench._library()[0].mb_amx_bf16(2, 1000, ctypes.byref(out)) == 0
+        assert out.value == pytest.approx(2 * 1000 * 32 * (2 ** -10 * 1.0234375) ** 2, rel=1e-4)
+    monkeypatch.setattr(mbench, "isa_flags", lambda: ("avx512", ["-mavx512f"]))
+    built = mbench._library.__wrapped__()
+    monkeypatch.setattr(mbench, "_library", lambda: built)
+    out = ctypes.c_float()
+    assert built[0].mb_amx_bf16(1, 10, ctypes.byref(out)) == -1
+    assert mbench.peak_amx_bf16_gflops(1) is None
+
+
 def _check_dot8_sum(lib):
     """Each dot8 of weights 128, 1, 1, 1 (unsigned) and activations -1, 127, 1, 1 (signed)
     adds exactly 1 a lane, and so does each narrow one (weights 15, 1, 1, 1, activations

@@ -318,3 +318,30 @@ def test_vos_is_each_sequence_rate_with_the_epilogue_at_the_fma_rate():
         assert rs.rates(h.machine(8, "int4-g32"), sig)["VEC"] == pytest.approx(
             h.vos_for("int4-g32") * sig.ai_xv)
     assert slow.vos_for("int4-g32") < host.vos_for("int4-g32") / 10
+
+
+def test_bf16_on_amx_tiles_takes_the_tile_rate(monkeypatch):
+    """A row the AMX kernel runs has AMX's measured tile rate for its MTX term (6000 GFLOPS
+    here, 26x the bf16 dot product's 230): at M = 512 a bf16 GEMM is bound there; at M = 1
+    by its weights' bytes (2 FLOPs a 2-byte weight: the read in GFLOPS). No AMX rate, or
+    weights that are not 16-bit, no AMX machine."""
+    from sandwich.tuner import machine_bench
+
+    monkeypatch.setattr(machine_bench, "read_bandwidth_gbs", lambda threads: 30.0)
+    monkeypatch.setattr(machine_bench, "peak_gflops", lambda threads: 460.0)
+    monkeypatch.setattr(machine_bench, "peak_bf16_gflops", lambda threads: 230.0)
+    monkeypatch.setattr(machine_bench, "peak_amx_bf16_gflops", lambda threads: 6000.0)
+    monkeypatch.setattr(machine_bench, "int8_block_gops", lambda threads, narrow=False: 400.0)
+    host = rs.calibrate(2, lanes=16)
+    assert host.amx_flops == pytest.approx(6000e9)
+    sig = rs.kernel_signature("bf16", 16, bf16_dot=True)
+    big = rs.bound(host.machine(512, "bf16", amx=True), sig, rs.gemm_flops_per_op(16, 512))
+    assert big == rs.Bound(pytest.approx(6000e9), "MTX")
+    assert rs.bound(host.machine(512, "bf16"), sig, rs.gemm_flops_per_op(16, 512)).flops == \
+        pytest.approx(230e9)  # the family's vdpbf16ps
+    one = rs.bound(host.machine(1, "bf16", amx=True), sig, rs.gemm_flops_per_op(16, 1))
+    assert one == rs.Bound(pytest.approx(30e9), "MEM")
+    with pytest.raises(ConfigError, match="no AMX rate"):
+        dataclasses.replace(host, amx_flops=None).machine(512, "bf16", amx=True)
+    with pytest.raises(ConfigError, match="no AMX rate for fp32"):
+        host.machine(512, "fp32", amx=True)

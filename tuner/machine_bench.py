@@ -41,7 +41,8 @@ def isa_flags() -> tuple[str, list[str]]:
     flags = _cpu_flags()
     if "avx512f" in flags:
         extra = {"avx512bw": "-mavx512bw", "avx512_vnni": "-mavx512vnni", "avx512_bf16": "-mavx512bf16"}
-        return "avx512", ["-mavx512f"] + [flag for name, flag in extra.items() if name in flags]
+        amx = ["-mamx-tile", "-mamx-bf16"] if {"amx_tile", "amx_bf16"} <= flags else []
+        return "avx512", ["-mavx512f"] + [flag for name, flag in extra.items() if name in flags] + amx
     if {"avx2", "fma"} <= flags:
         return "avx2", ["-mavx2", "-mfma"]
     raise BuildError("machine benchmark needs an x86 CPU with AVX2+FMA or AVX-512F")
@@ -82,7 +83,7 @@ def _library() -> tuple[ctypes.CDLL, str]:
     lib.mb_read.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                             ctypes.c_int, ctypes.POINTER(ctypes.c_float)]
     for fn in (lib.mb_dpbf16, lib.mb_dpbusd, lib.mb_dot8_narrow, lib.mb_dot8_block,
-               lib.mb_dot8_block_narrow):
+               lib.mb_dot8_block_narrow, lib.mb_amx_bf16):
         fn.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.POINTER(ctypes.c_float)]
     lib.mb_dequant.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long,
                                ctypes.POINTER(ctypes.c_float)]
@@ -92,7 +93,8 @@ def _library() -> tuple[ctypes.CDLL, str]:
                lib.mb_read_block, lib.mb_max_chains, lib.mb_dpbf16, lib.mb_dpbusd,
                lib.mb_dot8_narrow, lib.mb_dot8_block, lib.mb_dot8_block_narrow, lib.mb_int8_lanes,
                lib.mb_int8_accs, lib.mb_dequant,
-               lib.mb_dequant_kinds, lib.mb_dequant_ops, lib.mb_dequant_accs):
+               lib.mb_dequant_kinds, lib.mb_dequant_ops, lib.mb_dequant_accs, lib.mb_amx_bf16,
+               lib.mb_amx_accs):
         fn.restype = ctypes.c_int
     return lib, isa
 
@@ -138,6 +140,23 @@ def peak_bf16_gflops(threads: int, *, iters: int = 3_000_000, repeat: int = 7) -
     if "avx512_bf16" not in _cpu_flags():
         return None
     return _peak("mb_dpbf16", "bf16 dot", 4.0, threads, iters, repeat)
+
+
+def peak_amx_bf16_gflops(threads: int, *, iters: int = 100_000, repeat: int = 7) -> float | None:
+    """Peak GFLOPS of AMX's bf16 tile product (tdpbf16ps: 16 x 16 x 32 products into f32) on
+    `threads` threads, 4 accumulator tiles each on operands loaded once: the matrix unit's
+    rate, the MTX term of the AMX kernel's Roof-Surface bound. None where the CPU has no
+    AMX-BF16. The process asks Linux for the tile state first (compiler/amx.py)."""
+    from sandwich.compiler.amx import request_tiles
+
+    check_threads(threads)
+    lib, _ = _library()
+    if lib.mb_amx_accs() == 0:
+        return None
+    request_tiles()
+    # a link is one tile product: 16 x 16 f32 elements (the "lanes"), 32 products each
+    return _peak("mb_amx_bf16", "AMX tile", 64.0, threads, iters, repeat, lanes=256,
+                 accs=lib.mb_amx_accs())
 
 
 def peak_int8_gops(threads: int, *, narrow: bool = False, iters: int = 3_000_000,

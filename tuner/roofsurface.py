@@ -330,15 +330,24 @@ class HostRates:
     # the same on weight bytes below 128 (4- to 6-bit values; without VNNI int4's pmaddubsw +
     # paddw, the others' bound); None: int8_dot_ops
     narrow_dot_ops: float | None = None
+    # AMX's bf16 tile product (tdpbf16ps) in FLOPS, all threads (None: no AMX-BF16)
+    amx_flops: float | None = None
 
-    def machine(self, m: int, fmt: str = "fp32", k: int = SIGNATURE_K) -> Machine:
+    def machine(self, m: int, fmt: str = "fp32", k: int = SIGNATURE_K, *,
+                amx: bool = False) -> Machine:
         """MOS is weight vectors/s: each one takes M FMA vector ops; for bf16 weights on a
         CPU with a bf16 dot product, M / 2 of them (one takes two weight vectors' pairs); for
         int weights multiplied on 8-bit activations (K as in kernel_signature), M / 4 dot8
         (one takes four weight vectors' bytes) at their rate in the tile's blocks, whose
-        scaling that rate includes for groups of 32 (ACT8_MEASURED_BLOCK)."""
+        scaling that rate includes for groups of 32 (ACT8_MEASURED_BLOCK). With `amx` (bf16
+        weights in the AMX kernel) MOS is AMX's tile rate in the same weight vectors (one takes
+        2 M lanes of FLOPs); ConfigError where this machine has none measured."""
         f = parse_format(fmt)
         vos = self.vos_for(f.name, k)
+        if amx:
+            if not self.amx_flops or f.bits != 16:
+                raise ConfigError(f"no AMX rate for {f.name} weights on this machine")
+            return Machine(self.mbw, vos, self.amx_flops / gemm_flops_per_op(self.lanes, m))
         if f.bits == 16 and self.bf16_dot_ops:
             return Machine(self.mbw, vos, 2 * self.bf16_dot_ops / m)
         if self.int8_dot_ops and int_activations(f, k):
@@ -361,8 +370,9 @@ class HostRates:
 def calibrate(threads: int, *, lanes: int | None = None, read_gbs: float | None = None,
               peak_gflops: float | None = None) -> HostRates:
     """Measure MBW, the FMA rate, the int8 dot product's (dot8) rate in the tile's blocks,
-    where the CPU has one the bf16 dot product's, and the rate of each dequantization sequence (VOS), with the
-    tuner's C micro-benchmarks (a few seconds), not from vendor tables. A caller that has
+    where the CPU has them the bf16 dot product's and AMX's bf16 tile product's, and the rate
+    of each dequantization sequence (VOS), with the tuner's C micro-benchmarks (a few
+    seconds), not from vendor tables. A caller that has
     just measured the read (GB/s) and the FMA peak (GFLOPS) passes them, and they are not
     measured again."""
     from sandwich.compiler.target import detect_cpu
@@ -376,6 +386,7 @@ def calibrate(threads: int, *, lanes: int | None = None, read_gbs: float | None 
     mbw = read_gbs * 1e9
     fma = peak_gflops * 1e9 / (2 * lanes)
     bf16 = machine_bench.peak_bf16_gflops(threads)
+    amx = machine_bench.peak_amx_bf16_gflops(threads)
     int8 = machine_bench.int8_block_gops(threads)  # 8 ops per lane of a dot8
     narrow = machine_bench.int8_block_gops(threads, narrow=True) if int8 else None
     vos = {kind: machine_bench.dequant_gops(kind, threads) * 1e9
@@ -383,4 +394,5 @@ def calibrate(threads: int, *, lanes: int | None = None, read_gbs: float | None 
     return HostRates(threads=threads, lanes=lanes, mbw=mbw, fma_vector_ops=fma, vos=vos,
                      bf16_dot_ops=bf16 * 1e9 / (4 * lanes) if bf16 else None,
                      int8_dot_ops=int8 * 1e9 / (8 * lanes) if int8 else None,
-                     narrow_dot_ops=narrow * 1e9 / (8 * lanes) if narrow else None)
+                     narrow_dot_ops=narrow * 1e9 / (8 * lanes) if narrow else None,
+                     amx_flops=amx * 1e9 if amx else None)

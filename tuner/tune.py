@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
-from sandwich.compiler.gemm_dsl import amx_panel, amx_schedule
+from sandwich.compiler.gemm_dsl import amx_panel, amx_schedules
 from sandwich.errors import BuildError, ConfigError
 from sandwich.payload import Payload
 from sandwich.tuner.budget import Budget
@@ -250,8 +250,8 @@ def _tune_shape(measure: TvmMeasure | RpcMeasure | RpcPool, *, names: list[str],
     search.resume([MResult(m, r.record.schedule, r.record.gflops, r.record.trials,
                            r.record.seconds, r.reused, r.stable) for m, r in stored.items()
                    if r.record.schedule.op != AMX_OP])
-    amx = (amx_schedule(n=op.n, k=op.k, pack_n=pack_n, threads=threads, cpu=cache.cpu)
-           if op.dtype == "bf16" and isinstance(measure, TvmMeasure) else None)
+    amx = (amx_schedules(n=op.n, k=op.k, pack_n=pack_n, threads=threads, cpu=cache.cpu)
+           if op.dtype == "bf16" and isinstance(measure, TvmMeasure) else [])
     log = cache.dir / "logs" / cache.fingerprint / f"n{op.n}_k{op.k}_{op.dtype}_t{threads}.jsonl"
     log.parent.mkdir(parents=True, exist_ok=True)
     logged = 0
@@ -266,12 +266,12 @@ def _tune_shape(measure: TvmMeasure | RpcMeasure | RpcPool, *, names: list[str],
             guide.observe([Sample(t.schedule, t.m, op.n, op.k, t.gflops, t.phase)
                            for t in search.trials[logged:]], "+".join(names))
         logged = _append_trials(log, search, logged)
-        if amx is not None:
+        if amx:
             res, failed = _amx_or_family(clocked, amx, res)
-            if failed:  # checked before timing: a wrong or unbuildable AMX kernel is never used
-                print(f"warning: GEMM {op.name}: the AMX kernel is left out: {failed}",
+            for sched, why in failed.items():  # checked before timing: never used
+                print(f"warning: GEMM {op.name}: AMX schedule {sched.key()} is left out: {why}",
                       file=sys.stderr, flush=True)
-                amx = None
+            amx = [s for s in amx if s not in failed]
         if res.gflops <= 0:
             raise BuildError(f"GEMM {op.name} N={op.n} K={op.k}: no schedule built and verified "
                              f"at M={m}; see `sandwichc info` for the target")
@@ -296,19 +296,26 @@ def _tune_shape(measure: TvmMeasure | RpcMeasure | RpcPool, *, names: list[str],
     return report
 
 
-def _amx_or_family(measure: _Clocked, amx: KernelSchedule, res: MResult) -> tuple[MResult, str]:
-    """The family's winner at one M, or the AMX kernel where it is faster there: measured as
-    every candidate is (built, checked against numpy, timed), after the search. On a Sapphire
-    Rapids VM (768 x 768, 2 threads) it ran 1147-1221 GFLOPS at M = 32-2048 against the
-    vdpbf16ps family's 154-189; where it is not faster (a decode M streaming its weights, say),
-    the family keeps the M. Not a search candidate: its blocks are fixed, nothing to grow.
-    Returns the winner and, when the AMX kernel failed to build or to match numpy, why."""
-    t0 = time.perf_counter()
-    got = measure(amx, res.m)
-    if got.gflops <= res.gflops:
-        return res, got.error or ""
-    return replace(res, schedule=amx, gflops=got.gflops, trials=res.trials + 1,
-                   seconds=res.seconds + time.perf_counter() - t0, reused=False, stable=False), ""
+def _amx_or_family(measure: _Clocked, amx: list[KernelSchedule],
+                   res: MResult) -> tuple[MResult, dict[KernelSchedule, str]]:
+    """The family's winner at one M, or the fastest AMX schedule where one is faster there:
+    each measured as every candidate is (built, checked against numpy, timed), after the
+    search. On a Sapphire Rapids VM (2 threads) the AMX kernel ran 1300-2300 GFLOPS at
+    M >= 64 against the vdpbf16ps family's 150-210; where it is not faster (a decode M
+    streaming its weights, say), the family keeps the M. Not search candidates: their blocks
+    come from the caches (gemm_dsl.amx_schedules), nothing to grow. Returns the winner and,
+    for each AMX schedule that failed to build or to match numpy, why."""
+    best, failed = res, {}
+    trials, seconds = res.trials, res.seconds
+    for sched in amx:
+        t0 = time.perf_counter()
+        got = measure(sched, res.m)
+        trials, seconds = trials + 1, seconds + time.perf_counter() - t0
+        if got.error:
+            failed[sched] = got.error
+        elif got.gflops > best.gflops:
+            best = replace(res, schedule=sched, gflops=got.gflops, reused=False, stable=False)
+    return replace(best, trials=trials, seconds=seconds), failed
 
 
 def _model_seconds(guide: ModelGuide | None) -> float:

@@ -51,6 +51,9 @@ def _run(args) -> int:
     if host.narrow_dot_ops:
         print(f"INT<8 {host.narrow_dot_ops / 1e9:6.2f} G dot8/s           the same on weight bytes below "
               f"128 (4- to 6-bit; vpdpbusd, or int4's pmaddubsw + paddw in 16 bits) (measured)")
+    if host.amx_flops:
+        print(f"AMX {host.amx_flops / 1e9:8.1f} GFLOPS            AMX's bf16 tile product (tdpbf16ps) on "
+              f"operands held in tiles (measured): bf16's MTX in the AMX kernel, rows 'bf16 amx'")
     print("VOS      G vector ops/s of each dequantization sequence alone, on registers "
           "(measured): " + ", ".join(f"{kind} {rate / 1e9:.2f}" for kind, rate in host.vos.items()))
     print("matrix op = one weight vector in M FMAs: MOS = FMA rate / M, 2 x lanes x M FLOPs "
@@ -61,13 +64,17 @@ def _run(args) -> int:
           "FMA rate")
     print(f"{'format':<14} {'M':>5} {'AI_XM op/B':>10} {'AI_XV op/vop':>12} {'VOS G/s':>8} "
           f"{'MEM':>8} {'VEC':>8} {'MTX':>8} {'bound GFLOPS':>12}  resource")
-    for name, sig in sigs.items():
+    rows = [(name, sig, False) for name, sig in sigs.items()]
+    if host.amx_flops and "bf16" in sigs:
+        rows.insert(names.index("bf16") + 1, ("bf16", sigs["bf16"], True))
+    for name, sig, amx in rows:
         for m in ms:
             per_op = rs.gemm_flops_per_op(host.lanes, m)
-            machine = host.machine(m, name)
+            machine = host.machine(m, name, amx=amx)
             terms = {k: v * per_op / 1e9 for k, v in rs.rates(machine, sig).items()}
             b = rs.bound(machine, sig, per_op)
-            print(f"{name:<14} {m:>5} {sig.ai_xm:>10.4f} {sig.ai_xv:>12.3f} "
+            label = f"{name} amx" if amx else name
+            print(f"{label:<14} {m:>5} {sig.ai_xm:>10.4f} {sig.ai_xv:>12.3f} "
                   f"{machine.vos / 1e9:>8.2f} "
                   + " ".join(f"{terms[k]:>8.1f}" for k in rs.RESOURCES)
                   + f" {b.flops / 1e9:>12.1f}  {b.resource}")

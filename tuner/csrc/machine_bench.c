@@ -4,7 +4,8 @@
  * their weights' dequantization sequences.
  *
  * Built at run time by sandwich.tuner.machine_bench with -mavx512f (plus -mavx512bw,
- * -mavx512vnni and -mavx512bf16 where the CPU has them) or -mavx2 -mfma and loaded with
+ * -mavx512vnni, -mavx512bf16 and -mamx-tile -mamx-bf16 where the CPU has them) or
+ * -mavx2 -mfma and loaded with
  * ctypes. Each entry point runs `threads` workers (the caller is worker 0)
  * and returns 0 on success; the Python side does the timing, so that warm-up, repeats
  * and the median follow the project's one timing helper.
@@ -253,6 +254,65 @@ static void *dpbf16_worker(void *p) {
 int mb_dpbf16(int threads, long iters, float *out) {
 #if defined(__AVX512BF16__)
     return run_iters(threads, iters, dpbf16_worker, out);
+#else
+    (void)threads; (void)iters; (void)out;
+    return -1;
+#endif
+}
+
+
+/* AMX tile products (tdpbf16ps, AMX-BF16): per thread, 4 accumulator tiles of 16 x 16 f32,
+ * each instruction 16 x 16 x 32 bf16 products, on A and B tiles loaded once: the matrix
+ * unit's rate with no memory traffic (a GEMM's tile loads come on top of it). The process
+ * must hold the tile state (compiler/amx.py, request_tiles) before it runs; -1 where the
+ * build has no AMX-BF16. The tiles hold bf16 values of about 1e-3, so the sums stay finite. */
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define AMX_ACCS 4
+typedef struct {
+    unsigned char palette, start_row, reserved[14];
+    unsigned short colsb[16];
+    unsigned char rows[16];
+} tile_config;
+
+static void *amx_worker(void *p) {
+    fma_job *job = (fma_job *)p;
+    tile_config cfg = {0};
+    unsigned short ab[16 * 32] __attribute__((aligned(64)));
+    float c[16 * 16] __attribute__((aligned(64)));
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = 16;
+    }
+    for (int i = 0; i < 16 * 32; i++) ab[i] = 0x3A83;
+    _tile_loadconfig(&cfg);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, ab, 64);
+    _tile_loadd(5, ab, 64);
+    _tile_loadd(6, ab, 64);
+    _tile_loadd(7, ab, 64);
+    for (long i = 0; i < job->iters; i++) {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(3, c, 64);
+    _tile_release();
+    job->result = c[0];
+    return NULL;
+}
+int mb_amx_accs(void) { return AMX_ACCS; }
+#else
+int mb_amx_accs(void) { return 0; }
+#endif
+
+int mb_amx_bf16(int threads, long iters, float *out) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    return run_iters(threads, iters, amx_worker, out);
 #else
     (void)threads; (void)iters; (void)out;
     return -1;
