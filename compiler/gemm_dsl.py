@@ -27,6 +27,7 @@ KERNEL = "gemm_family"
 # on the bf16 family's packed weights, so one packing serves both kernels
 AMX_KERNEL = "gemm_amx_bf16"
 AMX_BLOCK = 32  # the C block its four accumulator tiles hold (rows and columns)
+AMX_ROWS = 256  # the most rows of A a thread's pass over W takes (amx_schedules)
 
 
 @lru_cache(maxsize=1)
@@ -176,7 +177,10 @@ def amx_schedules(*, n: int, k: int, pack_n: int, threads: int, cpu: CpuInfo) ->
       1.43x the panel split below, 2304 x 768 1.23x, lm_head 1.21x (SPR, 2 threads);
     - the panels split, one a block, K whole (the first kernel's order): as fast or faster
       at K = 3072 and at M = 64 on a wide N (there the row split streams all of W to each
-      thread)."""
+      thread).
+    Both take a thread's rows b_m at a time, their A within 3/8 of L2 and at most AMX_ROWS:
+    at M >= 1024 the row split ran 1.45x (lm_head), 1.6x (768 x 3072) with them, the same
+    at M = 512; 512 rows of K = 768 were slower than 256 (W's blocks pass once a chunk)."""
     if not cpu.amx or pack_n % AMX_BLOCK or n % pack_n or k % AMX_BLOCK:
         return []
     doms = _amx_domains(cpu.lanes_f32)
@@ -184,10 +188,12 @@ def amx_schedules(*, n: int, k: int, pack_n: int, threads: int, cpu: CpuInfo) ->
         return []
     fits_l2 = [v for v in doms["b_n"] if v % pack_n == 0 and v * k * 2 <= cpu.l2_bytes // 4]
     fits_l1 = [v for v in doms["b_k"] if AMX_BLOCK * v * 2 <= cpu.l1d_bytes // 3]
+    rows_l2 = [v for v in doms["b_m"] if v <= AMX_ROWS and v * k * 2 <= 3 * cpu.l2_bytes // 8]
     whole_k = min((v for v in doms["b_k"] if v >= k), default=max(doms["b_k"]))
+    b_m = max(rows_l2, default=AMX_BLOCK)
 
     def schedule(split: Polymerization, b_n: int, b_k: int) -> KernelSchedule:
-        return KernelSchedule(MicroKernel(AMX_BLOCK, AMX_BLOCK), ComputeSlice(AMX_BLOCK, b_n, b_k),
+        return KernelSchedule(MicroKernel(AMX_BLOCK, AMX_BLOCK), ComputeSlice(b_m, b_n, b_k),
                               split, pack_n, AMX_OP, "bf16")
     return [schedule(Polymerization(threads, 1, 1), max(fits_l2, default=pack_n),
                      max(fits_l1, default=AMX_BLOCK)),
@@ -217,7 +223,8 @@ def amx_panel(*, n: int, k: int, pack_n: int, cpu: CpuInfo) -> int:
 def amx_tunables(schedule: KernelSchedule) -> dict[str, int]:
     """The AMX kernel's tunable values for an AMX_OP schedule (amx_schedules)."""
     p, b = schedule.polymerization, schedule.slice
-    return {"pack_n": schedule.pack_n, "t_m": p.t_m, "t_n": p.t_n, "b_n": b.b_n, "b_k": b.b_k}
+    return {"pack_n": schedule.pack_n, "t_m": p.t_m, "t_n": p.t_n, "b_m": b.b_m, "b_n": b.b_n,
+            "b_k": b.b_k}
 
 
 def amx_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int) -> str:

@@ -46,16 +46,18 @@ def test_amx_schedules_only_where_its_32_x_32_blocks_fit():
     assert amx_schedules(n=N, k=K, pack_n=64, threads=2, cpu=cpu_for("znver4")) == []  # no AMX
 
 
-def test_the_row_split_blocks_are_sized_from_the_caches():
-    """W's block takes at most a quarter of L2, 32 rows of A's K block at most a third of
-    L1; the panel split runs one panel and the whole K a block."""
+def test_the_amx_blocks_are_sized_from_the_caches():
+    """The row split: W's block takes at most a quarter of L2, 32 rows of A's K block at most
+    a third of L1; the panel split runs one panel and the whole K a block; both take a
+    thread's rows in chunks whose A takes at most 3/8 of L2, and at most 256 rows."""
     spr = cpu_for("sapphirerapids")  # 48 KiB L1d, 2 MiB L2
-    for k, b_n in ((768, 320), (3072, 64), (5504, 64)):
+    for k, b_m, b_n, whole_k in ((768, 256, 320, 1024), (3072, 128, 64, 4096),
+                                 (5504, 64, 64, 8192)):
         rows, panels = amx_schedules(n=64 * 96, k=k, pack_n=64, threads=2, cpu=spr)
-        assert (rows.slice.b_n, rows.slice.b_k) == (b_n, 256)
+        assert (rows.slice.b_m, rows.slice.b_n, rows.slice.b_k) == (b_m, b_n, 256)
+        assert (panels.slice.b_m, panels.slice.b_n, panels.slice.b_k) == (b_m, 64, whole_k)
         assert b_n * k * 2 <= spr.l2_bytes // 4 or b_n == 64
-        assert (panels.slice.b_n, panels.slice.b_k) == (64, 1024 if k == 768 else 4096 if k == 3072
-                                                        else 8192)
+        assert b_m * k * 2 <= 3 * spr.l2_bytes // 8
 
 
 def test_bf16_weights_are_packed_in_panels_the_amx_blocks_divide_where_it_runs():

@@ -29,22 +29,23 @@ def bf16_product(a: np.ndarray, w: np.ndarray) -> np.ndarray:
     return round_bf16(a).astype(np.float64) @ round_bf16(w).astype(np.float64)
 
 
-@pytest.mark.parametrize("m,n,k,pack_n,t_m,t_n,b_n,b_k", [
-    (37, 64, 64, 32, 2, 1, 32, 32),  # rows split, a tail block, two groups, two K blocks
-    (75, 128, 96, 64, 3, 1, 64, 64),  # three row threads, the last K block half full
-    (5, 64, 96, 64, 1, 2, 64, 64),  # panels split, A rounded once for both threads
-    (32, 32, 32, 32, 2, 1, 8192, 32768),  # one thread with no rows
-    (16, 128, 32, 64, 1, 2, 128, 128),  # one group a thread
-    (70, 192, 64, 64, 2, 3, 64, 32768)])  # both: 2 x 3 threads
-def test_the_amx_gemm_matches_numpy_in_the_interpreter(m, n, k, pack_n, t_m, t_n, b_n, b_k):
+@pytest.mark.parametrize("m,n,k,pack_n,t_m,t_n,b_m,b_n,b_k", [
+    (37, 64, 64, 32, 2, 1, 32, 32, 32),  # rows split, a tail block, two groups, two K blocks
+    (75, 128, 96, 64, 3, 1, 64, 64, 64),  # three row threads, the last K block half full
+    (100, 64, 64, 64, 1, 1, 64, 64, 64),  # rows in chunks of 2 blocks, the last chunk short
+    (5, 64, 96, 64, 1, 2, 256, 64, 64),  # panels split, A rounded once for both threads
+    (32, 32, 32, 32, 2, 1, 4096, 8192, 32768),  # one thread with no rows
+    (16, 128, 32, 64, 1, 2, 32, 128, 128),  # one group a thread
+    (70, 192, 64, 64, 2, 3, 32, 64, 32768)])  # both: 2 x 3 threads, a chunk a block
+def test_the_amx_gemm_matches_numpy_in_the_interpreter(m, n, k, pack_n, t_m, t_n, b_m, b_n, b_k):
     """Row blocks of 32 with a tail of any size, both panel widths, one to three K steps, the
-    rows or the panels or both split over threads, W and K in blocks or whole."""
+    rows or the panels or both split over threads, rows, W and K in blocks or whole."""
     rng = np.random.default_rng(m + n + k)
     a = rng.standard_normal((m, k), dtype=np.float32)
     w = rng.standard_normal((k, n), dtype=np.float32)
     (wb,) = pack_weight(w, pack_n, "bf16")  # the bf16 family's packing is the B tile's layout
     c = np.full((m, n), np.nan, np.float32)
-    tunables = {"pack_n": pack_n, "t_m": t_m, "t_n": t_n, "b_n": b_n, "b_k": b_k}
+    tunables = {"pack_n": pack_n, "t_m": t_m, "t_n": t_n, "b_m": b_m, "b_n": b_n, "b_k": b_k}
     run(load_kernel("gemm_amx_bf16"), tunables=tunables, M=m, N=n, K=k, A=a, WB=wb, C=c)
     np.testing.assert_allclose(c, bf16_product(a, w), rtol=1e-5, atol=1e-4)
 
@@ -114,7 +115,7 @@ def test_the_amx_gemm_builds_for_sapphire_rapids_and_nowhere_without_amx():
     k = load_kernel("gemm_amx_bf16")
     spr, zen4 = cpu_for("sapphirerapids"), cpu_for("znver4")
     assert spr.amx and not zen4.amx
-    tunables = {"pack_n": 64, "t_m": 2, "t_n": 1, "b_n": 640, "b_k": 256}
+    tunables = {"pack_n": 64, "t_m": 2, "t_n": 1, "b_m": 256, "b_n": 640, "b_k": 256}
     src = to_tvmscript(k, tunables=tunables, vlen=16, isa=spr.isa, amx=spr.amx)
     ex = tvm.compile(parse_tvmscript(src), target=tvm_target(spr, 2))
     asm = getattr(ex, "mod", ex).inspect_source("asm")
