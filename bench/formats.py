@@ -98,6 +98,7 @@ def run_formats(*, models: list[str], formats: list[str], ms: list[int], threads
         + (f", vdpbf16ps {host.bf16_dot_ops / 1e9:.2f} G/s" if host.bf16_dot_ops else "")
         + (f", dot8 {host.int8_dot_ops / 1e9:.2f} G/s" if host.int8_dot_ops else "")
         + (f" ({host.narrow_dot_ops / 1e9:.2f} on 4- to 6-bit values)" if host.narrow_dot_ops else "")
+        + (f", AMX tiles {host.amx_flops / 1e9:.0f} GFLOPS" if host.amx_flops else "")
         + "".join(f", {kind} {rate / 1e9:.2f} G/s" for kind, rate in host.vos.items()))
     res = FormatsResult(command, f"{cache.cpu.model} ({cache.cpu.mcpu})", threads, limits.read_gbs,
                         passes)
@@ -241,8 +242,10 @@ def write_report(res: FormatsResult, md: Path, js: Path) -> None:
              "is timed; `x fp32` is the fp32 kernel's time over this one's, same op and M, "
              "both timed in the same pass seconds apart (the median over the passes)",
              "- bound: the Roof-Surface bound (`sandwichc roofsurface`) on the FMA, dot-product "
-             "and dequantization rates measured at the start, with a decode row's own moment "
-             "read as MBW (the start's for larger M), and the resource that sets it",
+             "and dequantization rates measured at the start (a row the AMX kernel runs, "
+             "schedule `amx_...`: AMX's tile rate as its MTX), with a decode row's own moment "
+             "read as MBW (the start's for larger M), and the resource that sets it; MEM is "
+             "the DRAM read even where the weights fit a cache",
              f"- passes: each op and M timed {res.passes} time(s) in every format, the formats "
              "in interleaved order (A B C, C B A); the table shows the pass of median % of "
              "bound, and the range over the passes",
