@@ -236,7 +236,7 @@ def write_report(res: FormatsResult, md: Path, js: Path) -> None:
              f"GB/s at the start (each decode row is taken against the read measured just "
              f"before and after it)",
              "- decode rows (M <= 8), and larger M where the weights are 1/8 of the LLC or more "
-             "(`from`), cycle over copies of the weights 8x the LLC, so they stream from DRAM as "
+             "(`from`), cycle over copies of the weights 8x the LLC (twice an LLC past 128 MiB), so they stream from DRAM as "
              "in a model and as the tuner timed them; `stored` counts the bytes a call reads of "
              "the weights (values, scales, minimums); each kernel is checked against numpy on the weights it stores before it "
              "is timed; `x fp32` is the fp32 kernel's time over this one's, same op and M, "

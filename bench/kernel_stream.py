@@ -87,7 +87,7 @@ def run_kernel_stream(*, src: str | None, schedules: list[str], n: int, k: int, 
     """Each schedule (a KernelSchedule key; its dtype is the weight format) built from `src`
     (None: the shipped family), checked against numpy, then at every M <= 8 timed in
     `rounds` interleaved rounds against the streaming read of `read_bytes` (default: the
-    benchmark's, 8x the LLC or more) and against itself on one copy of its weights, which
+    benchmark's, a rotation's or more: streaming.rotation_bytes) and against itself on one copy of its weights, which
     stays cache-resident when it fits half the LLC (`llc`: this machine's unless given)."""
     parsed = check_source_args(schedules, n, k, rounds, threads, (src,))
     if not ms or not all(1 <= m <= ROTATE_MAX_M for m in ms):

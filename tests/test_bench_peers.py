@@ -9,7 +9,7 @@ import pytest
 from sandwich.bench.baselines import Peer, measure
 from sandwich.bench.baselines.vendor import make_peers
 from sandwich.errors import BuildError, ConfigError, ShapeError
-from sandwich.tuner.streaming import rotation_copies
+from sandwich.tuner.streaming import rotation_bytes, rotation_copies
 
 SHAPES = [(1, 64, 96), (7, 48, 128), (33, 200, 72)]
 
@@ -104,6 +104,10 @@ def test_rotation_copies_exceed_the_llc():
     assert rotation_copies(16 << 20, 32 << 20) == 16
     assert rotation_copies(1 << 30, 32 << 20) == 2
     assert rotation_copies(16 << 20, 32 << 20) * (16 << 20) >= 8 * (32 << 20)
+    # 8x an LLC up to 128 MiB; twice a larger one, at least 1 GiB (a VM's 480 MiB LLC)
+    assert rotation_bytes(128 << 20) == 1 << 30 and rotation_bytes(64 << 20) == 512 << 20
+    assert rotation_bytes(480 << 20) == 1 << 30 and rotation_bytes(1 << 30) == 2 << 30
+    assert rotation_copies(16 << 20, 480 << 20) == 64
 
 
 def test_rotated_peer_reports_weight_bandwidth():

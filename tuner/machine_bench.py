@@ -19,7 +19,7 @@ import numpy as np
 
 from sandwich.errors import BuildError, ConfigError
 from sandwich.private_dir import private_dir
-from sandwich.tuner.streaming import llc_bytes
+from sandwich.tuner.streaming import llc_bytes, rotation_bytes
 from sandwich.tuner.timing import time_callable
 
 _SOURCE = Path(__file__).with_name("csrc") / "machine_bench.c"
@@ -105,8 +105,9 @@ def check_threads(threads: int) -> None:
 
 
 def default_read_bytes() -> int:
-    """Read-buffer size: 8x the LLC and at least 256 MiB, so the reads come from DRAM."""
-    return max(8 * llc_bytes(), 256 * _MIB)
+    """Read-buffer size: a rotation's (streaming.rotation_bytes: 8x the LLC, twice a large
+    one) and at least 256 MiB, so the reads come from DRAM."""
+    return max(rotation_bytes(llc_bytes()), 256 * _MIB)
 
 
 def _check_rc(rc: int, what: str) -> None:

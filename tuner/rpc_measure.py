@@ -240,7 +240,7 @@ class RpcMeasure:
             return remote.session.best_seconds(module, self._args(remote, schedule, m, remote.weights),
                                                min_repeat_ms=self.min_repeat_ms, repeat=self.repeat)
         # decode, and large weights at any M: streamed from DRAM, as the local measure times
-        # them, cycled over copies of the weights (together 8x the LLC) by the server itself;
+        # them, cycled over copies of the weights (together rotation_bytes) by the server itself;
         # past decode's M one pass over the copies (each call is long)
         copies = min(self.max_copies, rotation_copies(nbytes, self.llc_bytes))
         passes = self.stream_passes if m <= self.stream_max_m else 1

@@ -42,9 +42,22 @@ def llc_bytes() -> int:
     return _FALLBACK_LLC
 
 
+ROTATION_BYTES = 1 << 30  # past this, a rotation takes twice the LLC, not `factor` times
+
+
+def rotation_bytes(llc_bytes: int, *, factor: int = 8) -> int:
+    """Bytes a rotation cycles through so that its reads come from DRAM: `factor` times the
+    LLC, but past 1 GiB only twice the LLC. A Sapphire Rapids VM reports a 480 MiB LLC and
+    read at the DRAM rate from 256 MiB up (2 threads: 49.6-49.9 GB/s at 64-128 MiB, 33.3 at
+    256 MiB, 30.2-31.1 at 512 MiB to 3.75 GiB); 8x its LLC made `bench gemm` cycle 3.75 GiB
+    a decode row (90 minutes for two models). Where 8x the LLC is at most 1 GiB (an LLC up
+    to 128 MiB) nothing changes."""
+    return min(factor * llc_bytes, max(ROTATION_BYTES, 2 * llc_bytes))
+
+
 def rotation_copies(weight_bytes: int, llc_bytes: int, *, factor: int = 8) -> int:
-    """How many weight copies make the rotation `factor` times the LLC (at least 2)."""
-    return max(2, math.ceil(factor * llc_bytes / max(1, weight_bytes)))
+    """How many weight copies make the rotation `rotation_bytes` (at least 2)."""
+    return max(2, math.ceil(rotation_bytes(llc_bytes, factor=factor) / max(1, weight_bytes)))
 
 
 LARGE_SHARE = 8  # weights of 1/8 of the LLC and more are timed from DRAM at every M

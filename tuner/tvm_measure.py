@@ -127,9 +127,10 @@ class TvmMeasure:
         self._best_s: dict[int, float] = {}  # M -> the fastest run timed at it
 
     def streamed_weights(self) -> list[np.ndarray]:
-        """Copies of the packed weights, together 8x the last-level cache, that skinny-M
-        timings (and every timing of large weights: streaming.from_dram) rotate through: at
-        M <= 8 (decode) a GEMM reads its weights from DRAM, and the schedule that is fastest
+        """Copies of the packed weights, together a rotation's bytes (8x the LLC, twice a
+        large one: streaming.rotation_bytes), that skinny-M timings (and every timing of
+        large weights: streaming.from_dram) rotate through: at M <= 8 (decode) a GEMM reads
+        its weights from DRAM, and the schedule that is fastest
         on cache-resident weights need not be the one that streams them fastest (its b_k and
         threads set how many misses are in flight).
 
