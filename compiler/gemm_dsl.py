@@ -171,7 +171,7 @@ def amx_schedules(*, n: int, k: int, pack_n: int, threads: int, cpu: CpuInfo) ->
     the tuner to measure at each M; none where the kernel cannot run it: no AMX-BF16 on
     `cpu`, a panel or K that its 32 x 32 blocks do not divide, or `threads` outside its
     domains. The tile (mk32x32) names the C block; the slice carries the kernel's built-in
-    blocks (b_n columns, b_k depth); the polymerization its threads.
+    blocks (b_m rows a pass, b_n columns, b_k depth); the polymerization its threads.
     - the rows split over the threads, W in blocks of b_n columns that take a quarter of L2
       and K in blocks of b_k whose 32 rows of A take a third of L1: 768 x 768 at M = 512
       1.43x the panel split below, 2304 x 768 1.23x, lm_head 1.21x (SPR, 2 threads);
