@@ -147,7 +147,8 @@ def build_model(cfg: ModelConfig, rope: RopeSpec, read: WeightReader, *, max_seq
     additive; beam_idx (1,) int32. Output: logits (1, 1, vocab) of the last position.
     `weights` (an int format) compresses what sandwichc quantizes: every projection and the
     lm_head (the embedding's values when tied, a second, compressed copy); the embedding
-    that input_ids gather from stays fp32, as in sandwichc."""
+    that input_ids gather from stays fp32, as in sandwichc. fp32 and bf16 weights are fp32
+    constants (bf16 is the compiled model's inference precision: OpenVinoLlamaPeer)."""
     if cfg.is_moe:
         raise ConfigError(f"openvino peer: {cfg.model_type} is an MoE model; its graph builds "
                           f"dense MLPs only (leave openvino out of --peers)")
@@ -213,7 +214,10 @@ def causal_mask(start: int, n: int) -> np.ndarray:
 
 class OpenVinoLlamaPeer:
     """OpenVINO's CPU plugin on the same HF checkpoint, stateful KV cache, fp32 compute; fp32
-    weights, or sandwichc's int values of the format `weights` as compressed weights.
+    weights, or sandwichc's int values of the format `weights` as compressed weights. With
+    bf16 weights, the fp32 graph under the plugin's bf16 inference precision: it keeps the
+    weights in bf16 and runs its MatMuls (AMX or avx512_bf16 where the CPU has them) and, unlike
+    sandwichc, its other ops in bf16 too; a CPU without bf16 units runs f32.
 
     With i8/i4 weights the plugin by default also quantizes activations to int8 in groups of
     32 as it runs a compressed FullyConnected (as llama.cpp's Q8_0/Q4_0 dot products do; not
@@ -226,16 +230,17 @@ class OpenVinoLlamaPeer:
     def __init__(self, model_dir: Path, *, threads: int, max_seq: int, weights: str = "fp32",
                  dynamic_quantization: bool = True, kv_dtype: str = "f32") -> None:
         ov, _, _ = _ov()
-        weights = check_format(weights).name  # a bad format before any tensor is read
+        fmt = check_format(weights)  # a bad format before any tensor is read
+        bf16 = fmt.bits == 16
         model_dir = Path(model_dir)
         if model_dir.is_dir():  # the config's errors first, then the weights'
             read_config(model_dir)
             _check_files(model_dir)
         cfg, rope, ckpt = open_checkpoint(model_dir)  # a GGUF: dequantized, or its blocks in `weights`
         self.max_seq = max_seq
-        model, pairs = build_model(cfg, rope, WeightReader(ckpt, cfg), max_seq=max_seq, weights=weights)
+        model, pairs = build_model(cfg, rope, WeightReader(ckpt, cfg), max_seq=max_seq, weights=fmt.name)
         make_stateful(model, pairs)
-        config = {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32",
+        config = {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "bf16" if bf16 else "f32",
                   "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
                   "KV_CACHE_PRECISION": kv_dtype}  # the plugin's default is u8 on x86: peers keep one type
         if not dynamic_quantization:

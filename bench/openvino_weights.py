@@ -25,17 +25,13 @@ from sandwich.weight_formats import (
 
 
 def check_format(weights: str) -> WeightFormat:
-    """The format `weights` names if this peer builds it (fp32 or an int format), else a
+    """The format `weights` names if this peer builds it (fp32, bf16 or an int format), else a
     one-line ConfigError."""
     spec = parse_weights(weights)
     if spec.overrides:
         raise ConfigError(f"openvino peer runs one format for every GEMM; --weights {spec.name} "
                           f"keeps some in another (name one, e.g. --weights {spec.base.name})")
-    fmt = spec.base
-    if fmt.bits == 16:
-        raise ConfigError(f"openvino peer has no {fmt.name} weights (it runs fp32, int8, int8-g32, "
-                          "int4-g32/64/128 and their -asym)")
-    return fmt
+    return spec.base
 
 
 def _int4_constant(values: np.ndarray, signed: bool):

@@ -315,7 +315,10 @@ def _weights_line(weights: str, peers: set[str], same_file: bool = False) -> str
         how.append(f"llama.cpp: {parse_weights(weights).base.ggml_type} made by llama.cpp's own "
                    "quantizer from the F32 GGUF, every tensor in that type"
                    + (f" but the output matrix, {output}" if output else ""))
-    if "openvino" in peers:
+    if "openvino" in peers and parse_weights(weights).base.bits == 16:
+        how.append("OpenVINO: the fp32 graph under its CPU plugin's bf16 inference precision "
+                   "(weights kept in bf16, its MatMuls and its other ops in bf16)")
+    elif "openvino" in peers:
         how.append("OpenVINO: sandwichc's int values and scales as its weight compression (int "
                    "constants its CPU plugin dequantizes inside FullyConnected; its default dynamic "
                    "int8 quantization of activations, groups of 32, where it applies)")

@@ -184,8 +184,24 @@ def test_int_weights_generate_with_the_plugins_defaults(tied_dir):
         peer.close()
 
 
+def test_bf16_weights_run_under_the_plugins_bf16_precision(tied_dir):
+    """bf16: the fp32 graph compiled with bf16 inference precision; it generates, and its
+    logits stay within bf16's error of HF's fp32 ones on the same checkpoint."""
+    from sandwich.compiler.target import detect_cpu
+
+    peer = OpenVinoLlamaPeer(tied_dir, threads=1, max_seq=32, weights="bf16")
+    try:
+        if detect_cpu().bf16_dot:  # without bf16 units the plugin runs f32
+            assert "bfloat16" in str(peer.compiled.get_property("INFERENCE_PRECISION_HINT"))
+        assert len(peer.generate(PROMPT, NEW).ids) == NEW
+        ref, _ = _hf_dequantized_logits(tied_dir, "bf16")  # HF on the bf16-rounded weights
+        assert np.abs(peer.logits(PROMPT) - ref).max() / np.abs(ref).max() < 0.1
+    finally:
+        peer.close()
+
+
 @pytest.mark.parametrize("fmt, match", [("int3", "unknown weight format 'int3'"),
-                                        ("bf16", "openvino peer has no bf16 weights"),
+                                        ("bf16,o=int8", "runs one format for every GEMM"),
                                         ("int4-g128", "needs K a multiple of 128")])
 def test_bad_weight_format_is_one_line_config_error(tied_dir, fmt, match):
     with pytest.raises(ConfigError, match=match) as e:
