@@ -14,8 +14,8 @@ import numpy as np
 from sandwich.bench.baselines.measure import check_gemm
 from sandwich.bench.cache_ab import AbRow, gemm_timer, interleaved_rounds, row_line
 from sandwich.bench.kernel_ab import build_side, check_source_args, problem
-from sandwich.compiler.gemm_dsl import AMX_KERNEL, amx_schedules, amx_tunables
-from sandwich.compiler.gemm_runner import aligned_empty
+from sandwich.compiler.gemm_dsl import amx_schedules, build_gemm_dsl
+from sandwich.compiler.gemm_runner import aligned_empty, gemm_args
 from sandwich.compiler.target import detect_cpu
 from sandwich.errors import ConfigError
 
@@ -26,11 +26,8 @@ def run_amx(*, schedule: str, n: int, k: int, ms: list[int], threads: int, round
     gemm_dsl.amx_schedules) against the family's bf16 `schedule` (A, a key such as
     gemm_bf16_mk6x64_p2x1x1_n64_s12x256x512), each checked against numpy on the bf16-rounded
     operands, then all timed in the same interleaved rounds at every M: a row per AMX
-    schedule and M, its ratio AMX / family."""
-    from sandwich.compiler.lower_build import build_kernel
-    from sandwich.compiler.tensors import tensor_over
-    from sandwich.dsl.load import load_kernel
-
+    schedule and M, its ratio AMX / family. Each AMX kernel is built and called as the tuner
+    and the kernel cache build and call it (gemm_dsl.build_gemm_dsl, gemm_args)."""
     [s] = check_source_args([schedule], n, k, rounds, threads, ())
     if s.dtype != "bf16":
         raise ConfigError(f"--schedule: the AMX kernel multiplies bf16 weights; {s.key()} is {s.dtype}")
@@ -43,24 +40,23 @@ def run_amx(*, schedule: str, n: int, k: int, ms: list[int], threads: int, round
                           f"multiple of 32 and threads in its domain; got pack_n {s.pack_n}, "
                           f"N {n}, K {k}, {threads} threads")
     family = build_side("family", None, s, n, k, threads, cpu)
-    kernels = [build_kernel(load_kernel(AMX_KERNEL), tunables=amx_tunables(a), fixed={"N": n, "K": k},
-                            cpu=cpu, threads=threads)["main"] for a in amxs]
+    kernels = [build_gemm_dsl(a, n=n, k=k, cpu=cpu, threads=threads)["main"] for a in amxs]
     rng = np.random.default_rng(0)
     w, ref, rows_of = problem(s, n, k, rng)  # bf16 weights, their values, A rounded to bf16
     packed = family.prepare(w)  # the family's layout is the AMX kernel's B tiles
-    wb = tensor_over(packed[0])
     rows = []
     for m in ms:
         a = aligned_empty((m, k))
         a[...] = rng.standard_normal((m, k), dtype=np.float32)
         c = aligned_empty((m, n))
-        ta, tc = tensor_over(a), tensor_over(c)
         want = rows_of(a)
         check_gemm(family.run(a, packed), want, ref, what="the bf16 family")
         timers = [gemm_timer(family.run, a, [packed], n, k)]
         for sched, kernel in zip(amxs, kernels, strict=True):
-            def run_once(_a=None, _w=None, kernel=kernel, ta=ta, tc=tc, m=m) -> None:
-                kernel(m, n, k, ta, wb, tc)
+            args = gemm_args(a, packed, c, sched)  # wrapped once, as the cache binds a call
+
+            def run_once(_a=None, _w=None, kernel=kernel, args=args) -> None:
+                kernel(*args)
 
             run_once()
             check_gemm(c, want, ref, what=f"the AMX kernel ({sched.key()})")

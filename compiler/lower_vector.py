@@ -376,7 +376,7 @@ class VectorLoops:
         the odd ones, as a row of A is paired along K), one load of 2 vlen consecutive
         floats, each rounded in its 32-bit lane, then narrowed to 16 bits, so that each pair
         of 16-bit lanes is one int32 lane (vpmovdw); TVM's own vectoriser loaded every
-        element apart (the AMX kernel's conversion of A: 0.2 ns a value on SPR)."""
+        element apart (the AMX kernel's rounding of A, 64 x 3072 in cache: x1.86 on SPR)."""
         vx, vy = (self.varies(a) for a in e.args)
         if not (vx or vy):
             return bf16_pair(x, y)

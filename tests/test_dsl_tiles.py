@@ -150,7 +150,7 @@ def test_bench_amx_checks_and_times_both_kernels_with_the_interpreter_standing_i
     import dataclasses
 
     from sandwich.bench import amx as bench_amx
-    from sandwich.compiler import lower_build
+    from sandwich.compiler.gemm_dsl import amx_tunables
     from sandwich.compiler.target import detect_cpu
     from sandwich.errors import SandwichError
 
@@ -159,14 +159,17 @@ def test_bench_amx_checks_and_times_both_kernels_with_the_interpreter_standing_i
         cpu, mattr=(*cpu.mattr, "+amx-bf16", "+amx-tile")))
     wrong = []
 
-    def interpreted(kernel, *, tunables, fixed, cpu, threads):
-        def main(m, n, k, ta, tw, tc):
-            c = np.empty((m, n), np.float32)
-            run(kernel, tunables=tunables, M=m, N=n, K=k, A=ta.numpy(), WB=tw.numpy(), C=c)
-            tc.copyfrom(c * (2 if wrong else 1))
+    def interpreted(schedule, *, n, k, cpu, threads):
+        """The AMX schedule's kernel in the interpreter, called as the built one is (A, WB, C)."""
+        def main(ta, tw, tc):
+            a = np.from_dlpack(ta)
+            c = np.empty((a.shape[0], n), np.float32)
+            run(load_kernel("gemm_amx_bf16"), tunables=amx_tunables(schedule), M=a.shape[0], N=n,
+                K=k, A=a, WB=np.from_dlpack(tw), C=c)
+            np.from_dlpack(tc)[...] = c * (2 if wrong else 1)
         return {"main": main}
 
-    monkeypatch.setattr(lower_build, "build_kernel", interpreted)
+    monkeypatch.setattr(bench_amx, "build_gemm_dsl", interpreted)
     lines = []
     rows = bench_amx.run_amx(schedule=BF16, n=64, k=64, ms=[5, 33], threads=2, rounds=2,
                              log=lines.append)

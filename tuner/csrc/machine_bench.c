@@ -260,7 +260,6 @@ int mb_dpbf16(int threads, long iters, float *out) {
 #endif
 }
 
-
 /* AMX tile products (tdpbf16ps, AMX-BF16): per thread, 4 accumulator tiles of 16 x 16 f32,
  * each instruction 16 x 16 x 32 bf16 products, on A and B tiles loaded once: the matrix
  * unit's rate with no memory traffic (a GEMM's tile loads come on top of it). The process
