@@ -154,9 +154,12 @@ def _cast(dtype: str, v):
 
 
 class Interpreter:
-    def __init__(self, env: dict) -> None:
+    def __init__(self, env: dict, prefetches: list | None = None) -> None:
         self.env = env
         self.tiles: TileFile | None = None  # made by the first tile statement
+        # (array, index) of each prefetch run, where a caller asks (a test of what a kernel
+        # brings in ahead); else a prefetch computes nothing
+        self.prefetches = prefetches
 
     def fail(self, message: str, node) -> DSLError:
         loc = getattr(node, "loc", None)
@@ -219,7 +222,10 @@ class Interpreter:
             self.block(s.then if self.expr(s.cond) else s.orelse)
         elif isinstance(s, A.Tile):
             self.tile(s)
-        # A.Prefetch: a cache hint, nothing to compute (its element may lie past the end)
+        elif isinstance(s, A.Prefetch) and self.prefetches is not None:
+            # a cache hint: recorded, not checked (its element may lie past the end)
+            target = s.target
+            self.prefetches.append((target.array, tuple(self.expr(i) for i in target.indices)))
         elif isinstance(s, H.For):
             start, stop, step = (self.expr(x) for x in (s.start, s.stop, s.step))
             if step <= 0:
@@ -262,14 +268,16 @@ class Interpreter:
             self.env[s.target.id] = value
 
 
-def run(kernel: H.Kernel, *, tunables: dict[str, int], vlen: int = 16, **args) -> None:
-    """Run `kernel` in place on numpy arrays; scalar and array arguments by name."""
+def run(kernel: H.Kernel, *, tunables: dict[str, int], vlen: int = 16,
+        prefetches: list | None = None, **args) -> None:
+    """Run `kernel` in place on numpy arrays; scalar and array arguments by name; each
+    prefetch's (array, index) appended to `prefetches` when given."""
     env: dict = {A.VLEN: vlen, **tunables}
     missing = [t.name for t in kernel.tunables if t.name not in tunables]
     missing += [p.name for p in kernel.params if p.name not in args]
     if missing:
         raise ShapeError(f"kernel {kernel.name}: missing arguments {', '.join(missing)}")
-    interp = Interpreter(env)
+    interp = Interpreter(env, prefetches)
     for p in kernel.params:
         if not p.shape:
             env[p.name] = _cast(p.dtype, args[p.name])

@@ -50,6 +50,31 @@ def test_the_amx_gemm_matches_numpy_in_the_interpreter(m, n, k, pack_n, t_m, t_n
     np.testing.assert_allclose(c, bf16_product(a, w), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("b_k,want_rows", [
+    (64, {1: range(32)}),  # K whole: each block's rows prefetch the next panel
+    (32, {0: range(16, 32), 1: range(32)})])  # K in two blocks: the next K block, then panel
+def test_the_amx_gemm_prefetches_the_next_block_of_w_while_its_rows_run(b_k, want_rows):
+    """In a model W comes from DRAM: the row blocks after a chunk's first share out the lines
+    of the block of W that follows (the next K block, else the next panels), every line of
+    it once, inside WB; the first block, which nothing runs before, is not prefetched."""
+    m, n, k, pack_n = 128, 128, 64, 64  # four row blocks, two panels
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    w = rng.standard_normal((k, n), dtype=np.float32)
+    (wb,) = pack_weight(w, pack_n, "bf16")
+    c = np.full((m, n), np.nan, np.float32)
+    seen: list = []
+    tunables = {"pack_n": pack_n, "t_m": 1, "t_n": 1, "b_m": 128, "b_n": 64, "b_k": b_k}
+    run(load_kernel("gemm_amx_bf16"), tunables=tunables, prefetches=seen, M=m, N=n, K=k, A=a,
+        WB=wb, C=c)
+    np.testing.assert_allclose(c, bf16_product(a, w), rtol=1e-5, atol=1e-4)
+    lines = [(p, kk, j // 16) for name, (p, kk, j) in seen]
+    assert {name for name, _ in seen} == {"WB"} and all(j % 16 == 0 for _, (_, _, j) in seen)
+    assert sorted(lines) == sorted(set(lines)), "a line prefetched twice"
+    assert set(lines) == {(p, kk, q) for p, rows in want_rows.items() for kk in rows
+                          for q in range(pack_n // 16)}
+
+
 def test_tile_statements_round_trip_through_the_high_level_ir():
     k = load_kernel("gemm_amx_bf16")
     text = print_module(load_file(builtin_kernels()["gemm_amx_bf16"]))
