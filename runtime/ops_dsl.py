@@ -45,6 +45,24 @@ def _pow2_at_most(n: int, cap: int) -> int:
     return p
 
 
+def leading_heads(q: np.ndarray, k: np.ndarray) -> np.ndarray | None:
+    """The (T, R, D) rows whose first heads are q's (T, H, D) and then k's (T, KVH, D) (the
+    fused QKV GEMM's output, v's heads after them), as one C-contiguous view; None when q
+    and k do not lie so, or the rows are not 64-byte aligned (kernel_arg). The view may span other columns of its buffer (v's): the kernel
+    touches only the first H + KVH heads."""
+    t, h, d = q.shape
+    item = q.itemsize
+    compact = (d * item, item)
+    if (q.dtype != np.float32 or k.dtype != q.dtype or k.shape[0] != t or k.shape[2] != d
+            or q.ctypes.data % 64 or q.strides[1:] != compact or k.strides != q.strides or q.strides[0] % (d * item)
+            or k.ctypes.data != q.ctypes.data + h * d * item):
+        return None
+    r = q.strides[0] // (d * item)
+    if r < h + k.shape[1]:
+        return None
+    return np.lib.stride_tricks.as_strided(q, shape=(t, r, d), strides=(r * d * item, *compact))
+
+
 class DslOps(NumpyOps):
     """Compiled kernels for norms, RoPE, SiLU-mul, decode and prefill attention."""
 
@@ -68,6 +86,7 @@ class DslOps(NumpyOps):
         # SiLU-mul per width: the MLP's (or each expert's), and a shared expert's (Qwen2-MoE)
         self._silu = {n: build("silu_mul", {"N": n}) for n in {intermediate, shared_intermediate} if n}
         self._rope = build("rope", {"H": heads, "KVH": kv_heads, "D": head_dim})
+        self._rope_rows = build("rope_rows", {"NH": heads + kv_heads, "D": head_dim})
         self._decode = DecodeAttention(build, heads=heads,
                                        kv_heads=kv_heads, head_dim=head_dim, max_batch=max_batch,
                                        vlen=cpu.lanes_f32, l2_bytes=cpu.l2_bytes,
@@ -111,12 +130,25 @@ class DslOps(NumpyOps):
         return lambda: f(*args)
 
     def _bind_rope(self, q, k, positions, cos, sin, norms=None):
-        """RoPE reads q and k as compact arrays; the fused QKV rows interleave them (glue copies
-        in and out around the kernel). Qwen3's head norms run on the compact copies first (the
-        RMSNorm kernel at N = head_dim, each head a row)."""
+        """Where q and k lead the rows of one buffer (the QKV GEMM's output), rope_rows
+        rotates them there. Else RoPE reads q and k as compact arrays (glue copies in and out
+        around the kernel). Qwen3's head norms run on the compact copies first (the RMSNorm
+        kernel at N = head_dim, each head a row)."""
         t = q.shape[0]
         h, kvh, d = self.dims
-        qc, kc, pos = self._q[:t], self._k[:t], self._pos[:t]
+        pos = self._pos[:t]
+        rows = None if norms is not None else leading_heads(q, k)
+        if rows is not None:
+            f_rows = self._rope_rows
+            args_rows = (t, rows.shape[1], h + kvh, d, cos.shape[0],
+                         *map(kernel_arg, (pos, cos, sin, rows)))
+
+            def call_rows() -> None:
+                pos[...] = positions
+                f_rows(*args_rows)
+
+            return call_rows
+        qc, kc = self._q[:t], self._k[:t]
         f, args = self._rope, (t, h, kvh, d, cos.shape[0], *map(kernel_arg, (pos, cos, sin, qc, kc)))
         norm_q = norm_k = None
         if norms is not None:
@@ -189,9 +221,14 @@ class DslOps(NumpyOps):
             s = [aligned_zeros((3, gu.shape[1] // 2)) for gu in gate_ups]
             for gu, out in zip(gate_ups, s, strict=True):
                 ops.silu_mul(gu, out=out)
-            r = qk.copy()
+            r = aligned_zeros(qk.shape)  # q and k leading each row (rope_rows, or Qwen3's norms)
+            r[...] = qk
             ops.rope(r[:, :h], r[:, h:], pos, cos, sin, norms)
-            checks[ops is self] = (y, np.concatenate(s, axis=1), r)
+            rq, rk = aligned_zeros((3, h, d)), aligned_zeros((3, kvh, d))  # apart: compact rope
+            rq[...], rk[...] = qk[:, :h], qk[:, h:]
+            ops.rope(rq, rk, pos, cos, sin, norms)
+            checks[ops is self] = (y, np.concatenate(s, axis=1), r,
+                                   np.concatenate([rq, rk], axis=1))
         kv = aligned_zeros((2, 9, 2, kvh, d), kv_dtype(self.kv_dtype))
         kv[...] = rng.standard_normal(kv.shape, dtype=np.float32)
         segs = [(1, 8, 1), (0, 2, 1)][: self._decode.max_batch]
@@ -207,7 +244,7 @@ class DslOps(NumpyOps):
             a = aligned_zeros((3, h * d))
             ops.attention(qkv3[:, :h], pre[0], pre[1], [(0, 2, 3)], 0.125, out=a)
             checks[ops is self] += (a,)
-        for name, got, want in zip(("rmsnorm", "silu_mul", "rope", "decode_attention",
+        for name, got, want in zip(("rmsnorm", "silu_mul", "rope on QKV rows", "rope on compact q, k", "decode_attention",
                                     "flash_prefill"),
                                    checks[True], checks[False], strict=True):
             if not np.allclose(got, want, rtol=1e-4, atol=1e-5):

@@ -12,7 +12,7 @@ from sandwich.tuner.reference import reference_attention
 
 VLEN = 4
 EXPECTED = {"gemm", "flash_prefill", "decode_attention", "paged_decode_attention", "rope",
-            "rmsnorm", "silu_mul"}
+            "rope_rows", "rmsnorm", "silu_mul"}
 rng = np.random.default_rng(0)
 
 
@@ -84,6 +84,13 @@ def test_rmsnorm_silu_rope_match_numpy():
 
     close(q, ref(q0))
     close(kk, ref(k0))
+
+    rows = rand(T, H + 2 * KVH, D)  # the fused QKV rows: q's heads, k's, v's
+    rows0 = rows.copy()
+    run(load_kernel("rope_rows"), tunables={}, vlen=VLEN, T=T, R=H + 2 * KVH, NH=H + KVH, D=D,
+        max_pos=P, positions=pos, cos_cache=cos, sin_cache=sin, x=rows)
+    close(rows[:, : H + KVH], ref(rows0[:, : H + KVH]))
+    assert np.array_equal(rows[:, H + KVH:], rows0[:, H + KVH:])  # v untouched
 
 
 @pytest.mark.parametrize("prior", [0, 11])
