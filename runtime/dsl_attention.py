@@ -146,15 +146,20 @@ class DecodeAttention:
         return run
 
 
-def prefill_tiling(*, head_dim: int, vlen: int) -> dict[str, int]:
+def prefill_tiling(*, head_dim: int, vlen: int, registers: int = 16) -> dict[str, int]:
     """flash_prefill's tunables: blocks of two vectors of query rows, and both register
-    tiles (scores: 4 keys x b_q rows; P V: 4 rows x n_d columns) 8 vectors each, which 16
-    vector registers hold; one vector of query rows and a 4 x 1 and 2 x 1 vector tile left
-    most FMAs waiting on latency. Measured on Zen 3 (AVX2), 2 threads, causal S = 512, the
-    candidates built side by side and timed in interleaved rounds: GQA 9/3 x 64 (SmolLM2)
-    53 -> 104 GFLOPS, MHA 16 x 128 (Sheared-LLaMA) 39 -> 87; at S = 128 45 -> 76. Blocks of
-    4 vectors of rows (2 keys a tile) or of 64 keys ran within 8% of these."""
-    return {"b_q": 2 * vlen, "b_kv": 32, "mu_k": 4, "mu_q": 4, "n_d": _row_lanes(head_dim, vlen)}
+    tiles (scores: mu_k keys x b_q rows; P V: mu_q rows x n_d columns) half the vector
+    registers each: 4 x 2 vectors in 16 registers, 8 x 2 in 32 (AVX-512).
+    16 registers, Zen 3 (AVX2), 2 threads, causal S = 512, the candidates built side by side
+    and timed in interleaved rounds: one vector of query rows and a 4 x 1 and 2 x 1 vector
+    tile left most FMAs waiting on latency; 4 x 2 took GQA 9/3 x 64 (SmolLM2) 53 -> 104
+    GFLOPS, MHA 16 x 128 (Sheared-LLaMA) 39 -> 87; at S = 128 45 -> 76. Blocks of 4 vectors
+    of rows (2 keys a tile) or of 64 keys ran within 8% of these.
+    32 registers, Sapphire Rapids VM (AVX-512), the same way: 8 x 2 against 4 x 2, MHA 12 x 64
+    (Llama-160M) 195 -> 207 GFLOPS at S = 512 and 138 -> 143 at 128, GQA 9/3 x 64 191 -> 201,
+    MHA 16 x 128 161 -> 182; 8 keys x 4 rows was between them."""
+    mu = 8 if registers >= 32 else 4
+    return {"b_q": 2 * vlen, "b_kv": 32, "mu_k": mu, "mu_q": mu, "n_d": _row_lanes(head_dim, vlen)}
 
 
 class PrefillAttention:
@@ -162,11 +167,11 @@ class PrefillAttention:
     cached before it and the chunk's own earlier positions."""
 
     def __init__(self, build, *, heads: int, kv_heads: int, head_dim: int, max_tokens: int,
-                 max_seq: int, vlen: int) -> None:
+                 max_seq: int, vlen: int, registers: int = 16) -> None:
         from sandwich.dsl.load import load_kernel
 
         self.dims = (heads, kv_heads, head_dim)
-        tunables = prefill_tiling(head_dim=head_dim, vlen=vlen)
+        tunables = prefill_tiling(head_dim=head_dim, vlen=vlen, registers=registers)
         self._f = build(load_kernel("flash_prefill"), {"H": heads, "KVH": kv_heads, "D": head_dim},
                         tunables)
         self._q = aligned_zeros((max_tokens, heads, head_dim))

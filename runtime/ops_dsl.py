@@ -94,7 +94,8 @@ class DslOps(NumpyOps):
         rows = max(max_tokens, 3)  # the self-check below runs 3 tokens, whatever max_tokens
         self._prefill = PrefillAttention(build,
                                          heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                                         max_tokens=rows, max_seq=max_seq, vlen=cpu.lanes_f32)
+                                         max_tokens=rows, max_seq=max_seq, vlen=cpu.lanes_f32,
+                                         registers=cpu.vector_registers)
         self._q = aligned_zeros((rows, heads, head_dim))
         self._k = aligned_zeros((rows, kv_heads, head_dim))
         self._pos = aligned_zeros((rows,), np.int32)

@@ -128,6 +128,10 @@ def test_decode_tiling_takes_two_vectors_a_head_row_and_blocks_within_half_of_l2
     # D = 24 on 16 AVX-512 lanes: no whole vector divides it, so the widest part that does
     assert decode_tiling(kv_heads=2, head_dim=24, vlen=16, max_batch=1, l2_bytes=512 * kib)["n_d"] == 8
     assert prefill_tiling(head_dim=24, vlen=16)["n_d"] == 8
+    # both register tiles half the vector registers: 4 x 2 vectors of 16, 8 x 2 of 32
+    assert prefill_tiling(head_dim=64, vlen=8) == {"b_q": 16, "b_kv": 32, "mu_k": 4, "mu_q": 4, "n_d": 16}
+    assert prefill_tiling(head_dim=64, vlen=16, registers=32) == {"b_q": 32, "b_kv": 32, "mu_k": 8,
+                                                                   "mu_q": 8, "n_d": 32}
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2)])
@@ -148,9 +152,9 @@ def test_decode_attention_at_the_runtime_tiling_is_attention(heads, kv_heads):
 @pytest.mark.parametrize("heads,kv_heads,D", [(4, 4, 32), (6, 2, 24)])
 def test_flash_prefill_at_the_runtime_tiling_is_causal_attention(heads, kv_heads, D):
     """The kernel as the runtime builds it (prefill_tiling on this CPU: two vectors of query
-    rows, 4 x 2-vector tiles; D = 24 takes one-vector columns), with a cached prefix and S
+    rows, tiles of half the vector registers; D = 24 takes one-vector columns), with a cached prefix and S
     leaving tails in every block, against torch."""
-    tiling = prefill_tiling(head_dim=D, vlen=CPU.lanes_f32)
+    tiling = prefill_tiling(head_dim=D, vlen=CPU.lanes_f32, registers=CPU.vector_registers)
     f = build("flash_prefill", {"D": D, "H": heads, "KVH": kv_heads}, **tiling)
     S, prior, scale = 77, 19, 0.3
     q, k, v = rand(S, heads, D), rand(prior + S, kv_heads, D), rand(prior + S, kv_heads, D)
