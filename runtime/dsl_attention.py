@@ -162,33 +162,73 @@ def prefill_tiling(*, head_dim: int, vlen: int, registers: int = 16) -> dict[str
     return {"b_q": 2 * vlen, "b_kv": 32, "mu_k": mu, "mu_q": mu, "n_d": _row_lanes(head_dim, vlen)}
 
 
+def head_rows(x: np.ndarray) -> np.ndarray | None:
+    """The (T, R, D) rows whose first heads are x's (T, H, D) (a strided view of the QKV
+    GEMM's output), as one C-contiguous, 64-byte aligned view; None when x does not lie so.
+    The view spans the rows' other heads, which a kernel given H leaves alone."""
+    t, h, d = x.shape
+    item = x.itemsize
+    if (x.dtype != np.float32 or x.ctypes.data % 64 or x.strides[1:] != (d * item, item)
+            or x.strides[0] % (d * item)):
+        return None
+    r = x.strides[0] // (d * item)
+    if r < h:
+        return None
+    return np.lib.stride_tricks.as_strided(x, shape=(t, r, d), strides=(r * d * item, d * item, item))
+
+
+def amx_attention(*, head_dim: int, amx: bool) -> bool:
+    """Whether prefill attention can run on AMX tiles (flash_prefill_amx.sw): the CPU has
+    AMX-BF16 and the heads split into the tiles' 32 values."""
+    return amx and head_dim % 32 == 0
+
+
 class PrefillAttention:
-    """Causal attention of a prompt chunk (flash_prefill.sw): its queries see the positions
-    cached before it and the chunk's own earlier positions."""
+    """Causal attention of a prompt chunk (flash_prefill.sw, or flash_prefill_amx.sw with
+    `amx`: bf16 products on tiles): its queries see the positions cached before it and the
+    chunk's own earlier positions."""
 
     def __init__(self, build, *, heads: int, kv_heads: int, head_dim: int, max_tokens: int,
-                 max_seq: int, vlen: int, registers: int = 16) -> None:
+                 max_seq: int, vlen: int, registers: int = 16, amx: bool = False) -> None:
         from sandwich.dsl.load import load_kernel
 
-        self.dims = (heads, kv_heads, head_dim)
-        tunables = prefill_tiling(head_dim=head_dim, vlen=vlen, registers=registers)
-        self._f = build(load_kernel("flash_prefill"), {"H": heads, "KVH": kv_heads, "D": head_dim},
-                        tunables)
+        self.dims, self.amx = (heads, kv_heads, head_dim), amx
+        fixed = {"H": heads, "KVH": kv_heads, "D": head_dim}
+        if amx:
+            self._f = build(load_kernel("flash_prefill_amx"), fixed, {})
+        else:
+            tunables = prefill_tiling(head_dim=head_dim, vlen=vlen, registers=registers)
+            self._f = build(load_kernel("flash_prefill"), fixed, tunables)
         self._q = aligned_zeros((max_tokens, heads, head_dim))
         rows = max(max_seq, 8)  # DslOps' self-check attends over 5 positions, whatever max_seq
         self._k = aligned_zeros((rows, kv_heads, head_dim))
         self._v = aligned_zeros((rows, kv_heads, head_dim))
 
-    def __call__(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
-                 out: np.ndarray) -> None:
-        """q (S, H, D): strided rows of the fused QKV buffer; k/v (L, KVH, D), L >= S: the
-        slot's cache column up to the chunk's last position; both copied compact (glue; a
-        bf16 cache is widened to f32 as it is copied); out (S, H * D)."""
-        s, n_kv = q.shape[0], k.shape[0]
+    def __call__(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, slot: int,
+                 n_kv: int, scale: float, out: np.ndarray) -> None:
+        """q (S, H, D): strided rows of the fused QKV buffer; the caches (max_seq, max_batch,
+        KVH, D), whose column `slot` holds n_kv >= S positions up to the chunk's last; out
+        (S, H * D). The AMX kernel reads q's rows and the cache where they are; the f32
+        kernel takes them copied compact (glue; a bf16 cache widened to f32 as it is copied)."""
+        s = q.shape[0]
         if n_kv < s:
             raise ShapeError(f"prefill attention of {s} queries over {n_kv} keys: the chunk's "
                              f"own keys must be cached first")
         h, kvh, d = self.dims
-        qc, kc, vc = self._q[:s], self._k[:n_kv], self._v[:n_kv]
-        qc[...], kc[...], vc[...] = q, k, v
-        self._f(s, n_kv, h, kvh, d, scale, *map(kernel_arg, (qc, kc, vc, out.reshape(s, h, d))))
+        o = out.reshape(s, h, d)
+        rows = head_rows(q) if self.amx else None
+        if rows is not None:
+            max_seq, max_batch = k_cache.shape[:2]
+            self._f(s, n_kv, h, kvh, d, rows.shape[1], max_seq, max_batch, slot, scale,
+                    *map(kernel_arg, (rows, k_cache, v_cache, o)))
+            return
+        qc = self._q[:s]
+        qc[...] = q
+        if self.amx:  # q's rows not aligned: its compact copy is rows of H heads
+            max_seq, max_batch = k_cache.shape[:2]
+            self._f(s, n_kv, h, kvh, d, h, max_seq, max_batch, slot, scale,
+                    *map(kernel_arg, (qc, k_cache, v_cache, o)))
+            return
+        kc, vc = self._k[:n_kv], self._v[:n_kv]
+        kc[...], vc[...] = k_cache[:n_kv, slot], v_cache[:n_kv, slot]
+        self._f(s, n_kv, h, kvh, d, scale, *map(kernel_arg, (qc, kc, vc, o)))

@@ -35,7 +35,8 @@ from sandwich.runtime.rope_tables import cos_sin
 def make_ops(kind: str | object, model: LlamaModel, *, max_tokens: int, max_batch: int,
              max_seq: int, threads: int | None = None, kv_dtype: str = "f32"):
     """'numpy' (the marked fallback), 'dsl' (compiled DSL kernels), or an object with the
-    methods of NumpyOps (`bind` included)."""
+    methods of NumpyOps (`bind` included). With bf16 weights (the o projection's: its GEMMs
+    round activations to bf16) the DSL's prefill attention runs on AMX where the CPU has it."""
     cfg = model.config
     if kind == "numpy":
         return NumpyOps(max_tokens=max_tokens, heads=cfg.num_attention_heads,
@@ -49,7 +50,8 @@ def make_ops(kind: str | object, model: LlamaModel, *, max_tokens: int, max_batc
                       cpu=model.gemms.lm_head.cache.cpu,
                       threads=threads or len(os.sched_getaffinity(0)), qk_norm=cfg.qk_norm,
                       kv_dtype=kv_dtype, shared_intermediate=cfg.shared_expert_intermediate_size,
-                      build_dir=model.gemms.lm_head.cache.ops_dir)
+                      build_dir=model.gemms.lm_head.cache.ops_dir,
+                      attention="bf16" if model.gemms.o.dtype == "bf16" else "f32")
     if isinstance(kind, str):
         raise ConfigError(f"unknown ops kind {kind!r} (choose 'numpy' or 'dsl')")
     return kind

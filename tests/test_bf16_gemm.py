@@ -169,9 +169,12 @@ def test_splice_rewrites_every_stand_in_call_and_refuses_a_foreign_one():
 
 
 @pytest.mark.tvm
-def test_a_tiny_model_with_bf16_weights_gives_transformers_logits(tmp_path, cache):
+@pytest.mark.parametrize("config", [None, {"heads": 2, "kv": 1}])
+def test_a_tiny_model_with_bf16_weights_gives_transformers_logits(tmp_path, cache, config):
     """--weights bf16 end to end: logits against HF transformers on the same weights rounded
-    to bf16 (ours also rounds each GEMM's activations: hence 2e-2, not 1e-4); fp32 for scale."""
+    to bf16 (ours also rounds each GEMM's activations: hence 2e-2, not 1e-4); fp32 for scale.
+    Heads of 32 values (the second model, same GEMM shapes): prefill attention in bf16 on AMX
+    tiles where the CPU has them."""
     from conftest import tune_model
     from gguf_tiny import write_tiny_gguf
 
@@ -182,7 +185,8 @@ def test_a_tiny_model_with_bf16_weights_gives_transformers_logits(tmp_path, cach
     pytest.importorskip("accelerate")
     import torch
 
-    path = write_tiny_gguf(tmp_path / "tiny.gguf", types={"token_embd.weight": "F32"})[0]
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", types={"token_embd.weight": "F32"},
+                           config=config)[0]
     tune_model(path, cache, weights="bf16")
     model = load_model(path, cache, threads=2, weights="bf16")
     hf = transformers.LlamaForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
@@ -192,7 +196,8 @@ def test_a_tiny_model_with_bf16_weights_gives_transformers_logits(tmp_path, cach
             lin.weight.copy_(lin.weight.to(torch.bfloat16).to(torch.float32))
         prompt = [5, 9, 200, 17, 33, 100, 250, 7]
         ref = hf(torch.tensor([prompt])).logits[0, -1].numpy()
-    _, logits = Executor(model, max_batch=1, max_seq=32, max_tokens=16, ops="dsl",
-                         threads=2).start(prompt)
+    ex = Executor(model, max_batch=1, max_seq=32, max_tokens=16, ops="dsl", threads=2)
+    assert ex.ops._prefill.amx == (config is not None and model.gemms.o.cache.cpu.amx)
+    _, logits = ex.start(prompt)
     err = np.abs(logits - ref).max() / np.abs(ref).max()
     assert err <= 2e-2, err

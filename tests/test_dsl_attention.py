@@ -188,3 +188,36 @@ def test_a_call_with_another_fixed_value_is_refused(decode_kernel):
     q, kc = rand(1, 4, 8), rand(4, 1, 2, 8)
     with pytest.raises(Exception, match="(?i)mismatch|D must be 16"):
         decode(decode_kernel, q, kc, kc, [0], [4])
+
+
+@pytest.mark.skipif(not CPU.amx, reason="this CPU has no AMX-BF16")
+@pytest.mark.parametrize("heads,kv_heads,D,aligned", [(4, 4, 64, True), (6, 2, 32, True),
+                                                       (4, 2, 64, False)])
+def test_amx_prefill_attention_reads_the_qkv_rows_and_the_cache_where_they_are(heads, kv_heads, D,
+                                                                            aligned):
+    """PrefillAttention on AMX tiles as the runtime calls it: q a strided view of the fused
+    QKV rows (copied compact only where those are not 64-byte aligned), K/V the cache column
+    of slot 1 of 3, a chunk after cached positions; within bf16's rounding of causal attention
+    on the same values."""
+    from sandwich.compiler.buffers import aligned_zeros
+    from sandwich.runtime.dsl_attention import PrefillAttention, amx_attention
+    from sandwich.runtime.ops_dsl import _build
+    from sandwich.weight_formats import round_bf16
+
+    assert amx_attention(head_dim=D, amx=True) and not amx_attention(head_dim=D, amx=False)
+    assert not amx_attention(head_dim=24, amx=True)  # a head the 32-value tiles do not split
+    att = PrefillAttention(lambda k, fixed, tun: _build(k, CPU, 2, fixed, tun), heads=heads,
+                           kv_heads=kv_heads, head_dim=D, max_tokens=96, max_seq=160,
+                           vlen=CPU.lanes_f32, amx=True)
+    S, prior, width = 77, 50, (heads + 2 * kv_heads) * D
+    qkv = aligned_zeros((S * width + 1,))[int(not aligned):][: S * width].reshape(S, width)
+    qkv[...] = rand(S, width)
+    cache = aligned_zeros((2, 160, 3, kv_heads, D))
+    cache[...] = rand(*cache.shape)
+    out = aligned_zeros((S, heads * D))
+    q = qkv[:, : heads * D].reshape(S, heads, D)
+    att(q, cache[0], cache[1], 1, prior + S, 0.125, out)
+    k, v = cache[0, : prior + S, 1], cache[1, : prior + S, 1]
+    want = reference_attention(*(round_bf16(np.ascontiguousarray(x)) for x in (q, k, v)), 0.125,
+                               causal=True)
+    np.testing.assert_allclose(out.reshape(S, heads, D), want, atol=5e-3)

@@ -11,7 +11,7 @@ from sandwich.dsl.space import domains, is_valid, require_valid
 from sandwich.tuner.reference import reference_attention
 
 VLEN = 4
-EXPECTED = {"gemm", "flash_prefill", "decode_attention", "paged_decode_attention", "rope",
+EXPECTED = {"gemm", "flash_prefill", "flash_prefill_amx", "decode_attention", "paged_decode_attention", "rope",
             "rope_rows", "rmsnorm", "silu_mul"}
 rng = np.random.default_rng(0)
 

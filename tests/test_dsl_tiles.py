@@ -75,6 +75,29 @@ def test_the_amx_gemm_prefetches_the_next_block_of_w_while_its_rows_run(b_k, wan
                           for q in range(pack_n // 16)}
 
 
+@pytest.mark.parametrize("s,prior,h,kvh,d", [(37, 0, 2, 1, 32), (20, 45, 2, 2, 64)])
+def test_amx_prefill_attention_matches_numpy_in_the_interpreter(s, prior, h, kvh, d):
+    """flash_prefill_amx reads q's heads from the QKV rows and K/V from a cache column: a
+    chunk of S queries (tails in the 32-row and 32-key blocks) after `prior` cached positions,
+    GQA or not, against causal attention on the same values rounded to bf16 (P's rounding
+    left: 2e-3 here) and within 1e-2 of f32's."""
+    from sandwich.tuner.reference import reference_attention
+    from sandwich.weight_formats import round_bf16
+
+    rng = np.random.default_rng(s + prior)
+    n_kv, max_seq, slots, slot = s + prior, s + prior + 7, 3, 1
+    rows = rng.standard_normal((s, h + 2 * kvh, d), dtype=np.float32)  # q, k, v heads
+    k_cache, v_cache = rng.standard_normal((2, max_seq, slots, kvh, d), dtype=np.float32)
+    o = np.full((s, h, d), np.nan, np.float32)
+    run(load_kernel("flash_prefill_amx"), tunables={}, S=s, L=n_kv, H=h, KVH=kvh, D=d,
+        R=h + 2 * kvh, LMAX=max_seq, NB=slots, slot=slot, scale=0.3, Q=rows, K=k_cache,
+        V=v_cache, O=o)
+    q, k, v = rows[:, :h], k_cache[:n_kv, slot], v_cache[:n_kv, slot]
+    rounded = reference_attention(*(round_bf16(x) for x in (q, k, v)), 0.3, causal=True)
+    np.testing.assert_allclose(o, rounded, atol=4e-3)
+    np.testing.assert_allclose(o, reference_attention(q, k, v, 0.3, causal=True), atol=1.5e-2)
+
+
 def test_tile_statements_round_trip_through_the_high_level_ir():
     k = load_kernel("gemm_amx_bf16")
     text = print_module(load_file(builtin_kernels()["gemm_amx_bf16"]))
