@@ -118,6 +118,7 @@ class Executor:
             "last": aligned_zeros((max_batch, h)),  # last token of each segment, before the norm
             "logits": aligned_zeros((max_batch, model.lm_head.n)),  # a vocab shard under TP
             "positions": aligned_zeros(t, np.int64),
+            "slots": aligned_zeros(t, np.int64),
             "ids": aligned_zeros(t, np.int64),
         }
         self.cos, self.sin = (aligned_copy(tab) for tab in cos_sin(model.rope, max_seq))
@@ -321,9 +322,11 @@ class Executor:
         if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
             raise ShapeError(f"token ids must be in [0, {self.cfg.vocab_size}), got "
                              f"{int(ids.min())}..{int(ids.max())}")
+        slots = b["slots"][:n_tok]
         t0 = 0
-        for _, start, n in segments:
+        for slot, start, n in segments:
             pos[t0: t0 + n] = np.arange(start, start + n)
+            slots[t0: t0 + n] = slot
             t0 += n
         n_layers = self.cfg.num_hidden_layers
         lo, hi = span or (0, n_layers)
@@ -377,13 +380,10 @@ class Executor:
         k = qk[:, self.n_q: self.n_q + self.n_kv].reshape(n_tok, -1, d)
         v = v.reshape(n_tok, -1, d)
         norms = None if w.q_norm is None else HeadNorms(w.q_norm, w.k_norm, eps)
-        run(layer, "rope", n_tok, lambda: ops.bind("rope", q, k, pos, self.cos, self.sin, norms))
         kc, vc = self.kv.k(layer), self.kv.v(layer)
-        t0 = 0
-        for slot, start, n in segments:
-            kc[start: start + n, slot] = k[t0: t0 + n]
-            vc[start: start + n, slot] = v[t0: t0 + n]
-            t0 += n
+        slots = b["slots"][:n_tok]  # each token's cache column, as `pos` its row
+        run(layer, "rope", n_tok, lambda: ops.bind("rope_kv", q, k, v, pos, slots, self.cos,
+                                                   self.sin, norms, kc, vc))
         if self.kv_hook is not None:
             self.kv_hook(layer, self.kv, segments)
         attn, proj = b["attn"][:n_tok], b["proj"][:n_tok]

@@ -91,7 +91,7 @@ class DslOps(NumpyOps):
         # SiLU-mul per width: the MLP's (or each expert's), and a shared expert's (Qwen2-MoE)
         self._silu = {n: build("silu_mul", {"N": n}) for n in {intermediate, shared_intermediate} if n}
         self._rope = build("rope", {"H": heads, "KVH": kv_heads, "D": head_dim})
-        self._rope_rows = build("rope_rows", {"NH": heads + kv_heads, "D": head_dim})
+        self._rope_kv = build("rope_kv", {"H": heads, "KVH": kv_heads, "D": head_dim})
         self._decode = DecodeAttention(build, heads=heads,
                                        kv_heads=kv_heads, head_dim=head_dim, max_batch=max_batch,
                                        vlen=cpu.lanes_f32, l2_bytes=cpu.l2_bytes,
@@ -106,6 +106,7 @@ class DslOps(NumpyOps):
         self._q = aligned_zeros((rows, heads, head_dim))
         self._k = aligned_zeros((rows, kv_heads, head_dim))
         self._pos = aligned_zeros((rows,), np.int32)
+        self._slots = aligned_zeros((rows,), np.int32)
         try:
             self._self_check(hidden)
         except (ValueError, TypeError, RuntimeError) as e:  # a kernel signature changed under us
@@ -137,25 +138,48 @@ class DslOps(NumpyOps):
         args = (out.shape[0], out.shape[1], kernel_arg(gate_up), kernel_arg(out))
         return lambda: f(*args)
 
+    def rope_kv(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray,
+                slots: np.ndarray, cos: np.ndarray, sin: np.ndarray, norms: HeadNorms | None,
+                k_cache: np.ndarray, v_cache: np.ndarray) -> None:
+        self._bind_rope_kv(q, k, v, positions, slots, cos, sin, norms, k_cache, v_cache)()
+
+    def _bind_rope_kv(self, q, k, v, positions, slots, cos, sin, norms, k_cache, v_cache):
+        """Where q, k and v lead the rows of one buffer (the fused QKV GEMM's output) and the
+        cache is f32, rope_kv rotates q and k there and stores k and v into the cache. Else
+        the RoPE kernel on compact copies (below), then numpy's stores."""
+        t = q.shape[0]
+        h, kvh, d = self.dims
+        rows = None if norms is not None else leading_heads(q, k)
+        if (rows is None or rows.shape[1] < h + 2 * kvh or v.strides != k.strides
+                or v.ctypes.data != k.ctypes.data + kvh * d * k.itemsize
+                or any(c.dtype != np.float32 for c in (k_cache, v_cache))):
+            rope = self._bind_rope(q, k, positions, cos, sin, norms)
+
+            def rope_then_store() -> None:
+                rope()
+                k_cache[positions, slots] = k
+                v_cache[positions, slots] = v
+
+            return rope_then_store
+        pos, sl = self._pos[:t], self._slots[:t]
+        f = self._rope_kv
+        args = (t, rows.shape[1], h, kvh, d, cos.shape[0], *k_cache.shape[:2],
+                *map(kernel_arg, (pos, sl, cos, sin, rows, k_cache, v_cache)))
+
+        def call() -> None:
+            pos[...] = positions
+            sl[...] = slots
+            f(*args)
+
+        return call
+
     def _bind_rope(self, q, k, positions, cos, sin, norms=None):
-        """Where q and k lead the rows of one buffer (the QKV GEMM's output), rope_rows
-        rotates them there. Else RoPE reads q and k as compact arrays (glue copies in and out
-        around the kernel). Qwen3's head norms run on the compact copies first (the RMSNorm
-        kernel at N = head_dim, each head a row)."""
+        """RoPE reads q and k as compact arrays; the fused QKV rows interleave them (glue copies
+        in and out around the kernel). Qwen3's head norms run on the compact copies first (the
+        RMSNorm kernel at N = head_dim, each head a row)."""
         t = q.shape[0]
         h, kvh, d = self.dims
         pos = self._pos[:t]
-        rows = None if norms is not None else leading_heads(q, k)
-        if rows is not None:
-            f_rows = self._rope_rows
-            args_rows = (t, rows.shape[1], h + kvh, d, cos.shape[0],
-                         *map(kernel_arg, (pos, cos, sin, rows)))
-
-            def call_rows() -> None:
-                pos[...] = positions
-                f_rows(*args_rows)
-
-            return call_rows
         qc, kc = self._q[:t], self._k[:t]
         f, args = self._rope, (t, h, kvh, d, cos.shape[0], *map(kernel_arg, (pos, cos, sin, qc, kc)))
         norm_q = norm_k = None
@@ -215,11 +239,12 @@ class DslOps(NumpyOps):
         x, w = rand(3, hidden), rand(hidden)
         gate_ups = [rand(3, 2 * n) for n in self._silu]  # every width built
         h, kvh, d = self.dims
-        qk = rng.standard_normal((3, h + kvh, d), dtype=np.float32)
+        rows = rng.standard_normal((3, h + 2 * kvh, d), dtype=np.float32)  # fused QKV rows
+        qk = rows[:, : h + kvh]
         ang = np.arange(8, dtype=np.float32)[:, None] * np.float32(0.1) ** np.arange(d // 2, dtype=np.float32)
         cos, sin = aligned_zeros(ang.shape), aligned_zeros(ang.shape)
         cos[...], sin[...] = np.cos(ang), np.sin(ang)
-        pos = np.array([0, 7, 3])
+        pos, slots = np.array([0, 7, 3]), np.array([1, 0, 1])
         norms = HeadNorms(rand(d), rand(d), 1e-6) if self._rms_head is not None else None
         checks = {}
         for ops in (self, ref):
@@ -228,13 +253,15 @@ class DslOps(NumpyOps):
             s = [aligned_zeros((3, gu.shape[1] // 2)) for gu in gate_ups]
             for gu, out in zip(gate_ups, s, strict=True):
                 ops.silu_mul(gu, out=out)
-            r = aligned_zeros(qk.shape)  # q and k leading each row (rope_rows, or Qwen3's norms)
-            r[...] = qk
-            ops.rope(r[:, :h], r[:, h:], pos, cos, sin, norms)
+            r = aligned_zeros(rows.shape)  # rope_kv (or, with Qwen3's norms, rope and numpy)
+            r[...] = rows
+            cache = aligned_zeros((2, 9, 2, kvh, d), kv_dtype(self.kv_dtype))
+            ops.rope_kv(r[:, :h], r[:, h: h + kvh], r[:, h + kvh:], pos, slots, cos, sin, norms,
+                        cache[0], cache[1])
             rq, rk = aligned_zeros((3, h, d)), aligned_zeros((3, kvh, d))  # apart: compact rope
             rq[...], rk[...] = qk[:, :h], qk[:, h:]
             ops.rope(rq, rk, pos, cos, sin, norms)
-            checks[ops is self] = (y, np.concatenate(s, axis=1), r,
+            checks[ops is self] = (y, np.concatenate(s, axis=1), r, cache.astype(np.float32),
                                    np.concatenate([rq, rk], axis=1))
         kv = aligned_zeros((2, 9, 2, kvh, d), kv_dtype(self.kv_dtype))
         kv[...] = rng.standard_normal(kv.shape, dtype=np.float32)
@@ -251,7 +278,8 @@ class DslOps(NumpyOps):
             a = aligned_zeros((3, h * d))
             ops.attention(qkv3[:, :h], pre[0], pre[1], [(0, 2, 3)], 0.125, out=a)
             checks[ops is self] += (a,)
-        names = ("rmsnorm", "silu_mul", "rope on QKV rows", "rope on compact q, k",
+        names = ("rmsnorm", "silu_mul", "rope_kv on QKV rows", "rope_kv's cache stores",
+                 "rope on compact q, k",
                  "decode_attention", "flash_prefill_amx" if self._prefill.amx else "flash_prefill")
         for name, got, want in zip(names, checks[True], checks[False], strict=True):
             # bf16 products (q, k, v and P rounded): about 1e-2 on these values, where a

@@ -98,6 +98,15 @@ class NumpyOps:
             np.multiply(x2, c, out=x2)
             np.add(x2, b, out=x2)  # x2 c + x1 s
 
+    def rope_kv(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray,
+                slots: np.ndarray, cos: np.ndarray, sin: np.ndarray, norms: HeadNorms | None,
+                k_cache: np.ndarray, v_cache: np.ndarray) -> None:
+        """`rope` on q and k, then each token's k and v (T, KVH, D) stored at its position of
+        its slot's cache column (caches [max_seq, max_batch, KVH, D], a bf16 one rounded)."""
+        self.rope(q, k, positions, cos, sin, norms)
+        k_cache[positions, slots] = k
+        v_cache[positions, slots] = v
+
     def bind_decode_attention(self, k_cache: np.ndarray, v_cache: np.ndarray, scale: float,
                               out: np.ndarray) -> Callable:
         """run(q, segments): `attention` of a decode step (one token a segment) on these

@@ -12,7 +12,7 @@ from sandwich.tuner.reference import reference_attention
 
 VLEN = 4
 EXPECTED = {"gemm", "flash_prefill", "flash_prefill_amx", "decode_attention", "paged_decode_attention", "rope",
-            "rope_rows", "rmsnorm", "silu_mul"}
+            "rope_kv", "rmsnorm", "silu_mul"}
 rng = np.random.default_rng(0)
 
 
@@ -87,9 +87,15 @@ def test_rmsnorm_silu_rope_match_numpy():
 
     rows = rand(T, H + 2 * KVH, D)  # the fused QKV rows: q's heads, k's, v's
     rows0 = rows.copy()
-    run(load_kernel("rope_rows"), tunables={}, vlen=VLEN, T=T, R=H + 2 * KVH, NH=H + KVH, D=D,
-        max_pos=P, positions=pos, cos_cache=cos, sin_cache=sin, x=rows)
+    slots = np.array([2, 0, 2], np.int32)
+    kc, vc = np.full((2, P, 3, KVH, D), np.nan, np.float32)
+    run(load_kernel("rope_kv"), tunables={}, vlen=VLEN, T=T, R=H + 2 * KVH, H=H, KVH=KVH, D=D,
+        max_pos=P, LMAX=P, NB=3, positions=pos, slots=slots, cos_cache=cos, sin_cache=sin,
+        x=rows, k_cache=kc, v_cache=vc)
     close(rows[:, : H + KVH], ref(rows0[:, : H + KVH]))
+    close(kc[pos, slots], rows[:, H: H + KVH])  # the rotated k, and v, at each token's place
+    close(vc[pos, slots], rows0[:, H + KVH:])
+    assert np.isnan(kc).sum() == kc.size - T * KVH * D  # nothing else written
     assert np.array_equal(rows[:, H + KVH:], rows0[:, H + KVH:])  # v untouched
 
 

@@ -111,10 +111,14 @@ def test_rope():
 
     # q, k, v heads of a fused row (its own generator: the module's draws stay as they were)
     rows = np.random.default_rng(5).standard_normal((T, H + 2 * KVH, D), np.float32)
-    tp, tc, ts, tr = dev_arrays(pos, cos, sin, rows)
-    build("rope_rows")(T, H + 2 * KVH, H + KVH, D, P, tp, tc, ts, tr)
+    slots = np.array([1, 0, 1, 1], np.int32)
+    tp, tsl, tc, ts, tr, tkc, tvc = dev_arrays(pos, slots, cos, sin, rows,
+                                               *np.zeros((2, P, 2, KVH, D), np.float32))
+    build("rope_kv")(T, H + 2 * KVH, H, KVH, D, P, P, 2, tp, tsl, tc, ts, tr, tkc, tvc)
     close(tr.numpy()[:, : H + KVH], ref(rows[:, : H + KVH]))
     close(tr.numpy()[:, H + KVH:], rows[:, H + KVH:])
+    close(tkc.numpy()[pos, slots], tr.numpy()[:, H: H + KVH])
+    close(tvc.numpy()[pos, slots], rows[:, H + KVH:])
 
 
 def test_wrong_shape_is_rejected_by_tvm():
