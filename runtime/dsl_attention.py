@@ -200,7 +200,8 @@ class PrefillAttention:
             tunables = prefill_tiling(head_dim=head_dim, vlen=vlen, registers=registers)
             self._f = build(load_kernel("flash_prefill"), fixed, tunables)
         self._q = aligned_zeros((max_tokens, heads, head_dim))
-        rows = max(max_seq, 8)  # DslOps' self-check attends over 5 positions, whatever max_seq
+        # the f32 kernel's compact K/V (the AMX kernel reads the cache)
+        rows = 0 if amx else max(max_seq, 8)  # the self-check attends over 5 positions
         self._k = aligned_zeros((rows, kv_heads, head_dim))
         self._v = aligned_zeros((rows, kv_heads, head_dim))
 

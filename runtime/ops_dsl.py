@@ -179,8 +179,7 @@ class DslOps(NumpyOps):
         RMSNorm kernel at N = head_dim, each head a row)."""
         t = q.shape[0]
         h, kvh, d = self.dims
-        pos = self._pos[:t]
-        qc, kc = self._q[:t], self._k[:t]
+        qc, kc, pos = self._q[:t], self._k[:t], self._pos[:t]
         f, args = self._rope, (t, h, kvh, d, cos.shape[0], *map(kernel_arg, (pos, cos, sin, qc, kc)))
         norm_q = norm_k = None
         if norms is not None:
