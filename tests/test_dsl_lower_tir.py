@@ -493,3 +493,38 @@ def test_bf16pair_in_a_vector_loop_rounds_as_numpy(vlen):
     f(n, tx, tp, tq)
     np.testing.assert_array_equal(tp.numpy(), want_p)
     np.testing.assert_array_equal(tq.numpy(), want_q)
+
+
+MIXED_LANES = """
+kernel mixed(i32 n, i32 m, f32 X[n, 32], i32 P[n, 32], f32 Y[n, 32]) {
+    for (i32 t = 0; t < n; t++) {
+        vectorize for (i32 j = 0; j < 32; j++) {
+            P[t, j] = bf16pair(select(t < m, X[t, j], 0.0), max(X[t, j], 1.5));
+            Y[t, j] = min(2.0, select(j < m, X[t, j], -1.0));
+        }
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("vlen", [8, 16])
+def test_loop_invariant_operands_beside_vectors_in_an_explicit_vector_loop(vlen):
+    """select's values and min's and max's operands in an explicit vector loop (bf16pair
+    makes it one) mix vectors with loop-invariant scalars, a condition invariant or not:
+    the scalars are broadcast (before, TVM refused the kernel: mismatched types), and the
+    results match the interpreter's."""
+    from sandwich.dsl.interp import run
+    from sandwich.dsl.load import load_source
+
+    kernel = load_source(MIXED_LANES, file="mixed.sw").kernels[0]
+    src = to_tvmscript(kernel, tunables={}, vlen=vlen)
+    assert "T.Broadcast(T.float32(0.0)" in src
+    n, m = 4, 2
+    x = np.random.default_rng(9).standard_normal((n, 32), dtype=np.float32) * 3
+    want_p, want_y = np.zeros((n, 32), np.int32), np.zeros((n, 32), np.float32)
+    run(kernel, tunables={}, vlen=vlen, n=n, m=m, X=x, P=want_p, Y=want_y)
+    f = build_for(src, None if vlen == 8 else "avx512")
+    tx, tp, ty = dev_arrays(x, np.zeros((n, 32), np.int32), np.zeros((n, 32), np.float32))
+    f(n, m, tx, tp, ty)
+    np.testing.assert_array_equal(tp.numpy(), want_p)
+    np.testing.assert_array_equal(ty.numpy(), want_y)
