@@ -395,8 +395,8 @@ class Executor:
         run(layer, "o", n_tok, lambda: g.o.bind(attn, w.o, proj))
         if self.allreduce is not None:
             self.allreduce(proj)
-        np.add(x, proj, out=x)
-        run(layer, "norm2", n_tok, lambda: ops.bind("rmsnorm", x, w.post_norm, eps, out=h))
+        run(layer, "norm2", n_tok, lambda: ops.bind("add_rmsnorm", x, proj, w.post_norm, eps,
+                                                    out=h))
         if w.moe is not None and self.moe is not None:  # router and top-k experts
             read = self.moe(layer, w.moe, h, proj, g)
             self.expert_bytes += read

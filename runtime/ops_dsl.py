@@ -86,6 +86,7 @@ class DslOps(NumpyOps):
             return _build(name, cpu, threads, fixed, tunables, build_dir)
 
         self._rms = build("rmsnorm", {"N": hidden})
+        self._add_rms = build("add_rmsnorm", {"N": hidden})
         # RMSNorm with N = head_dim, each head a row: Qwen3's q/k norms
         self._rms_head = build("rmsnorm", {"N": head_dim}) if qk_norm else None
         # SiLU-mul per width: the MLP's (or each expert's), and a shared expert's (Qwen2-MoE)
@@ -116,6 +117,10 @@ class DslOps(NumpyOps):
     def rmsnorm(self, x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
         self._bind_rmsnorm(x, w, eps, out)()
 
+    def add_rmsnorm(self, x: np.ndarray, r: np.ndarray, w: np.ndarray, eps: float,
+                    out: np.ndarray) -> None:
+        self._bind_add_rmsnorm(x, r, w, eps, out)()
+
     def silu_mul(self, gate_up: np.ndarray, out: np.ndarray) -> None:
         self._bind_silu_mul(gate_up, out)()
 
@@ -131,6 +136,11 @@ class DslOps(NumpyOps):
 
     def _bind_rmsnorm(self, x, w, eps, out):
         f, args = self._rms, (x.shape[0], x.shape[1], eps, *map(kernel_arg, (x, w, out)))
+        return lambda: f(*args)
+
+    def _bind_add_rmsnorm(self, x, r, w, eps, out):
+        f = self._add_rms
+        args = (x.shape[0], x.shape[1], eps, *map(kernel_arg, (x, r, w, out)))
         return lambda: f(*args)
 
     def _bind_silu_mul(self, gate_up, out):
@@ -247,8 +257,10 @@ class DslOps(NumpyOps):
         norms = HeadNorms(rand(d), rand(d), 1e-6) if self._rms_head is not None else None
         checks = {}
         for ops in (self, ref):
-            y = aligned_zeros(x.shape)
+            y, y2, x2 = aligned_zeros(x.shape), aligned_zeros(x.shape), aligned_zeros(x.shape)
             ops.rmsnorm(x, w, 1e-5, out=y)
+            x2[...] = x
+            ops.add_rmsnorm(x2, x, w, 1e-5, out=y2)  # x2 = 2 x, y2 its norm
             s = [aligned_zeros((3, gu.shape[1] // 2)) for gu in gate_ups]
             for gu, out in zip(gate_ups, s, strict=True):
                 ops.silu_mul(gu, out=out)
@@ -260,7 +272,8 @@ class DslOps(NumpyOps):
             rq, rk = aligned_zeros((3, h, d)), aligned_zeros((3, kvh, d))  # apart: compact rope
             rq[...], rk[...] = qk[:, :h], qk[:, h:]
             ops.rope(rq, rk, pos, cos, sin, norms)
-            checks[ops is self] = (y, np.concatenate(s, axis=1), r, cache.astype(np.float32),
+            checks[ops is self] = (y, np.concatenate([x2, y2]), np.concatenate(s, axis=1), r,
+                                   cache.astype(np.float32),
                                    np.concatenate([rq, rk], axis=1))
         kv = aligned_zeros((2, 9, 2, kvh, d), kv_dtype(self.kv_dtype))
         kv[...] = rng.standard_normal(kv.shape, dtype=np.float32)
@@ -277,9 +290,9 @@ class DslOps(NumpyOps):
             a = aligned_zeros((3, h * d))
             ops.attention(qkv3[:, :h], pre[0], pre[1], [(0, 2, 3)], 0.125, out=a)
             checks[ops is self] += (a,)
-        names = ("rmsnorm", "silu_mul", "rope_kv on QKV rows", "rope_kv's cache stores",
-                 "rope on compact q, k",
-                 "decode_attention", "flash_prefill_amx" if self._prefill.amx else "flash_prefill")
+        names = ("rmsnorm", "add_rmsnorm", "silu_mul", "rope_kv on QKV rows",
+                 "rope_kv's cache stores", "rope on compact q, k", "decode_attention",
+                 "flash_prefill_amx" if self._prefill.amx else "flash_prefill")
         for name, got, want in zip(names, checks[True], checks[False], strict=True):
             # bf16 products (q, k, v and P rounded): about 1e-2 on these values, where a
             # wrong mask or block is off by tenths

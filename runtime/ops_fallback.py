@@ -56,6 +56,12 @@ class NumpyOps:
         np.divide(x, var[:, None], out=out)
         np.multiply(out, w, out=out)
 
+    def add_rmsnorm(self, x: np.ndarray, r: np.ndarray, w: np.ndarray, eps: float,
+                    out: np.ndarray) -> None:
+        """x += r (the residual add), then out = rmsnorm(x) * w."""
+        np.add(x, r, out=x)
+        self.rmsnorm(x, w, eps, out)
+
     def silu_mul(self, gate_up: np.ndarray, out: np.ndarray) -> None:
         """out = silu(gate) * up for gate_up = [gate | up] along columns."""
         n = out.shape[1]

@@ -12,7 +12,7 @@ from sandwich.tuner.reference import reference_attention
 
 VLEN = 4
 EXPECTED = {"gemm", "flash_prefill", "flash_prefill_amx", "decode_attention", "paged_decode_attention", "rope",
-            "rope_kv", "rmsnorm", "silu_mul"}
+            "rope_kv", "rmsnorm", "add_rmsnorm", "silu_mul"}
 rng = np.random.default_rng(0)
 
 
@@ -61,6 +61,10 @@ def test_rmsnorm_silu_rope_match_numpy():
     y = np.zeros_like(x)
     run(load_kernel("rmsnorm"), tunables={}, vlen=VLEN, M=3, N=10, eps=1e-6, x=x, w=w, y=y)
     close(y, x / np.sqrt((x.astype(np.float64) ** 2).mean(1, keepdims=True) + 1e-6) * w)
+    r, x1 = rand(3, 10), x.copy()
+    run(load_kernel("add_rmsnorm"), tunables={}, vlen=VLEN, M=3, N=10, eps=1e-6, x=x1, r=r, w=w, y=y)
+    close(x1, x + r)  # the residual added in place, then normed
+    close(y, (x + r) / np.sqrt(((x + r).astype(np.float64) ** 2).mean(1, keepdims=True) + 1e-6) * w)
 
     gu = rand(3, 10)
     out = np.zeros((3, 5), np.float32)
