@@ -127,6 +127,7 @@ class Executor:
         self.scale = float(d) ** -0.5
         self._bound: dict[tuple[bool, int, str, int], Callable[[], object]] = {}  # see _run
         self._decode = False  # whether the forward pass running is a decode step
+        self._residual = 0  # rows of x whose residual add (x += proj) waits for the next norm
         self._gemms = model.gemms
         # MoE layers (runtime/moe.py) and the packed expert bytes they read: in all, and in the
         # latest forward call (a dense model reads none)
@@ -334,6 +335,7 @@ class Executor:
         whole = list(segments) if span is None else list(segments[:-1])  # through every layer
         n_whole = sum(n for _, _, n in whole)
         x = b["x"][:n_tok]
+        self._residual = 0  # nothing waits from a forward that raised
         if lo > 0:  # a layered prefill resumes where its previous group left its rows
             x[n_whole:] = self._carry()[: n_tok - n_whole]
             np.take(self.model.embed, ids[:n_whole], axis=0, out=x[:n_whole])
@@ -344,6 +346,7 @@ class Executor:
                 self._layer_on(layer, segments, n_tok, pos)
             elif whole:
                 self._layer_on(layer, whole, n_whole, pos[:n_whole])
+        self._add_residual()
         if hi < n_layers:
             self._carry()[: n_tok - n_whole] = x[n_whole:]
         finished = list(segments) if hi == n_layers else whole
@@ -374,7 +377,13 @@ class Executor:
         eps, d = self.cfg.rms_norm_eps, self.cfg.head_dim
         x, h = b["x"][:n_tok], b["h"][:n_tok]
         run = self._run
-        run(layer, "norm1", n_tok, lambda: ops.bind("rmsnorm", x, w.input_norm, eps, out=h))
+        if self._residual == n_tok:  # the previous layer's add, on these rows: with the norm
+            self._residual = 0
+            run(layer, "add_norm1", n_tok, lambda: ops.bind("add_rmsnorm", x, b["proj"][:n_tok],
+                                                            w.input_norm, eps, out=h))
+        else:
+            self._add_residual()
+            run(layer, "norm1", n_tok, lambda: ops.bind("rmsnorm", x, w.input_norm, eps, out=h))
         qk, v = self._qkv(layer, w, g, h, n_tok)
         q = qk[:, : self.n_q].reshape(n_tok, -1, d)
         k = qk[:, self.n_q: self.n_q + self.n_kv].reshape(n_tok, -1, d)
@@ -408,7 +417,13 @@ class Executor:
             run(layer, "down", n_tok, lambda: g.down.bind(act, w.down, proj))
         if self.allreduce is not None:
             self.allreduce(proj)
-        np.add(x, proj, out=x)
+        self._residual = n_tok  # x += proj: the next layer's norm adds it (_add_residual)
+
+    def _add_residual(self) -> None:
+        """The last layer's residual add where no norm took it: x[:n] += proj[:n]."""
+        n, self._residual = self._residual, 0
+        if n:
+            np.add(self.buffers["x"][:n], self.buffers["proj"][:n], out=self.buffers["x"][:n])
 
     def _qkv(self, layer: int, w, g, h: np.ndarray, n_tok: int) -> tuple[np.ndarray, np.ndarray]:
         """The QKV projection of `h`: (rows whose first columns are q then k, v's rows), from
