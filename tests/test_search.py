@@ -324,10 +324,26 @@ def test_sliding_window_narrows_micro_kernels():
     search, _ = _search(_good, sigma=2, reuse_patience=99)
     assert {mk.mu_m for mk in search.candidates(1)} == {1}
     assert len(search.candidates(8)) == 3
-    for m in (1, 2, 3, 4):
+    for m in (16, 32, 48):
         search.tune_m(m)
     winners = {r.schedule.micro_kernel for r in search.state.history[-2:]}
     assert set(search.candidates(64)) == winners
+
+
+def test_the_window_counts_no_skinny_m_and_keeps_taller_tiles():
+    """Winners at skinny Ms (decode, weights from DRAM) rank no tile for larger M: after them
+    every micro-kernel is a candidate. A window of larger Ms narrows the pool to its winners,
+    and to tiles taller than its largest M, which none of its Ms could run."""
+    mks = [MicroKernel(1, 64), MicroKernel(2, 64), MicroKernel(2, 32), MicroKernel(16, 64)]
+    search, _ = _search(_good, mks=mks, sigma=2, reuse_patience=99)
+    for m in (1, 2, 4, 8):
+        search.tune_m(m)
+    assert set(search.candidates(64)) == set(mks)
+    for m in (9, 12):
+        search.tune_m(m)
+    winners = {r.schedule.micro_kernel for r in search.state.history[-2:]}
+    assert MicroKernel(16, 64) not in winners
+    assert set(search.candidates(64)) == winners | {MicroKernel(16, 64)}
 
 
 def test_skinny_m_tries_only_full_panel_micro_kernels():
@@ -348,6 +364,19 @@ def test_schedule_reuse_freezes_and_skips_search():
     res = search.tune_m(64)
     assert res.reused and res.schedule == search.state.frozen
     assert len(meas.calls) - before == 1  # one timing to record its GFLOPS, no search
+
+
+def test_skinny_ms_never_freeze_the_schedule():
+    """Decode's winners stream weights at GFLOPS every larger M beats, so freezing one would
+    never fall off: patience counts only Ms past skinny_m."""
+    search, _ = _search(_good, sigma=2, reuse_patience=2)
+    for m in (1, 2, 3, 4, 8):
+        search.tune_m(m)
+    assert search.state.frozen is None
+    search.tune_m(16)
+    assert search.state.frozen is None  # one M past skinny_m: not yet
+    search.tune_m(32)
+    assert search.state.frozen is not None
 
 
 def test_resume_rebuilds_the_same_state():

@@ -220,18 +220,26 @@ class SandwichSearch:
 
     # -- the sliding window ------------------------------------------------------------
     def candidates(self, m: int) -> list[MicroKernel]:
-        """All micro-kernels for the first sigma Ms, then only the last sigma winners'.
+        """All micro-kernels until sigma Ms past skinny_m have been searched, then the last
+        sigma of those winners' and any taller than their largest M (which no M of the
+        window could run). Skinny Ms do not count: their winners stream the weights from
+        DRAM, where a tall tile gains nothing, so they ranked no tile for a larger M. Before,
+        they did, and the quick budget (sigma 4, Ms 1-4 first) searched Llama-160M's fp32
+        GEMMs with 2 x 48 tiles up to M = 2048 (Sapphire Rapids VM: gate_up at M = 512 in 24
+        ms, 200 GFLOPS, where a default tune's 9 x 48 tiles ran 270).
 
         Skinny M streams the weights from DRAM in decode: a micro-kernel narrower than the
         packed panel walks each panel in several passes over K, so each cache line would be
         fetched more than once (measured: 8 instead of 24 GB/s at M=1). Up to `skinny_m`
         only full-panel micro-kernels are tried."""
-        hist = self.state.history
-        if len(hist) < self.settings.sigma:
+        window = [r for r in self.state.history if r.m > self.settings.skinny_m]
+        window = window[-self.settings.sigma:]
+        if len(window) < self.settings.sigma:
             pool = self.all_mks
         else:
-            recent = {r.schedule.micro_kernel for r in hist[-self.settings.sigma:]}
-            pool = [mk for mk in self.all_mks if mk in recent]
+            recent = {r.schedule.micro_kernel for r in window}
+            judged = max(r.m for r in window)
+            pool = [mk for mk in self.all_mks if mk in recent or mk.mu_m > judged]
         fitting = [mk for mk in pool if mk.mu_m <= m]
         if m <= self.settings.skinny_m:
             fitting = [mk for mk in fitting if mk.mu_n == self.pack_n] or fitting
@@ -242,12 +250,17 @@ class SandwichSearch:
         """Once the sliding window has filled, freeze when the last `patience` searches
         either found nothing better than the
         previous winner (within reuse_gain), or agree on micro-kernel and polymerization
-        with slices within reuse_threshold of their running average."""
+        with slices within reuse_threshold of their running average.
+
+        Skinny Ms (up to skinny_m) never freeze it: their winners stream the weights from
+        DRAM at a rate every larger M exceeds, so the fall-off test (reuse_drop of the GFLOPS
+        at freezing) never fired, and the quick budget ran decode's 2 x 48 tile up to M =
+        2048 (Llama-160M's qkv and down in fp32, Sapphire Rapids VM)."""
         p = self.settings.reuse_patience
         if len(self.state.history) < self.settings.sigma:
             return False  # skinny Ms are still inside the sliding window: keep searching
         hist = [r for r in self.state.history if not r.reused][-p:]
-        if len(hist) < p:
+        if len(hist) < p or any(r.m <= self.settings.skinny_m for r in hist):
             return False
         if all(r.stable for r in hist):
             return True
