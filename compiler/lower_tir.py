@@ -193,16 +193,6 @@ class _Emitter(V.VectorLoops, StaticParts, TileStatements):
             return f"T.floordiv({a}, {b})" if e.op == "/" else f"T.floormod({a}, {b})"
         return f"({a} {e.op} {b})"
 
-    def lanes_alike(self, e: A.Call, args: list[str]) -> list[str]:
-        """select's values, min's and max's operands in an explicit vector loop, the loop
-        invariant ones broadcast where another varies (or select's condition does): TVM
-        takes no scalar beside a vector there (select(i < n, x[i], 0.0) failed to build)."""
-        first = 1 if e.func == "select" else 0
-        if not any(self.varies(a) for a in e.args):
-            return args
-        return [x if i < first or self.varies(a) else f"T.Broadcast({x}, {self.vlen})"
-                for i, (a, x) in enumerate(zip(e.args, args, strict=True))]
-
     def block(self, stmts, depth: int) -> None:
         start, mark = len(self.lines), len(self.pending)
         self.stmts(stmts, depth)

@@ -377,20 +377,37 @@ class VectorLoops:
         floats, each rounded in its 32-bit lane, then narrowed to 16 bits, so that each pair
         of 16-bit lanes is one int32 lane (vpmovdw); TVM's own vectoriser loaded every
         element apart (the AMX kernel's rounding of A, 64 x 3072 in cache: x1.86 on SPR)."""
-        vx, vy = (self.varies(a) for a in e.args)
-        if not (vx or vy):
-            return bf16_pair(x, y)
         vl = self.vlen
+
+        def f32(a, s: str, lanes: str) -> str:
+            """A bf16 or f16 operand (a retyped array: a bf16 KV cache) widened to f32 first,
+            exactly, as the interpreter loads it: the rounding reads f32 bits."""
+            return s if self.dtype(a) == "f32" else f'T.Cast("float32{lanes}", {s})'
+
+        if not any(self.varies(a) for a in e.args):
+            return bf16_pair(*(f32(a, s, "") for a, s in zip(e.args, (x, y), strict=True)))
         if side_by_side(*e.args, self.ramp):
             self.wide = True
             try:
-                w = self.expr(e.args[0])
+                w = f32(e.args[0], self.expr(e.args[0]), f"x{2 * vl}")
             finally:
                 self.wide = False
             return (f'T.reinterpret("int32x{vl}", '
                     f'T.Cast("uint16x{2 * vl}", {_bf16_bits(w, f"x{2 * vl}")}))')
-        x, y = (a if v else f"T.Broadcast({a}, {vl})" for a, v in ((x, vx), (y, vy)))
-        return bf16_pair(x, y, f"x{vl}")
+        x, y = (f32(a, s, f"x{vl}" if self.varies(a) else "")
+                for a, s in zip(e.args, (x, y), strict=True))
+        return bf16_pair(*self.lanes_alike(e, [x, y]), f"x{vl}")
+
+    def lanes_alike(self, e: A.Call, args: list[str]) -> list[str]:
+        """An elementwise call's operands in an explicit vector loop (bf16pair's, select's
+        values, min's and max's), the loop-invariant ones broadcast where another varies (or
+        select's condition does): TVM takes no scalar beside a vector there (select(i < n,
+        x[i], 0.0) failed to build)."""
+        first = 1 if e.func == "select" else 0
+        if not any(self.varies(a) for a in e.args):
+            return args
+        return [x if i < first or self.varies(a) else f"T.Broadcast({x}, {self.vlen})"
+                for i, (a, x) in enumerate(zip(e.args, args, strict=True))]
 
     def dot8(self, e, acc: str, w: str, p: str) -> str:
         """vpdpbusd where the target has AVX512-VNNI, else, where w's bytes stay below 128

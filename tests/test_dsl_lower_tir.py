@@ -528,3 +528,27 @@ def test_loop_invariant_operands_beside_vectors_in_an_explicit_vector_loop(vlen)
     f(n, m, tx, tp, ty)
     np.testing.assert_array_equal(tp.numpy(), want_p)
     np.testing.assert_array_equal(ty.numpy(), want_y)
+
+
+@pytest.mark.parametrize("vlen", [8, 16])
+def test_bf16pair_of_a_bf16_array_widens_it_first(vlen):
+    """bf16pair on a bf16 array (a bf16 KV cache the AMX attention packs): the values are
+    widened to f32 (exactly) before the rounding reads their bits, on a row's even and odd
+    elements, on two rows, and on one invariant value beside a varying one. Before, the
+    rounding reinterpreted bf16 lanes as 32-bit words and TVM refused the kernel."""
+    from sandwich.compiler.buffers import aligned_zeros
+    from sandwich.dsl.interp import run
+    from sandwich.dsl.load import load_source
+    from sandwich.runtime.dsl_attention import BF16, kernel_arg
+
+    kernel = load_source(BF16PAIR.replace("f32 X[n, 64]", "bf16 X[n, 64]"), file="pairs.sw").kernels[0]
+    n = 5
+    x = aligned_zeros((n, 64), BF16)
+    x[...] = np.random.default_rng(4).standard_normal((n, 64), dtype=np.float32)
+    want_p, want_q = np.zeros((n, 32), np.int32), np.zeros((n, 32), np.int32)
+    run(kernel, tunables={}, vlen=vlen, n=n, X=x.astype(np.float32), P=want_p, Q=want_q)
+    f = build_for(to_tvmscript(kernel, tunables={}, vlen=vlen), None if vlen == 8 else "avx512")
+    p, q = aligned_zeros((n, 32), np.int32), aligned_zeros((n, 32), np.int32)
+    f(n, *map(kernel_arg, (x, p, q)))
+    np.testing.assert_array_equal(p, want_p)
+    np.testing.assert_array_equal(q, want_q)
