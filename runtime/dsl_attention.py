@@ -189,13 +189,19 @@ class PrefillAttention:
     chunk's own earlier positions."""
 
     def __init__(self, build, *, heads: int, kv_heads: int, head_dim: int, max_tokens: int,
-                 max_seq: int, vlen: int, registers: int = 16, amx: bool = False) -> None:
+                 max_seq: int, vlen: int, registers: int = 16, amx: bool = False,
+                 kv_dtype: str = "f32") -> None:
+        """`kv_dtype`: the cache's element type, which the AMX kernel reads (the f32 kernel
+        reads compact f32 copies)."""
         from sandwich.dsl.load import load_kernel
 
         self.dims, self.amx = (heads, kv_heads, head_dim), amx
         fixed = {"H": heads, "KVH": kv_heads, "D": head_dim}
         if amx:
-            self._f = build(load_kernel("flash_prefill_amx"), fixed, {})
+            kernel = load_kernel("flash_prefill_amx")
+            if kv_dtype != "f32":
+                kernel = retyped(kernel, {"K": kv_dtype, "V": kv_dtype})
+            self._f = build(kernel, fixed, {})
         else:
             tunables = prefill_tiling(head_dim=head_dim, vlen=vlen, registers=registers)
             self._f = build(load_kernel("flash_prefill"), fixed, tunables)
@@ -217,19 +223,17 @@ class PrefillAttention:
                              f"own keys must be cached first")
         h, kvh, d = self.dims
         o = out.reshape(s, h, d)
-        rows = head_rows(q) if self.amx else None
-        if rows is not None:
+        qc = self._q[:s]
+        if self.amx:
+            rows = head_rows(q)
+            if rows is None:  # q's rows not aligned: its compact copy is rows of H heads
+                rows = qc
+                rows[...] = q
             max_seq, max_batch = k_cache.shape[:2]
             self._f(s, n_kv, h, kvh, d, rows.shape[1], max_seq, max_batch, slot, scale,
                     *map(kernel_arg, (rows, k_cache, v_cache, o)))
             return
-        qc = self._q[:s]
         qc[...] = q
-        if self.amx:  # q's rows not aligned: its compact copy is rows of H heads
-            max_seq, max_batch = k_cache.shape[:2]
-            self._f(s, n_kv, h, kvh, d, h, max_seq, max_batch, slot, scale,
-                    *map(kernel_arg, (qc, k_cache, v_cache, o)))
-            return
         kc, vc = self._k[:n_kv], self._v[:n_kv]
         kc[...], vc[...] = k_cache[:n_kv, slot], v_cache[:n_kv, slot]
         self._f(s, n_kv, h, kvh, d, scale, *map(kernel_arg, (qc, kc, vc, o)))

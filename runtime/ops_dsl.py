@@ -103,7 +103,8 @@ class DslOps(NumpyOps):
                                          max_tokens=rows, max_seq=max_seq, vlen=cpu.lanes_f32,
                                          registers=cpu.vector_registers,
                                          amx=attention == "bf16" and amx_attention(
-                                             head_dim=head_dim, amx=cpu.amx))
+                                             head_dim=head_dim, amx=cpu.amx),
+                                         kv_dtype=kv_dtype)
         self._q = aligned_zeros((rows, heads, head_dim))
         self._k = aligned_zeros((rows, kv_heads, head_dim))
         self._pos = aligned_zeros((rows,), np.int32)

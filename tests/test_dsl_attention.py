@@ -221,3 +221,16 @@ def test_amx_prefill_attention_reads_the_qkv_rows_and_the_cache_where_they_are(h
     want = reference_attention(*(round_bf16(np.ascontiguousarray(x)) for x in (q, k, v)), 0.125,
                                causal=True)
     np.testing.assert_allclose(out.reshape(S, heads, D), want, atol=5e-3)
+
+
+@pytest.mark.skipif(not CPU.amx, reason="this CPU has no AMX-BF16")
+@pytest.mark.parametrize("kv", ["f32", "bf16"])
+def test_amx_prefill_attention_reads_a_cache_of_either_type(kv):
+    """A bf16 model's DSL ops over a bf16 KV cache run the AMX attention retyped to read it:
+    its self-check (a prefill chunk over that cache against numpy) passes. Before, the
+    kernel took only f32 caches and the ops refused to build (mismatched K dtype)."""
+    from sandwich.runtime.ops_dsl import DslOps
+
+    ops = DslOps(max_tokens=16, max_batch=2, heads=4, kv_heads=2, head_dim=64, hidden=256,
+                 intermediate=512, max_seq=64, cpu=CPU, threads=2, kv_dtype=kv, attention="bf16")
+    assert ops._prefill.amx
