@@ -1,8 +1,9 @@
-"""`sandwichc bench amx`: the AMX bf16 GEMM (dsl/kernels/gemm_amx_bf16.sw) on a CPU with
-AMX-BF16, checked against numpy and timed beside the bf16 family's kernel (vdpbf16ps) on the
-same packed weights and M, in interleaved rounds (bench/cache_ab.py's): every AMX schedule a
-bf16 tune measures (the row split with cache-sized blocks, the panel split), so the tuner's
-choice at each M can be read off a table.
+"""`sandwichc bench amx`: the AMX GEMM (dsl/kernels/gemm_amx_bf16.sw) on a CPU with AMX-BF16,
+checked against numpy and timed beside the family's kernel of the same weight format
+(vdpbf16ps for bf16, vpdpbusd for int8 / int4) on the same packed weights and M, in
+interleaved rounds (bench/cache_ab.py's): every AMX schedule a tune measures (the row split
+with cache-sized blocks, the panel split), so the tuner's choice at each M can be read off a
+table.
 """
 
 from __future__ import annotations
@@ -14,27 +15,32 @@ import numpy as np
 from sandwich.bench.baselines.measure import check_gemm
 from sandwich.bench.cache_ab import AbRow, gemm_timer, interleaved_rounds, row_line
 from sandwich.bench.kernel_ab import build_side, check_source_args, problem
-from sandwich.compiler.gemm_dsl import amx_schedules, build_gemm_dsl
+from sandwich.compiler.gemm_dsl import amx_format, amx_schedules, build_gemm_dsl
 from sandwich.compiler.gemm_runner import aligned_empty, gemm_args
 from sandwich.compiler.target import detect_cpu
 from sandwich.errors import ConfigError
+from sandwich.tuner.tvm_measure import kernel_weights
+from sandwich.types import AMX_OP
+from sandwich.weight_formats import round_bf16
 
 
 def run_amx(*, schedule: str, n: int, k: int, ms: list[int], threads: int, rounds: int = 5,
             log: Callable[[str], None] = print) -> list[AbRow]:
     """Each AMX schedule the tuner would measure at the schedule's pack_n (B; see
-    gemm_dsl.amx_schedules) against the family's bf16 `schedule` (A, a key such as
-    gemm_bf16_mk6x64_p2x1x1_n64_s12x256x512), each checked against numpy on the bf16-rounded
-    operands, then all timed in the same interleaved rounds at every M: a row per AMX
+    gemm_dsl.amx_schedules) against the family's `schedule` (A, a key such as
+    gemm_bf16_mk6x64_p2x1x1_n64_s12x256x512 or gemm_int8-g32_mk4x64_p2x1x1_n64_s8x64x256),
+    each checked against numpy on what it multiplies (the AMX kernel: the bf16-rounded
+    operands), then all timed in the same interleaved rounds at every M: a row per AMX
     schedule and M, its ratio AMX / family. Each AMX kernel is built and called as the tuner
     and the kernel cache build and call it (gemm_dsl.build_gemm_dsl, gemm_args)."""
     [s] = check_source_args([schedule], n, k, rounds, threads, ())
-    if s.dtype != "bf16":
-        raise ConfigError(f"--schedule: the AMX kernel multiplies bf16 weights; {s.key()} is {s.dtype}")
+    if not amx_format(s.dtype, k):
+        raise ConfigError(f"--schedule: the AMX kernel multiplies bf16, int8 and int4 weights in "
+                          f"groups of 32 values; {s.key()} is {s.dtype}")
     cpu = detect_cpu()
     if not cpu.amx:
         raise ConfigError(f"this CPU ({cpu.model}, {cpu.mcpu}) has no AMX-BF16: nothing to time")
-    amxs = amx_schedules(n=n, k=k, pack_n=s.pack_n, threads=threads, cpu=cpu)
+    amxs = amx_schedules(n=n, k=k, pack_n=s.pack_n, threads=threads, cpu=cpu, dtype=s.dtype)
     if not amxs:
         raise ConfigError(f"the AMX kernel needs pack_n a multiple of 32 dividing N, K a "
                           f"multiple of 32 and threads in its domain; got pack_n {s.pack_n}, "
@@ -42,15 +48,17 @@ def run_amx(*, schedule: str, n: int, k: int, ms: list[int], threads: int, round
     family = build_side("family", None, s, n, k, threads, cpu)
     kernels = [build_gemm_dsl(a, n=n, k=k, cpu=cpu, threads=threads)["main"] for a in amxs]
     rng = np.random.default_rng(0)
-    w, ref, rows_of = problem(s, n, k, rng)  # bf16 weights, their values, A rounded to bf16
-    packed = family.prepare(w)  # the family's layout is the AMX kernel's B tiles
+    w, ref, rows_of = problem(s, n, k, rng)  # the weights, their values, A as the family rounds it
+    amx_ref = kernel_weights(ref, s.dtype, AMX_OP)  # int values times scales, rounded to bf16
+    packed = family.prepare(w)  # the family's packing is the one the AMX kernel reads
     rows = []
     for m in ms:
         a = aligned_empty((m, k))
         a[...] = rng.standard_normal((m, k), dtype=np.float32)
         c = aligned_empty((m, n))
-        want = rows_of(a)
-        check_gemm(family.run(a, packed), want, ref, what="the bf16 family")
+        want = round_bf16(a)
+        check_gemm(family.run(a, packed), rows_of(a) if rows_of else a, ref,
+                   what=f"the {s.dtype} family")
         timers = [gemm_timer(family.run, a, [packed], n, k)]
         for sched, kernel in zip(amxs, kernels, strict=True):
             args = gemm_args(a, packed, c, sched)  # wrapped once, as the cache binds a call
@@ -59,7 +67,7 @@ def run_amx(*, schedule: str, n: int, k: int, ms: list[int], threads: int, round
                 kernel(*args)
 
             run_once()
-            check_gemm(c, want, ref, what=f"the AMX kernel ({sched.key()})")
+            check_gemm(c, want, amx_ref, what=f"the AMX kernel ({sched.key()})")
             timers.append(gemm_timer(run_once, a, [packed], n, k))
         fam, *amx = interleaved_rounds(timers, rounds)
         for sched, figures in zip(amxs, amx, strict=True):

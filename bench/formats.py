@@ -25,7 +25,7 @@ from sandwich.compiler.gemm_runner import aligned_empty
 from sandwich.errors import ConfigError
 from sandwich.tuner import roofsurface as rs
 from sandwich.tuner.streaming import from_dram, rotation_copies
-from sandwich.tuner.tvm_measure import kernel_rows
+from sandwich.tuner.tvm_measure import kernel_rows, kernel_weights
 from sandwich.types import AMX_OP
 from sandwich.weight_formats import dequantize, gemm_dtype, parse_format, quantize
 
@@ -188,11 +188,12 @@ def _time_row(cache, limits, model: str, name: str, op, fmt: str, m: int,
         if rotated else [first]
     decode = m <= DECODE_MAX_M
     before = moment_read(limits) if decode else None
-    rows = kernel_rows(op.dtype, op.k)
-    t = measure_runner(name, bound_runner(gemm, out), a, ref, handles, ref_a=rows(a) if rows else None,
-                       **TIMING)
+    sched = gemm.schedule_for(m)
+    rows = kernel_rows(op.dtype, op.k, sched.op)
+    t = measure_runner(name, bound_runner(gemm, out), a, kernel_weights(ref, op.dtype, sched.op),
+                       handles, ref_a=rows(a) if rows else None, **TIMING)
     row = FormatRow(model, name, op.n, op.k, parse_format(fmt).name, m, t.timing.median_s * 1e6,
-                    t.gflops, stored / 1e6, gemm.schedule_for(m).key(), rotated)
+                    t.gflops, stored / 1e6, sched.key(), rotated)
     if decode:
         read = (before + moment_read(limits)) / 2
         row.stored_gbs = stored / t.timing.median_s / 1e9
@@ -203,9 +204,11 @@ def _time_row(cache, limits, model: str, name: str, op, fmt: str, m: int,
 def _roof(row: FormatRow, host: rs.HostRates, cpu) -> None:
     """The row's Roof-Surface bound: MBW is the read of its own moment for a decode row (the
     bandwidth drifts within seconds), the start's for the others. A row the AMX kernel runs
-    has AMX's tile rate for its MTX term (vdpbf16ps' is several times below it)."""
+    has AMX's tile rate for its MTX term (vdpbf16ps' is several times below it); one on int
+    weights has no bound: the model has no term yet for their rounding to bf16 a block at a
+    time (vector work shared by a thread's rows)."""
     amx = row.schedule.startswith(f"{AMX_OP}_")
-    if amx and not host.amx_flops:
+    if amx and (not host.amx_flops or parse_format(row.weights).quantized):
         return
     rates = dataclasses.replace(host, mbw=row.read_gbs * 1e9) if row.read_gbs else host
     sig = rs.kernel_signature(row.weights, cpu.lanes_f32, k=row.k, bf16_dot=cpu.bf16_dot)

@@ -100,14 +100,14 @@ def problem(schedule: KernelSchedule, n: int, k: int,
     """The weights in the schedule's format (quantized once: every copy packs the same
     values), the fp32 weights they stand for, and how the kernel rounds A (None: it does not)."""
     from sandwich.compiler.gemm_formats import weight_format
-    from sandwich.tuner.tvm_measure import kernel_rows
+    from sandwich.tuner.tvm_measure import kernel_rows, kernel_weights
     from sandwich.weight_formats import dequantize, quantize
 
     w = ref = rng.standard_normal((k, n), dtype=np.float32)
     if weight_format(schedule.dtype).bits != 32:
         w = quantize(w, schedule.dtype)
-        ref = dequantize(w)
-    return w, ref, kernel_rows(schedule.dtype, k)
+        ref = kernel_weights(dequantize(w), schedule.dtype, schedule.op)
+    return w, ref, kernel_rows(schedule.dtype, k, schedule.op)
 
 
 def run_kernel_ab(*, a_src: str | None, b_src: str, schedules: list[str], n: int, k: int,

@@ -57,6 +57,8 @@ class ServingResult:
     weights: str = "fp32"  # the weight format of sandwichc's GEMMs, llama.cpp's GGUF and OpenVINO's
     kv_dtype: str = "f32"  # every system's KV cache element type
     same_file: bool = False  # llama.cpp ran a GGUF model's own file (--weights auto)
+    # peer -> its version and build (llama.cpp: the CPU features its kernels were built for)
+    peer_builds: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -268,6 +270,10 @@ def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: 
     res = ServingResult(command, datetime.date.today().isoformat(), describe_machine(), threads,
                         repeats, weights=weights, kv_dtype=kv_dtype, same_file=same_file)
     max_seq = max(prompt_lens) + new_tokens
+    if "llama.cpp" in peers:
+        from sandwich.bench.serving_peers import llama_cpp_build
+
+        res.peer_builds["llama.cpp"] = llama_cpp_build()
     for model in models:
         model_dir = model_dir_for(model, work)
         model = model_dir.name if Path(model).exists() else model
@@ -367,6 +373,7 @@ def write_report(res: ServingResult, md: Path, js: Path) -> None:
     ]
     if res.skipped:
         lines.append(f"- skipped: {'; '.join(res.skipped)}")
+    lines += [f"- {peer}: {build}" for peer, build in res.peer_builds.items()]
     lines.append("- read GB/s: the machine's streaming-read bandwidth measured right after the "
                  "system's runs (median over the rounds); decode is memory-bound, so TPOTs "
                  "taken minutes apart differ by that bandwidth's drift")

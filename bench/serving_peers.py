@@ -137,6 +137,17 @@ def llama_cpp_module():
     return llama_cpp
 
 
+def llama_cpp_build() -> str:
+    """llama-cpp-python's version and the CPU features its llama.cpp was built for (a build
+    without AMX_INT8 runs Q8_0 / Q4_0 on AVX-512 VNNI; its AMX path crashed on a Sapphire
+    Rapids VM, llama.cpp issue 20824, so that machine's wheel was built with AMX off)."""
+    llama_cpp = llama_cpp_module()
+    info = llama_cpp.llama_print_system_info().decode(errors="replace")
+    features = [f.split("=")[0].strip() for f in info.replace("CPU :", "").split("|")
+                if f.strip().endswith("= 1")]
+    return f"llama-cpp-python {llama_cpp.__version__}, built for {' '.join(features)}"
+
+
 LLAMA_CPP_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 # a GGUF type -> the llama.cpp file type that, pure, holds every tensor in it
 PURE_FTYPE = {"Q4_K": "Q4_K_S", "Q5_K": "Q5_K_S"}

@@ -23,8 +23,9 @@ from sandwich.types import AMX_OP, ComputeSlice, KernelSchedule, MicroKernel, Po
 from sandwich.weight_formats import WeightFormat
 
 KERNEL = "gemm_family"
-# bf16 GEMMs on x86 AMX tiles (dsl/kernels/gemm_amx_bf16.sw): a schedule of op AMX_OP runs it
-# on the bf16 family's packed weights, so one packing serves both kernels
+# GEMMs on x86 AMX tiles, bf16 products (dsl/kernels/gemm_amx_bf16.sw): a schedule of op AMX_OP
+# runs it on the family's packed weights (bf16, or int8 / int4 rounded to bf16 a block at a
+# time), so one packing serves both kernels
 AMX_KERNEL = "gemm_amx_bf16"
 AMX_BLOCK = 32  # the C block its four accumulator tiles hold (rows and columns)
 AMX_ROWS = 256  # the most rows of A a thread's pass over W takes (amx_schedules)
@@ -166,12 +167,23 @@ def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int, 
         raise ConfigError(f"GEMM schedule {schedule.key()} is outside {KERNEL}.sw: {e}") from e
 
 
-def amx_schedules(*, n: int, k: int, pack_n: int, threads: int, cpu: CpuInfo) -> list[KernelSchedule]:
-    """The schedules that may run a bf16 GEMM of (N, K), packed pack_n wide, on AMX tiles, for
-    the tuner to measure at each M; none where the kernel cannot run it: no AMX-BF16 on
-    `cpu`, a panel or K that its 32 x 32 blocks do not divide, or `threads` outside its
-    domains. The tile (mk32x32) names the C block; the slice carries the kernel's built-in
-    blocks (b_m rows a pass, b_n columns, b_k depth); the polymerization its threads.
+def amx_format(dtype: str, k: int) -> bool:
+    """Whether the AMX kernel takes weights of this format: bf16, and int8 / int4 whose groups
+    are whole blocks of 32 values, in the family's dot8 layout (Q8Q / Q4Q; Q8_0, Q4_0, Q4_1),
+    which it rounds to bf16 a block of W at a time. Not the K-quants (super-blocks of 256)."""
+    fmt = weight_format(dtype)
+    return fmt.bits == 16 or (fmt.bits in (8, 4) and not fmt.super_group and int_activations(fmt, k))
+
+
+def amx_schedules(*, n: int, k: int, pack_n: int, threads: int, cpu: CpuInfo,
+                  dtype: str = "bf16") -> list[KernelSchedule]:
+    """The schedules that may run a GEMM of (N, K) with `dtype` weights, packed pack_n wide, on
+    AMX tiles, for the tuner to measure at each M; none where the kernel cannot run it: no
+    AMX-BF16 on `cpu`, a format it does not take (amx_format), a panel or K that its 32 x 32
+    blocks do not divide, or `threads` outside its domains. Int weights are rounded to bf16 a
+    block (b_n x b_k) at a time into a buffer that takes the block's place in L2. The tile
+    (mk32x32) names the C block; the slice carries the kernel's built-in blocks (b_m rows a
+    pass, b_n columns, b_k depth); the polymerization its threads.
     - the rows split over the threads, W in blocks of b_n columns that take a quarter of L2
       and K in blocks of b_k whose 32 rows of A take a third of L1: 768 x 768 at M = 512
       1.43x the panel split below, 2304 x 768 1.23x, lm_head 1.21x (SPR, 2 threads);
@@ -181,7 +193,7 @@ def amx_schedules(*, n: int, k: int, pack_n: int, threads: int, cpu: CpuInfo) ->
     Both take a thread's rows b_m at a time, their A within 3/8 of L2 and at most AMX_ROWS:
     at M >= 1024 the row split ran 1.45x (lm_head), 1.6x (768 x 3072) with them, the same
     at M = 512; 512 rows of K = 768 were slower than 256 (W's blocks pass once a chunk)."""
-    if not cpu.amx or pack_n % AMX_BLOCK or n % pack_n or k % AMX_BLOCK:
+    if not cpu.amx or pack_n % AMX_BLOCK or n % pack_n or k % AMX_BLOCK or not amx_format(dtype, k):
         return []
     doms = _amx_domains(cpu.lanes_f32)
     if threads not in doms["t_m"]:
@@ -194,7 +206,7 @@ def amx_schedules(*, n: int, k: int, pack_n: int, threads: int, cpu: CpuInfo) ->
 
     def schedule(split: Polymerization, b_n: int, b_k: int) -> KernelSchedule:
         return KernelSchedule(MicroKernel(AMX_BLOCK, AMX_BLOCK), ComputeSlice(b_m, b_n, b_k),
-                              split, pack_n, AMX_OP, "bf16")
+                              split, pack_n, AMX_OP, dtype)
     return [schedule(Polymerization(threads, 1, 1), max(fits_l2, default=pack_n),
                      max(fits_l1, default=AMX_BLOCK)),
             schedule(Polymerization(1, threads, 1), pack_n, whole_k)]
@@ -208,13 +220,13 @@ def _amx_domains(lanes: int) -> dict[str, tuple[int, ...]]:
     return domains(load_kernel(AMX_KERNEL), vlen=lanes)
 
 
-def amx_panel(*, n: int, k: int, pack_n: int, cpu: CpuInfo) -> int:
-    """The panel width a bf16 GEMM's weights are packed in where the AMX kernel can run it:
+def amx_panel(*, n: int, k: int, pack_n: int, cpu: CpuInfo, dtype: str = "bf16") -> int:
+    """The panel width a GEMM's weights are packed in where the AMX kernel can run it:
     `pack_n` when its 32-column blocks divide it, else 64 or 32 columns, the widest that
     divides N. On a Sapphire Rapids VM the probe ranked 48-wide panels best, which left the
     AMX kernel (5-8x the vdpbf16ps family there) out of every GEMM but lm_head; the decode
     Ms then run the family on 64-wide panels instead. `pack_n` where AMX cannot run."""
-    if not cpu.amx or k % AMX_BLOCK or pack_n % AMX_BLOCK == 0:
+    if not cpu.amx or k % AMX_BLOCK or pack_n % AMX_BLOCK == 0 or not amx_format(dtype, k):
         return pack_n
     return next((w for w in (2 * AMX_BLOCK, AMX_BLOCK) if n % w == 0 and w % cpu.lanes_f32 == 0),
                 pack_n)
@@ -223,20 +235,26 @@ def amx_panel(*, n: int, k: int, pack_n: int, cpu: CpuInfo) -> int:
 def amx_tunables(schedule: KernelSchedule) -> dict[str, int]:
     """The AMX kernel's tunable values for an AMX_OP schedule (amx_schedules)."""
     p, b = schedule.polymerization, schedule.slice
+    fmt = weight_format(schedule.dtype)
     return {"pack_n": schedule.pack_n, "t_m": p.t_m, "t_n": p.t_n, "b_m": b.b_m, "b_n": b.b_n,
-            "b_k": b.b_k}
+            "b_k": b.b_k, "bits": fmt.bits, "asym": int(not fmt.symmetric),
+            "s32": int(fmt.scale_dtype == "float32")}
 
 
 def amx_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int) -> str:
     """TVMScript of the AMX kernel for an AMX_OP schedule, called as the family is without
-    its slice: main(A[M, K], WB[N / pack_n, K / 2, pack_n], C[M, N]), M from A."""
+    its slice: main(A[M, K], <weight arrays>, C[M, N]), M from A; the weight arrays as the
+    family takes them (gemm_formats.weight_args: WB for bf16, Q8Q or Q4Q and the scales)."""
     from sandwich.dsl.load import load_kernel
 
-    if schedule.op != AMX_OP or schedule.dtype != "bf16":
-        raise ConfigError(f"schedule {schedule.key()} is not an AMX bf16 schedule")
+    if schedule.op != AMX_OP or not amx_format(schedule.dtype, k):
+        raise ConfigError(f"schedule {schedule.key()} is not an AMX schedule of a format the AMX "
+                          f"kernel takes (bf16, int8 and int4 in groups of 32 values)")
+    fmt = weight_format(schedule.dtype)
     try:
         return to_tvmscript(load_kernel(AMX_KERNEL), tunables=amx_tunables(schedule),
-                            vlen=lanes, fixed={"N": n, "K": k}, args=("A", "WB", "C"), align=4,
+                            vlen=lanes, fixed={"N": n, "K": k, "G": fmt.group_size(k)},
+                            args=("A", *weight_args(schedule.dtype, k), "C"), align=4,
                             scalars="inline", fold=True, amx=True)
     except DSLError as e:
         raise ConfigError(f"GEMM schedule {schedule.key()} is outside {AMX_KERNEL}.sw: {e}") from e

@@ -2,6 +2,8 @@
 calling convention and records, and, on a CPU with AMX-BF16, the kernel the cache serves and
 the tune that chooses it, against numpy."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -22,9 +24,9 @@ from sandwich.tuner.reference import reference_matmul
 from sandwich.tuner.trial_log import parse_schedule_key
 from sandwich.tuner.tune import tune_op
 from sandwich.tuner.tuning_db import StoredRecord
-from sandwich.tuner.tvm_measure import result_error
+from sandwich.tuner.tvm_measure import kernel_rows, kernel_weights, result_error
 from sandwich.types import AMX_OP, GemmOp, TuneRecord
-from sandwich.weight_formats import dequantize, quantize, round_bf16
+from sandwich.weight_formats import dequantize, quantize
 
 pytestmark = pytest.mark.tvm
 
@@ -44,6 +46,18 @@ def test_amx_schedules_only_where_its_32_x_32_blocks_fit():
     assert amx_schedules(n=N, k=80, pack_n=64, threads=2, cpu=spr) == []  # K not whole blocks
     assert amx_schedules(n=N, k=K, pack_n=64, threads=5, cpu=spr) == []  # outside its domains
     assert amx_schedules(n=N, k=K, pack_n=64, threads=2, cpu=cpu_for("znver4")) == []  # no AMX
+
+
+@pytest.mark.parametrize("dtype,runs", [("int8-g32", True), ("int4-g32", True), ("int4-g64-asym", True),
+                                        ("int8", True), ("int4-k", False), ("int6-k", False),
+                                        ("float32", False)])
+def test_int_weights_in_groups_of_32_run_on_amx_tiles_too(dtype, runs):
+    """Q8_0, Q4_0, Q4_1 (and int8 per column) are rounded to bf16 a block at a time; the
+    K-quants' super-blocks and fp32 (which the family's FMAs run exactly) are not offered."""
+    spr = cpu_for("sapphirerapids")
+    got = amx_schedules(n=N, k=256, pack_n=64, threads=2, cpu=spr, dtype=dtype)
+    assert [s.dtype for s in got] == ([dtype] * 2 if runs else [])
+    assert amx_panel(n=2304, k=768, pack_n=48, cpu=spr, dtype=dtype) == (64 if runs else 48)
 
 
 def test_the_amx_blocks_are_sized_from_the_caches():
@@ -76,6 +90,9 @@ def test_an_amx_kernel_is_called_as_the_family_without_its_slice():
     a, out = aligned_empty((5, K)), aligned_empty((5, N))
     wb = aligned_empty((N // 64, K // 2, 64), np.int32)
     assert len(gemm_args(a, (wb,), out, s)) == 3
+    q8 = amx_schedules(n=N, k=K, pack_n=64, threads=2, cpu=cpu_for("sapphirerapids"), dtype="int8-g32")[0]
+    assert "def main(A_h: T.handle, Q8Q_h: T.handle, S_h: T.handle, C_h: T.handle)" in \
+        amx_tvmscript(q8, n=N, k=K, lanes=16)  # the family's arrays for Q8_0
     assert any(p.name == "gemm_amx_bf16.sw" for p in lowering_files())  # it keys the cache too
 
 
@@ -86,34 +103,43 @@ def test_amx_records_are_bf16_records():
         return StoredRecord(TuneRecord("fp", "t", N, K, dtype, 1, 64, s, 900.0, 1, 0.1), 2, False)
     assert record_problem(rec("bf16"), lanes=16) is None
     assert "amx/bf16 for a float32 record" in record_problem(rec("float32"), lanes=16)
+    s = amx_schedules(n=N, k=K, pack_n=64, threads=2, cpu=cpu_for("sapphirerapids"), dtype="int4-g32")[0]
+    assert record_problem(rec("int4-g32"), lanes=16) is None
+    s = dataclasses.replace(s, dtype="int4-k")  # a format the AMX kernel does not take
+    assert "amx/int4-k for a int4-k record" in record_problem(rec("int4-k"), lanes=16)
 
 
 @pytest.mark.skipif(not HAS_AMX, reason="the CPU has no AMX-BF16")
+@pytest.mark.parametrize("dtype", ["bf16", "int8-g32", "int4-g32-asym"])
 @pytest.mark.parametrize("split", [0, 1], ids=["rows", "panels"])
-def test_the_cache_serves_an_amx_record_at_any_m(tmp_path, split):
+def test_the_cache_serves_an_amx_record_at_any_m(tmp_path, split, dtype):
     """Stored and recorded as the tuner stores a winner, then loaded by a GemmKernel (which
     asks Linux for the tile state first): 20 random M, every tail of the 32-row blocks."""
     cache = KernelCache(tmp_path)
-    s = amx_schedules(n=N, k=K, pack_n=64, threads=2, cpu=cache.cpu)[split]
+    s = amx_schedules(n=N, k=K, pack_n=64, threads=2, cpu=cache.cpu, dtype=dtype)[split]
     cache.store_kernel(build_gemm_dsl(s, n=N, k=K, cpu=cache.cpu, threads=2), n=N, k=K,
-                       dtype="bf16", schedule=s)
-    cache.db.put_record(TuneRecord(cache.fingerprint, "t", N, K, "bf16", 1, 256, s, 900.0, 1, 0.1),
+                       dtype=dtype, schedule=s)
+    cache.db.put_record(TuneRecord(cache.fingerprint, "t", N, K, dtype, 1, 256, s, 900.0, 1, 0.1),
                         threads=2)
-    gemm = KernelCache(tmp_path).gemm(n=N, k=K, dtype="bf16", threads=2)
+    gemm = KernelCache(tmp_path).gemm(n=N, k=K, dtype=dtype, threads=2)
     assert gemm.schedule_for(7).op == AMX_OP
     rng = np.random.default_rng(3)
-    assert _errors(gemm, sorted(rng.choice(np.arange(1, 300), 20, replace=False)), rng) == []
+    assert _errors(gemm, sorted(rng.choice(np.arange(1, 300), 20, replace=False)), rng, dtype) == []
 
 
-def _errors(gemm, ms, rng) -> list[str]:
-    """The GEMM at each M against float64 on what a bf16 kernel multiplies (A rounded to
-    bf16, the bf16 weights), as the tuner checks its candidates."""
-    qw = quantize(rng.standard_normal((K, N), dtype=np.float32), "bf16")
+def _errors(gemm, ms, rng, dtype: str = "bf16") -> list[str]:
+    """The GEMM at each M against float64 on what a kernel on AMX tiles multiplies (A rounded
+    to bf16, the weights' values times their scales rounded to bf16), as the tuner checks
+    its candidates; a family-run M against what the family multiplies."""
+    qw = quantize(rng.standard_normal((K, N), dtype=np.float32), dtype)
     wp, w = gemm.pack(qw), dequantize(qw)
     out = []
     for m in ms:
         a = rng.standard_normal((m, K), dtype=np.float32)
-        out.append(result_error(gemm(a, wp), reference_matmul(round_bf16(a), w), gemm.schedule_for(m)))
+        s = gemm.schedule_for(m)
+        rows = kernel_rows(dtype, K, s.op)
+        ref = reference_matmul(rows(a) if rows else a, kernel_weights(w, dtype, s.op))
+        out.append(result_error(gemm(a, wp), ref, s))
     return [e for e in out if e]
 
 
@@ -128,3 +154,16 @@ def test_a_bf16_tune_offers_the_amx_kernel_and_keeps_what_matches_numpy(tmp_path
     assert {r.schedule.op for r in rep.results} <= {"gemm", AMX_OP}
     gemm = cache.gemm(n=N, k=K, dtype="bf16", threads=2)
     assert _errors(gemm, [1, 5, 33, 64, 100], np.random.default_rng(4)) == []
+
+
+@pytest.mark.skipif(not HAS_AMX, reason="the CPU has no AMX-BF16")
+def test_an_int8_tune_offers_the_amx_kernel_and_keeps_what_matches_numpy(tmp_path):
+    """Q8_0 weights: the tune packs them in panels the AMX kernel takes and times it beside
+    the VNNI family at every M; whichever it records matches what it multiplies."""
+    cache = KernelCache(tmp_path)
+    rep = tune_op(names=["t"], op=GemmOp("t", N, K, "int8-g32"), seq_max=64, threads=2,
+                  budget=get_budget("tiny"), cache=cache)
+    assert rep.searched > 0 and cache.verify() == []
+    assert {r.schedule.pack_n for r in rep.results} == {64}
+    gemm = cache.gemm(n=N, k=K, dtype="int8-g32", threads=2)
+    assert _errors(gemm, [1, 5, 33, 64, 100], np.random.default_rng(4), "int8-g32") == []

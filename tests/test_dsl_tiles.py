@@ -25,6 +25,18 @@ def kernel(body: str):
     return load_source(HEAD + body + "\n}", file="k.sw").kernels[0]
 
 
+BF16_W = {"bits": 16, "asym": 0, "s32": 0}  # the AMX GEMM's tunables for bf16 weights
+
+
+def amx_weights(n: int, k: int, pack_n: int, g: int, **given: np.ndarray) -> dict[str, np.ndarray]:
+    """Every weight array of the AMX GEMM: those `given`, the other formats' as zeros (the
+    interpreter takes every parameter; the built kernel only its format's)."""
+    shapes = {"WB": (k // 2, np.int32), "Q8Q": (k // 4, np.int32), "Q4Q": (k // 8, np.int32),
+              "S": (k // g, np.float16), "SF": (k // g, np.float32), "Z": (k // g, np.float16)}
+    return {name: given.get(name, np.zeros((n // pack_n, rows, pack_n), dt))
+            for name, (rows, dt) in shapes.items()}
+
+
 def bf16_product(a: np.ndarray, w: np.ndarray) -> np.ndarray:
     return round_bf16(a).astype(np.float64) @ round_bf16(w).astype(np.float64)
 
@@ -45,9 +57,38 @@ def test_the_amx_gemm_matches_numpy_in_the_interpreter(m, n, k, pack_n, t_m, t_n
     w = rng.standard_normal((k, n), dtype=np.float32)
     (wb,) = pack_weight(w, pack_n, "bf16")  # the bf16 family's packing is the B tile's layout
     c = np.full((m, n), np.nan, np.float32)
-    tunables = {"pack_n": pack_n, "t_m": t_m, "t_n": t_n, "b_m": b_m, "b_n": b_n, "b_k": b_k}
-    run(load_kernel("gemm_amx_bf16"), tunables=tunables, M=m, N=n, K=k, A=a, WB=wb, C=c)
+    tunables = {"pack_n": pack_n, "t_m": t_m, "t_n": t_n, "b_m": b_m, "b_n": b_n, "b_k": b_k, **BF16_W}
+    run(load_kernel("gemm_amx_bf16"), tunables=tunables, M=m, N=n, K=k, G=k, A=a, C=c,
+        **amx_weights(n, k, pack_n, k, WB=wb))
     np.testing.assert_allclose(c, bf16_product(a, w), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt,m,n,k,pack_n,t_m,t_n,b_m,b_n,b_k", [
+    ("int8-g32", 37, 64, 64, 32, 2, 1, 32, 32, 32),  # Q8_0: rows split, two K blocks
+    ("int4-g32", 75, 128, 96, 64, 3, 1, 64, 64, 64),  # Q4_0: the last K block half full
+    ("int4-g64-asym", 5, 128, 128, 64, 1, 2, 256, 64, 32768),  # a minimum, K whole, panels split
+    ("int8", 40, 64, 64, 64, 1, 1, 32, 64, 64)])  # a scale per column, in f32; two row chunks
+def test_the_amx_gemm_rounds_int_weights_to_bf16_a_block_at_a_time(fmt, m, n, k, pack_n, t_m, t_n,
+                                                                   b_m, b_n, b_k):
+    """Int weights in the family's dot8 layout (Q8Q / Q4Q) become bf16 pairs a block of W at a
+    time, value * scale (+ minimum) as ggml dequantizes them: the products are those of the
+    bf16 kernel on the dequantized weights, each rounded to bf16."""
+    from sandwich.compiler.gemm_dsl import amx_tunables
+    from sandwich.compiler.gemm_formats import weight_args
+    from sandwich.types import AMX_OP, ComputeSlice, KernelSchedule, MicroKernel, Polymerization
+    from sandwich.weight_formats import dequantize, parse_format, quantize
+
+    rng = np.random.default_rng(m + n + k)
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    qw = quantize(rng.standard_normal((k, n), dtype=np.float32), fmt)
+    arrays = dict(zip(weight_args(fmt, k), pack_weight(qw, pack_n, fmt), strict=True))
+    s = KernelSchedule(MicroKernel(32, 32), ComputeSlice(b_m, b_n, b_k), Polymerization(t_m, t_n, 1),
+                       pack_n, AMX_OP, fmt)
+    c = np.full((m, n), np.nan, np.float32)
+    g = parse_format(fmt).group_size(k)
+    run(load_kernel("gemm_amx_bf16"), tunables=amx_tunables(s), M=m, N=n, K=k, G=g, A=a, C=c,
+        **amx_weights(n, k, pack_n, g, **arrays))
+    np.testing.assert_allclose(c, bf16_product(a, dequantize(qw)), rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("b_k,want_rows", [
@@ -64,9 +105,9 @@ def test_the_amx_gemm_prefetches_the_next_block_of_w_while_its_rows_run(b_k, wan
     (wb,) = pack_weight(w, pack_n, "bf16")
     c = np.full((m, n), np.nan, np.float32)
     seen: list = []
-    tunables = {"pack_n": pack_n, "t_m": 1, "t_n": 1, "b_m": 128, "b_n": 64, "b_k": b_k}
-    run(load_kernel("gemm_amx_bf16"), tunables=tunables, prefetches=seen, M=m, N=n, K=k, A=a,
-        WB=wb, C=c)
+    tunables = {"pack_n": pack_n, "t_m": 1, "t_n": 1, "b_m": 128, "b_n": 64, "b_k": b_k, **BF16_W}
+    run(load_kernel("gemm_amx_bf16"), tunables=tunables, prefetches=seen, M=m, N=n, K=k, G=k,
+        A=a, C=c, **amx_weights(n, k, pack_n, k, WB=wb))
     np.testing.assert_allclose(c, bf16_product(a, w), rtol=1e-5, atol=1e-4)
     lines = [(p, kk, j // 16) for name, (p, kk, j) in seen]
     assert {name for name, _ in seen} == {"WB"} and all(j % 16 == 0 for _, (_, _, j) in seen)
@@ -163,7 +204,7 @@ def test_the_amx_gemm_builds_for_sapphire_rapids_and_nowhere_without_amx():
     k = load_kernel("gemm_amx_bf16")
     spr, zen4 = cpu_for("sapphirerapids"), cpu_for("znver4")
     assert spr.amx and not zen4.amx
-    tunables = {"pack_n": 64, "t_m": 2, "t_n": 1, "b_m": 256, "b_n": 640, "b_k": 256}
+    tunables = {"pack_n": 64, "t_m": 2, "t_n": 1, "b_m": 256, "b_n": 640, "b_k": 256, **BF16_W}
     src = to_tvmscript(k, tunables=tunables, vlen=16, isa=spr.isa, amx=spr.amx)
     ex = tvm.compile(parse_tvmscript(src), target=tvm_target(spr, 2))
     asm = getattr(ex, "mod", ex).inspect_source("asm")
@@ -188,19 +229,24 @@ def test_linux_refuses_the_tile_state_on_a_cpu_without_amx():
 
 
 BF16 = "gemm_bf16_mk2x32_p1x2x1_n32_s4x32x64"
+Q8_0 = "gemm_int8-g32_mk2x32_p1x2x1_n32_s4x32x64"
 
 
 @pytest.mark.tvm
-def test_bench_amx_checks_and_times_both_kernels_with_the_interpreter_standing_in(monkeypatch):
-    """On a CPU with AMX, `bench amx` builds the AMX kernel, checks it and the family's bf16
-    kernel against numpy and times them in rounds. Here the interpreter runs the AMX kernel
-    in place of the CPU, so all but the hardware is exercised; a wrong AMX result is refused."""
+@pytest.mark.parametrize("key", [BF16, Q8_0])
+def test_bench_amx_checks_and_times_both_kernels_with_the_interpreter_standing_in(monkeypatch, key):
+    """On a CPU with AMX, `bench amx` builds the AMX kernel, checks it and the family's kernel
+    of the same format (bf16, or Q8_0's on 8-bit activations) against numpy and times them in
+    rounds. Here the interpreter runs the AMX kernel in place of the CPU, so all but the
+    hardware is exercised; a wrong AMX result is refused."""
     import dataclasses
 
     from sandwich.bench import amx as bench_amx
     from sandwich.compiler.gemm_dsl import amx_tunables
+    from sandwich.compiler.gemm_formats import weight_args
     from sandwich.compiler.target import detect_cpu
     from sandwich.errors import SandwichError
+    from sandwich.weight_formats import parse_format
 
     cpu = detect_cpu()
     monkeypatch.setattr(bench_amx, "detect_cpu", lambda: dataclasses.replace(
@@ -208,26 +254,31 @@ def test_bench_amx_checks_and_times_both_kernels_with_the_interpreter_standing_i
     wrong = []
 
     def interpreted(schedule, *, n, k, cpu, threads):
-        """The AMX schedule's kernel in the interpreter, called as the built one is (A, WB, C)."""
-        def main(ta, tw, tc):
-            a = np.from_dlpack(ta)
+        """The AMX schedule's kernel in the interpreter, called as the built one is (A, the
+        format's weight arrays, C)."""
+        def main(ta, *rest):
+            a, tc = np.from_dlpack(ta), rest[-1]
             c = np.empty((a.shape[0], n), np.float32)
+            g = parse_format(schedule.dtype).group_size(k)
+            weights = {name: np.from_dlpack(t) for name, t in
+                       zip(weight_args(schedule.dtype, k), rest[:-1], strict=True)}
             run(load_kernel("gemm_amx_bf16"), tunables=amx_tunables(schedule), M=a.shape[0], N=n,
-                K=k, A=a, WB=np.from_dlpack(tw), C=c)
+                K=k, G=g, A=a, C=c, **amx_weights(n, k, schedule.pack_n, g, **weights))
             np.from_dlpack(tc)[...] = c * (2 if wrong else 1)
         return {"main": main}
 
     monkeypatch.setattr(bench_amx, "build_gemm_dsl", interpreted)
     lines = []
-    rows = bench_amx.run_amx(schedule=BF16, n=64, k=64, ms=[5, 33], threads=2, rounds=2,
+    rows = bench_amx.run_amx(schedule=key, n=64, k=64, ms=[5, 33], threads=2, rounds=2,
                              log=lines.append)
     # a row for each AMX schedule the tuner measures (the rows split, the panels split) at each M
     assert [(r.m, len(r.a_gflops), len(r.b_gflops)) for r in rows] == [(5, 2, 2)] * 2 + [(33, 2, 2)] * 2
     assert len(lines) == 4 and "B/A" in lines[0]
-    assert "AMX amx_bf16_mk32x32_p2x1x1_n32_" in lines[0] and "_p1x2x1_n32_" in lines[1]
+    dtype = key.split("_")[1]
+    assert f"AMX amx_{dtype}_mk32x32_p2x1x1_n32_" in lines[0] and "_p1x2x1_n32_" in lines[1]
     wrong.append(True)
     with pytest.raises(SandwichError, match="the AMX kernel"):
-        bench_amx.run_amx(schedule=BF16, n=64, k=64, ms=[5], threads=2, rounds=1)
+        bench_amx.run_amx(schedule=key, n=64, k=64, ms=[5], threads=2, rounds=1)
 
 
 def test_bench_amx_refuses_a_cpu_without_amx_and_a_format_it_does_not_take():
@@ -236,8 +287,8 @@ def test_bench_amx_refuses_a_cpu_without_amx_and_a_format_it_does_not_take():
 
     from sandwich.compiler.target import detect_cpu
 
-    one_line_error(cli("bench", "amx", "--schedule", "gemm_int8-g32_mk4x64_p1x2x1_n64_s8x64x256",
-                       "--n", "64", "--k", "64", "--threads", "2"), "multiplies bf16 weights")
+    one_line_error(cli("bench", "amx", "--schedule", "gemm_int4-k_mk4x64_p1x2x1_n64_s8x64x256",
+                       "--n", "64", "--k", "256", "--threads", "2"), "groups of 32 values; ")
     if not detect_cpu().amx:
         one_line_error(cli("bench", "amx", "--schedule", BF16, "--n", "64", "--k", "64",
                            "--threads", "2"), "has no AMX-BF16")

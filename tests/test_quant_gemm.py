@@ -12,7 +12,6 @@ import pytest
 from conftest import tune_model
 from gguf_tiny import write_tiny_gguf
 
-from sandwich.compiler.gemm_formats import quantized_activations
 from sandwich.compiler.gemm_runner import pack_weight
 from sandwich.errors import ConfigError, ShapeError
 from sandwich.models import load_model_config
@@ -155,25 +154,45 @@ def test_gguf_q8_0_blocks_run_as_stored_and_give_transformers_logits(q8_gguf, ca
     assert _error_against_transformers(q8_gguf, model) <= 1e-4
 
 
+# an HF linear layer's name -> the GEMM of ours that runs it
+GEMM_OF = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "o_proj": "o", "gate_proj": "gate_up",
+           "up_proj": "gate_up", "down_proj": "down", "lm_head": "lm_head"}
+
+
 def _error_against_transformers(gguf, model) -> float:
     """Max relative error of our last-token logits against HF transformers reading the same
-    GGUF, each linear layer's input rounded to 8 bits per 32 values as our kernels round it."""
+    GGUF, each linear layer's operands rounded as the kernel that runs it at the prompt's M
+    rounds them: the family's input to 8 bits per 32 values; on AMX tiles (an AMX CPU's tune
+    may pick them even at M = 8) input and weights to bf16 (tvm_measure.kernel_rows,
+    kernel_weights)."""
     import torch
     import transformers
 
     from sandwich.runtime.executor import Executor
+    from sandwich.tuner.tvm_measure import kernel_rows, kernel_weights
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
                                                            dtype=torch.float32).eval()
     ex = Executor(model, max_batch=1, max_seq=32, max_tokens=16, ops="dsl", threads=2)
     prompt = [5, 9, 200, 17, 33, 100, 250, 7]
-    def rounded(module, args):
-        x = args[0].numpy()
-        return (torch.from_numpy(quantized_activations(x.reshape(-1, x.shape[-1])).astype(
-            np.float32).reshape(x.shape)),)
 
-    for lin in (m for m in hf.modules() if isinstance(m, torch.nn.Linear)):
-        lin.register_forward_pre_hook(rounded)
+    def rounding(rows):
+        def rounded(module, args):
+            x = args[0].numpy()
+            return (torch.from_numpy(rows(x.reshape(-1, x.shape[-1])).astype(
+                np.float32).reshape(x.shape)),)
+        return rounded
+
+    for name, lin in hf.named_modules():
+        if isinstance(lin, torch.nn.Linear):
+            gemm = getattr(model.gemms, GEMM_OF[name.rsplit(".", 1)[-1]])
+            s = gemm.schedule_for(1 if name.endswith("lm_head") else len(prompt))
+            rows = kernel_rows(gemm.dtype, gemm.k, s.op)
+            if rows is not None:
+                lin.register_forward_pre_hook(rounding(rows))
+            # a Parameter of its own: a tied lm_head's rounding must not reach the embedding
+            w = kernel_weights(lin.weight.detach().numpy().T, gemm.dtype, s.op).T
+            lin.weight = torch.nn.Parameter(torch.from_numpy(np.ascontiguousarray(w)))
     with torch.no_grad():
         ref = hf(torch.tensor([prompt])).logits[0, -1].numpy()
     _, logits = ex.start(prompt)
@@ -339,7 +358,7 @@ def test_bench_formats_reads_large_weights_from_dram_at_every_m(monkeypatch):
         return SimpleNamespace(timing=SimpleNamespace(median_s=1e-3), gflops=1.0)
 
     gemm = SimpleNamespace(pack=lambda w: np.ascontiguousarray(w),
-                           schedule_for=lambda m: SimpleNamespace(key=lambda: "s"))
+                           schedule_for=lambda m: SimpleNamespace(key=lambda: "s", op="gemm"))
     cache = SimpleNamespace(gemm=lambda **kw: gemm)
     monkeypatch.setattr(formats, "measure_runner", fake_measure)
     monkeypatch.setattr(formats, "bound_runner", lambda g, out: None)

@@ -344,6 +344,18 @@ def test_report_says_how_each_system_holds_int_weights(tmp_path):
     assert "llama.cpp: Q4_0 made by llama.cpp's own quantizer" in text
     assert "already in int4-g32's blocks run as stored" in text  # not "dequantized to fp32"
     assert "dequantized to fp32 by each" not in text
+    res.peer_builds["llama.cpp"] = "llama-cpp-python 0.3.36, built for AVX512 AVX512_VNNI"
+    bench_serving.write_report(res, tmp_path / "s.md", tmp_path / "s.json")
+    assert "- llama.cpp: llama-cpp-python 0.3.36, built for AVX512 AVX512_VNNI" in \
+        (tmp_path / "s.md").read_text().splitlines()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python absent")
+def test_the_llama_cpp_build_names_its_version_and_cpu_features():
+    from sandwich.bench.serving_peers import llama_cpp_build
+
+    line = llama_cpp_build()
+    assert line.startswith("llama-cpp-python ") and ", built for " in line and "|" not in line
 
 
 @pytest.mark.tvm

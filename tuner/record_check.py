@@ -11,6 +11,7 @@ from sandwich.types import AMX_OP, GEMM_OP
 
 def record_problem(rec: StoredRecord, *, lanes: int) -> str | None:
     """Why this record must not be used, or None."""
+    from sandwich.compiler.gemm_dsl import amx_format
     from sandwich.compiler.gemm_template import GemmProblem, validate
 
     r = rec.record
@@ -22,10 +23,10 @@ def record_problem(rec: StoredRecord, *, lanes: int) -> str | None:
         return f"shape N={r.n} K={r.k} pack_n={r.schedule.pack_n}"
     if r.schedule.polymerization.threads > rec.threads:
         return f"{r.schedule.polymerization.threads} threads in a schedule tuned for {rec.threads}"
-    if r.schedule.dtype != r.dtype or r.schedule.op not in (GEMM_OP, AMX_OP) or \
-            (r.schedule.op == AMX_OP and r.dtype != "bf16"):
-        return f"schedule {r.schedule.op}/{r.schedule.dtype} for a {r.dtype} record"
     try:
+        if r.schedule.dtype != r.dtype or r.schedule.op not in (GEMM_OP, AMX_OP) or \
+                (r.schedule.op == AMX_OP and not amx_format(r.dtype, r.k)):
+            return f"schedule {r.schedule.op}/{r.schedule.dtype} for a {r.dtype} record"
         validate(r.schedule, GemmProblem(r.n, r.k, lanes))
     except ConfigError as e:
         return str(e)

@@ -182,8 +182,8 @@ def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget:
     op = replace(op, n=cache.kernel_n(op.n))  # a vocabulary of 49153 tunes 49168
     panels = panel_probe(cache, budget)  # once: it packs the weights and picks the tiles
     pack_n = _pack_n(cache, op.n, budget, panels)
-    if op.dtype == "bf16":  # a width the AMX kernel's blocks divide, where it can run
-        pack_n = amx_panel(n=op.n, k=op.k, pack_n=pack_n, cpu=cpu)
+    # a width the AMX kernel's blocks divide, where it can run (bf16, int8, int4)
+    pack_n = amx_panel(n=op.n, k=op.k, pack_n=pack_n, cpu=cpu, dtype=op.dtype)
     if not pack_n:
         raise ConfigError(f"GEMM {op.name}: N={op.n} is not a multiple of the vector width "
                           f"{isa.lanes}; pad the model dimension")
@@ -250,8 +250,8 @@ def _tune_shape(measure: TvmMeasure | RpcMeasure | RpcPool, *, names: list[str],
     search.resume([MResult(m, r.record.schedule, r.record.gflops, r.record.trials,
                            r.record.seconds, r.reused, r.stable) for m, r in stored.items()
                    if r.record.schedule.op != AMX_OP])
-    amx = (amx_schedules(n=op.n, k=op.k, pack_n=pack_n, threads=threads, cpu=cache.cpu)
-           if op.dtype == "bf16" and isinstance(measure, TvmMeasure) else [])
+    amx = (amx_schedules(n=op.n, k=op.k, pack_n=pack_n, threads=threads, cpu=cache.cpu,
+                         dtype=op.dtype) if isinstance(measure, TvmMeasure) else [])
     log = cache.dir / "logs" / cache.fingerprint / f"n{op.n}_k{op.k}_{op.dtype}_t{threads}.jsonl"
     log.parent.mkdir(parents=True, exist_ok=True)
     logged = 0

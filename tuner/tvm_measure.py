@@ -27,18 +27,24 @@ from sandwich.tuner.measure import MeasureResult
 from sandwich.tuner.reference import ReferenceRows, reference_matmul
 from sandwich.tuner.streaming import from_dram, llc_bytes, rotation_copies
 from sandwich.tuner.timing import gflops, time_callable
-from sandwich.types import KernelSchedule
+from sandwich.types import AMX_OP, GEMM_OP, KernelSchedule
 from sandwich.weight_formats import dequantize, quantize, round_bf16
 
 
-def kernel_rows(dtype: str, k: int) -> Callable[[np.ndarray], np.ndarray] | None:
-    """What the kernel multiplies for rows of A: for bf16 weights, A rounded to bf16; for an
-    int format with 16-bit activations, the activations as the kernel quantizes them; None
-    for A itself."""
+def kernel_rows(dtype: str, k: int, op: str = GEMM_OP) -> Callable[[np.ndarray], np.ndarray] | None:
+    """What the kernel multiplies for rows of A: for bf16 weights or on AMX tiles (`op`), A
+    rounded to bf16; for an int format with 8-bit activations, the activations as the kernel
+    quantizes them; None for A itself."""
     fmt = weight_format(dtype)
-    if fmt.bits == 16:
+    if fmt.bits == 16 or op == AMX_OP:
         return round_bf16
     return quantized_activations if int_activations(fmt, k) else None
+
+
+def kernel_weights(w: np.ndarray, dtype: str, op: str = GEMM_OP) -> np.ndarray:
+    """What the kernel multiplies for the weights `w` (dequantized, for an int format): on AMX
+    tiles, an int format's values times their scale rounded to bf16; else `w`."""
+    return round_bf16(w) if op == AMX_OP and weight_format(dtype).quantized else w
 
 
 def result_error(out: np.ndarray, ref: np.ndarray, schedule: KernelSchedule,
@@ -62,8 +68,8 @@ def check_against_numpy(func, schedule: KernelSchedule, a: np.ndarray,
         ws = np.empty((schedule.polymerization.t_k * m, n), dtype=np.float32)
     call_gemm(func, a, wp, out, schedule, ws)
     if ref is None:
-        rows = kernel_rows(schedule.dtype, a.shape[1])
-        ref = reference_matmul(rows(a) if rows else a, w)
+        rows = kernel_rows(schedule.dtype, a.shape[1], schedule.op)
+        ref = reference_matmul(rows(a) if rows else a, kernel_weights(w, schedule.dtype, schedule.op))
     return result_error(out, ref, schedule, rtol)
 
 
@@ -120,11 +126,19 @@ class TvmMeasure:
                                                  threads=self.threads, seed=self.seed,
                                                  dtype=self.dtype)
         self.c = aligned_empty((self.seq_max, self.n))
-        self.reference = ReferenceRows(self.a, self.w, kernel_rows(self.dtype, self.k))
+        self._references: dict[str, ReferenceRows] = {}  # op -> what its kernel multiplies
         self.ws_buf = np.empty(0, dtype=np.float32)
         self._streamed: list[tuple[np.ndarray, ...]] = []
         self._wrapped: dict[bool, list[tuple]] = {}  # cold -> each copy's arrays, wrapped once
         self._best_s: dict[int, float] = {}  # M -> the fastest run timed at it
+
+    def reference(self, op: str, m: int) -> np.ndarray:
+        """The float64 product of A[:m] and W as a kernel of `op` multiplies them (the AMX
+        kernel in bf16), each row computed once per op."""
+        if op not in self._references:
+            self._references[op] = ReferenceRows(self.a, kernel_weights(self.w, self.dtype, op),
+                                                 kernel_rows(self.dtype, self.k, op))
+        return self._references[op](m)
 
     def streamed_weights(self) -> list[np.ndarray]:
         """Copies of the packed weights, together a rotation's bytes (8x the LLC, twice a
@@ -163,7 +177,7 @@ class TvmMeasure:
                 func = ex["main"]
                 for m in check_ms(schedule, self.seq_max):
                     err = check_against_numpy(func, schedule, self.a[:m], self.wp, self.w,
-                                              ref=self.reference(m))
+                                              ref=self.reference(schedule.op, m))
                     if err:
                         raise BuildError(err)
             except (BuildError, ConfigError, ShapeError) as e:  # ShapeError: a slice it cannot run

@@ -226,8 +226,9 @@ def register(sub) -> None:
     _schedule_args(st, m="8", m_help="comma-separated M values, 1 to 8", rounds=8)
     st.set_defaults(func=_run_streaming)
 
-    amx = bsub.add_parser("amx", help="the AMX bf16 GEMM (CPUs with AMX-BF16) against the bf16 "
-                          "family's kernel on the same weights, checked and timed in rounds")
+    amx = bsub.add_parser("amx", help="the AMX GEMM (CPUs with AMX-BF16; bf16, int8 and int4 "
+                          "weights) against the family's kernel of the same format on the same "
+                          "weights, checked and timed in rounds")
     _schedule_args(amx, m="512,2048", m_help="comma-separated M values", rounds=5, many=False,
                    outputs=False)
     amx.set_defaults(func=_run_amx)
