@@ -157,13 +157,27 @@ def test_a_bf16_tune_offers_the_amx_kernel_and_keeps_what_matches_numpy(tmp_path
 
 
 @pytest.mark.skipif(not HAS_AMX, reason="the CPU has no AMX-BF16")
-def test_an_int8_tune_offers_the_amx_kernel_and_keeps_what_matches_numpy(tmp_path):
+def test_an_int8_tune_offers_the_amx_kernel_and_keeps_what_matches_numpy(tmp_path, monkeypatch):
     """Q8_0 weights: the tune packs them in panels the AMX kernel takes and times it beside
-    the VNNI family at every M; whichever it records matches what it multiplies."""
+    the VNNI family at every M past decode's (there the family alone: its 8-bit activations
+    whatever the batch); whichever it records matches what it multiplies."""
+    from sandwich.tuner import tune
+
+    offered = []
+
+    def spy(measure, amx, res):
+        offered.append(res.m)
+        return amx_or_family(measure, amx, res)
+    amx_or_family = tune._amx_or_family
+    monkeypatch.setattr(tune, "_amx_or_family", spy)
     cache = KernelCache(tmp_path)
+    budget = get_budget("tiny")
     rep = tune_op(names=["t"], op=GemmOp("t", N, K, "int8-g32"), seq_max=64, threads=2,
-                  budget=get_budget("tiny"), cache=cache)
+                  budget=budget, cache=cache)
     assert rep.searched > 0 and cache.verify() == []
     assert {r.schedule.pack_n for r in rep.results} == {64}
+    decode = [r.m for r in rep.results if r.m <= budget.settings.skinny_m]
+    assert decode and offered and min(offered) > budget.settings.skinny_m
+    assert all(r.schedule.op != AMX_OP for r in rep.results if r.m in decode)
     gemm = cache.gemm(n=N, k=K, dtype="int8-g32", threads=2)
     assert _errors(gemm, [1, 5, 33, 64, 100], np.random.default_rng(4), "int8-g32") == []

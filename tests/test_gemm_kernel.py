@@ -11,7 +11,7 @@ from sandwich.compiler.gemm_template import GemmProblem, gemm_tvmscript, tail_si
 from sandwich.compiler.target import detect_cpu
 from sandwich.errors import ConfigError, ShapeError
 from sandwich.tuner.tvm_measure import TvmMeasure
-from sandwich.types import ComputeSlice, KernelSchedule, MicroKernel, Polymerization
+from sandwich.types import GEMM_OP, ComputeSlice, KernelSchedule, MicroKernel, Polymerization
 
 pytestmark = pytest.mark.tvm
 
@@ -85,16 +85,18 @@ def test_checks_reuse_reference_rows_and_catch_a_wrong_kernel():
 
     meas = TvmMeasure(CPU, 2, 4 * LANES, 64, 4 * LANES, seq_max=40)
     assert meas(_sched(2, 4 * LANES, (4, 4 * LANES, 32), (1, 1, 1), pack=4 * LANES), 17).ok
-    done = meas.reference.done  # the rows the checks needed, each computed once
+    family = meas._references[GEMM_OP]  # the family's reference (the AMX kernel has its own)
+    done = family.done  # the rows the checks needed, each computed once
     assert 1 <= done <= 40
-    assert np.allclose(meas.reference(done), reference_matmul(meas.a[:done], meas.w), rtol=1e-12)
+    assert np.allclose(meas.reference(GEMM_OP, done), reference_matmul(meas.a[:done], meas.w),
+                       rtol=1e-12)
     # rows added later extend the same reference; a row transform (the kernel's 16-bit
     # activation rounding) applies row by row
     rows = ReferenceRows(meas.a, meas.w, quantized_activations)
     rows(3)
     assert np.allclose(rows(40), reference_matmul(quantized_activations(meas.a), meas.w), rtol=1e-12)
     # a kernel that disagrees with the reference is refused, never timed
-    meas.reference._out[:done] += 1.0
+    family._out[:done] += 1.0
     res = meas(_sched(2, 4 * LANES, (8, 4 * LANES, 64), (1, 1, 1), pack=4 * LANES), 17)
     assert not res.ok and "is wrong at M=" in res.error
 

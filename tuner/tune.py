@@ -266,7 +266,10 @@ def _tune_shape(measure: TvmMeasure | RpcMeasure | RpcPool, *, names: list[str],
             guide.observe([Sample(t.schedule, t.m, op.n, op.k, t.gflops, t.phase)
                            for t in search.trials[logged:]], "+".join(names))
         logged = _append_trials(log, search, logged)
-        if amx:
+        # not at decode's Ms: a 32-row block of tiles would be mostly padding there, W streams
+        # from DRAM, and an int format's products would change from 8-bit to bf16 activations
+        # with the batch (the family won every M below 64 in SmolLM2's and Sheared's int tunes)
+        if amx and m > budget.settings.skinny_m:
             res, failed = _amx_or_family(clocked, amx, res)
             for sched, why in failed.items():  # checked before timing: never used
                 print(f"warning: GEMM {op.name}: AMX schedule {sched.key()} is left out: {why}",
