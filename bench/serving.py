@@ -270,10 +270,6 @@ def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: 
     res = ServingResult(command, datetime.date.today().isoformat(), describe_machine(), threads,
                         repeats, weights=weights, kv_dtype=kv_dtype, same_file=same_file)
     max_seq = max(prompt_lens) + new_tokens
-    if "llama.cpp" in peers:
-        from sandwich.bench.serving_peers import llama_cpp_build
-
-        res.peer_builds["llama.cpp"] = llama_cpp_build()
     for model in models:
         model_dir = model_dir_for(model, work)
         model = model_dir.name if Path(model).exists() else model
@@ -301,6 +297,10 @@ def run_serving_bench(*, models: list[str], prompt_lens: list[int], new_tokens: 
                 log(f"{model} {name:<16} prompt {n:>5}: TTFT {ttft:9.1f} ms  TPOT {tpot:8.2f} ms  "
                     f"(read {t.reads.get(name, 0.0):.1f} GB/s)"
                     + (f"  paired vs sandwichc: TTFT x{vs[0]:.2f} TPOT x{vs[1]:.2f}" if vs[0] else ""))
+    if any(r.peer == "llama.cpp" for r in res.rows):  # ran: installed (a missing one is skipped)
+        from sandwich.bench.serving_peers import llama_cpp_build
+
+        res.peer_builds["llama.cpp"] = llama_cpp_build()
     res.other_load = (load0, other_cpu_load())
     return res
 

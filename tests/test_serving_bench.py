@@ -350,6 +350,32 @@ def test_report_says_how_each_system_holds_int_weights(tmp_path):
         (tmp_path / "s.md").read_text().splitlines()
 
 
+def test_a_llama_cpp_that_does_not_load_is_skipped_and_names_no_build(tmp_path, monkeypatch):
+    """A peer whose maker raises ConfigError (llama-cpp-python not installed, say) is skipped
+    with its reason; the report names the builds of peers that ran only."""
+    from sandwich.bench import serving_peers
+
+    def absent(*a, **k):
+        raise ConfigError("llama.cpp peer needs llama-cpp-python (pip install -e .[serving])")
+
+    def sandwichc_only(makers, ids, *a, **k):
+        with pytest.raises(ConfigError):
+            makers["llama.cpp"]()
+        return bench_serving.PeerTimings({}, {}, {}, ["llama.cpp: not installed"])
+
+    monkeypatch.setattr(bench_serving, "_make_peer", absent)
+    monkeypatch.setattr(bench_serving, "time_peers", sandwichc_only)
+    monkeypatch.setattr(bench_serving, "model_dir_for", lambda m, w: tmp_path)
+    monkeypatch.setattr(bench_serving, "weights_fit", lambda *a, **k: True)
+    monkeypatch.setattr("sandwich.models.load_model_config",
+                        lambda d: type("C", (), {"vocab_size": 100})())
+    monkeypatch.setattr(serving_peers, "llama_cpp_build", absent)
+    res = bench_serving.run_serving_bench(models=["m"], prompt_lens=[4], new_tokens=2, repeats=1,
+                                          threads=2, cache=None, work=tmp_path, command="c",
+                                          peers=("sandwichc", "llama.cpp"), log=lambda _: None)
+    assert res.skipped == ["m/llama.cpp: not installed"] and res.peer_builds == {}
+
+
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python absent")
 def test_the_llama_cpp_build_names_its_version_and_cpu_features():
     from sandwich.bench.serving_peers import llama_cpp_build
