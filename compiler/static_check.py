@@ -32,11 +32,13 @@ _FMA = {"x86_64": re.compile(r"^\s*(vfn?madd\d+p[sd]|vdpbf16ps|vpdpbusds?|vpdpws
         "aarch64": re.compile(r"^\s*fmla\s")}
 _LABEL = re.compile(r"^([.\w$]+):")
 _BRANCH = re.compile(r"^\s*(j\w+|b\.\w+|b|cbn?z|tbn?z)\s+(?:.*,\s*)?([.\w$]+)\s*$")
-# a stack slot: x86 (%rsp), or (%rbp) when the function keeps a frame pointer (else it is
-# one more general register); AArch64 [sp] or [x29]. An lea only computes an address.
-_STACK = {"x86_64": re.compile(r"\(%rsp\b"), "aarch64": re.compile(r"\[(sp|x29)\b")}
-_FRAME_X86 = re.compile(r"\(%r[sb]p\b")
-_SET_FRAME_X86 = re.compile(r"^\s*movq\s+%rsp,\s*%rbp\s*$", re.M)
+# a stack slot: x86 (%rsp), AArch64 [sp]; and the frame pointer's (%rbp), [x29] when the
+# function sets one up (else it is one more general register, e.g. a pointer into A). An
+# lea only computes an address.
+_STACK = {"x86_64": re.compile(r"\(%rsp\b"), "aarch64": re.compile(r"\[sp\b")}
+_FRAME = {"x86_64": re.compile(r"\(%r[sb]p\b"), "aarch64": re.compile(r"\[(sp|x29)\b")}
+_SET_FRAME = {"x86_64": re.compile(r"^\s*movq\s+%rsp,\s*%rbp\s*$", re.M),
+              "aarch64": re.compile(r"^\s*(mov\s+x29,\s*sp|add\s+x29,\s*sp\b)", re.M)}
 _LEA = re.compile(r"^\s*lea")
 _SIGN_EXT = re.compile(r"^\s*(movslq|cltq|sxtw|sbfiz\s.*#32$)")
 
@@ -185,7 +187,7 @@ def fma_block(loop: list[str], *, arch: str = "x86_64") -> list[str]:
 
 def stack_traffic(loop: list[str], *, asm: str, arch: str = "x86_64") -> tuple[str, ...]:
     """The loop's instructions that load or store a stack slot: spills and reloads."""
-    stack = _FRAME_X86 if arch == "x86_64" and _SET_FRAME_X86.search(asm) else _STACK[arch]
+    stack = _FRAME[arch] if _SET_FRAME[arch].search(asm) else _STACK[arch]
     return tuple(x.strip() for x in loop[1:] if stack.search(x) and not _LEA.match(x))
 
 
