@@ -25,6 +25,7 @@ from sandwich.compiler.gemm_runner import aligned_empty
 from sandwich.errors import ConfigError
 from sandwich.tuner import roofsurface as rs
 from sandwich.tuner.streaming import from_dram, rotation_copies
+from sandwich.tuner.trial_log import parse_schedule_key
 from sandwich.tuner.tvm_measure import kernel_rows, kernel_weights
 from sandwich.types import AMX_OP
 from sandwich.weight_formats import dequantize, gemm_dtype, parse_format, quantize
@@ -152,7 +153,7 @@ def _paired_rows(by_fmt: dict, passes: int, time_row: Callable[[str, object], Fo
 
 def _median_pass(runs: list[FormatRow]) -> FormatRow:
     """The pass of median % of bound (the lower middle of an even count), with the range; of
-    median GFLOPS for a row without a bound (the AMX kernel's)."""
+    median GFLOPS for a row without a bound (the AMX kernel's where the machine has no AMX rate)."""
     bounded = all(r.pct_bound is not None for r in runs)
     ranked = sorted(runs, key=lambda r: r.pct_bound if bounded else r.gflops)
     row = ranked[(len(ranked) - 1) // 2]
@@ -204,14 +205,19 @@ def _time_row(cache, limits, model: str, name: str, op, fmt: str, m: int,
 def _roof(row: FormatRow, host: rs.HostRates, cpu) -> None:
     """The row's Roof-Surface bound: MBW is the read of its own moment for a decode row (the
     bandwidth drifts within seconds), the start's for the others. A row the AMX kernel runs
-    has AMX's tile rate for its MTX term (vdpbf16ps' is several times below it); one on int
-    weights has no bound: the model has no term yet for their rounding to bf16 a block at a
-    time (vector work shared by a thread's rows)."""
+    has AMX's tile rate for its MTX term (vdpbf16ps' is several times below it); on int
+    weights its VEC term is their rounding to bf16, once per chunk of the schedule's b_m rows
+    (rs.amx_signature)."""
     amx = row.schedule.startswith(f"{AMX_OP}_")
-    if amx and (not host.amx_flops or parse_format(row.weights).quantized):
+    if amx and not host.amx_flops:
         return
     rates = dataclasses.replace(host, mbw=row.read_gbs * 1e9) if row.read_gbs else host
-    sig = rs.kernel_signature(row.weights, cpu.lanes_f32, k=row.k, bf16_dot=cpu.bf16_dot)
+    if amx and parse_format(row.weights).quantized:
+        s = parse_schedule_key(row.schedule)
+        sig = rs.amx_signature(row.weights, cpu.lanes_f32, m=row.m, rows=s.slice.b_m,
+                               t_m=s.polymerization.t_m, k=row.k)
+    else:
+        sig = rs.kernel_signature(row.weights, cpu.lanes_f32, k=row.k, bf16_dot=cpu.bf16_dot)
     b = rs.bound(rates.machine(row.m, row.weights, k=row.k, amx=amx), sig,
                  rs.gemm_flops_per_op(cpu.lanes_f32, row.m))
     row.bound_gflops, row.bound_by = b.flops / 1e9, b.resource
@@ -246,7 +252,8 @@ def write_report(res: FormatsResult, md: Path, js: Path) -> None:
              "both timed in the same pass seconds apart (the median over the passes)",
              "- bound: the Roof-Surface bound (`sandwichc roofsurface`) on the FMA, dot-product "
              "and dequantization rates measured at the start (a row the AMX kernel runs, "
-             "schedule `amx_...`: AMX's tile rate as its MTX), with a decode row's own moment "
+             "schedule `amx_...`: AMX's tile rate as its MTX, and on int weights their rounding "
+             "to bf16 once per chunk of its b_m rows as VEC), with a decode row's own moment "
              "read as MBW (the start's for larger M), and the resource that sets it; MEM is "
              "the DRAM read even where the weights fit a cache",
              f"- passes: each op and M timed {res.passes} time(s) in every format, the formats "

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from sandwich.compiler.gemm_template import GemmProblem, gemm_tvmscript
-from sandwich.compiler.llvm_splice import DPBF16PS, splice_module
+from sandwich.compiler.llvm_splice import STAND_INS, splice_module
 from sandwich.compiler.target import CpuInfo, tvm_target
 from sandwich.errors import BuildError, first_line
 from sandwich.types import KernelSchedule
@@ -101,7 +101,7 @@ def compile_source(source: str, cpu: CpuInfo, threads: int, directory: Path | No
         except Exception as e:  # TVM raises many types; the user sees one line
             first = first_line(e)
             raise BuildError(f"TVM failed to compile the kernel: {first}") from e
-        ex = _remember(key, splice_module(ex) if DPBF16PS in source else ex)
+        ex = _remember(key, splice_module(ex) if any(n in source for n in STAND_INS) else ex)
     for path in paths:
         if path in stale or not path.exists():
             _keep(ex, path)

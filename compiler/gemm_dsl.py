@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sandwich.compiler.amx import request_tiles
 from sandwich.compiler.build import compile_source
-from sandwich.compiler.gemm_formats import int_activations, weight_args, weight_format
+from sandwich.compiler.gemm_formats import amx_format, int_activations, weight_args, weight_format
 from sandwich.compiler.gemm_template import GemmProblem, validate
 from sandwich.compiler.lower_tir import to_tvmscript
 from sandwich.compiler.lower_vector import sums_in_16_bits
@@ -167,14 +167,6 @@ def gemm_dsl_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int, 
         raise ConfigError(f"GEMM schedule {schedule.key()} is outside {KERNEL}.sw: {e}") from e
 
 
-def amx_format(dtype: str, k: int) -> bool:
-    """Whether the AMX kernel takes weights of this format: bf16, and int8 / int4 whose groups
-    are whole blocks of 32 values, in the family's dot8 layout (Q8Q / Q4Q; Q8_0, Q4_0, Q4_1),
-    which it rounds to bf16 a block of W at a time. Not the K-quants (super-blocks of 256)."""
-    fmt = weight_format(dtype)
-    return fmt.bits == 16 or (fmt.bits in (8, 4) and not fmt.super_group and int_activations(fmt, k))
-
-
 def amx_schedules(*, n: int, k: int, pack_n: int, threads: int, cpu: CpuInfo,
                   dtype: str = "bf16") -> list[KernelSchedule]:
     """The schedules that may run a GEMM of (N, K) with `dtype` weights, packed pack_n wide, on
@@ -241,10 +233,13 @@ def amx_tunables(schedule: KernelSchedule) -> dict[str, int]:
             "s32": int(fmt.scale_dtype == "float32")}
 
 
-def amx_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int) -> str:
+def amx_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int,
+                  isa: str | None = None, bf16_dot: bool = False) -> str:
     """TVMScript of the AMX kernel for an AMX_OP schedule, called as the family is without
     its slice: main(A[M, K], <weight arrays>, C[M, N]), M from A; the weight arrays as the
-    family takes them (gemm_formats.weight_args: WB for bf16, Q8Q or Q4Q and the scales)."""
+    family takes them (gemm_formats.weight_args: WB for bf16, Q8Q or Q4Q and the scales).
+    `isa` and `bf16_dot` (CpuInfo's): with avx512_bf16, A and int weights are rounded to bf16
+    by vcvtne2ps2bf16."""
     from sandwich.dsl.load import load_kernel
 
     if schedule.op != AMX_OP or not amx_format(schedule.dtype, k):
@@ -255,7 +250,7 @@ def amx_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int) -> st
         return to_tvmscript(load_kernel(AMX_KERNEL), tunables=amx_tunables(schedule),
                             vlen=lanes, fixed={"N": n, "K": k, "G": fmt.group_size(k)},
                             args=("A", *weight_args(schedule.dtype, k), "C"), align=4,
-                            scalars="inline", fold=True, amx=True)
+                            scalars="inline", fold=True, amx=True, isa=isa, bf16_dot=bf16_dot)
     except DSLError as e:
         raise ConfigError(f"GEMM schedule {schedule.key()} is outside {AMX_KERNEL}.sw: {e}") from e
 
@@ -268,7 +263,8 @@ def build_gemm_dsl(schedule: KernelSchedule, *, n: int, k: int, cpu: CpuInfo, th
     if schedule.op == AMX_OP:
         if not cpu.amx:
             raise ConfigError(f"schedule {schedule.key()} needs AMX-BF16, which {cpu.mcpu} lacks")
-        src = amx_tvmscript(schedule, n=n, k=k, lanes=cpu.lanes_f32)
+        src = amx_tvmscript(schedule, n=n, k=k, lanes=cpu.lanes_f32, isa=cpu.isa,
+                            bf16_dot=cpu.bf16_dot)
         request_tiles()
     else:
         src = gemm_dsl_tvmscript(schedule, n=n, k=k, lanes=cpu.lanes_f32, l2_bytes=cpu.l2_bytes,

@@ -48,6 +48,14 @@ def int_activations(fmt: WeightFormat, k: int) -> bool:
     return fmt.quantized and (fmt.group_size(k) % ACT_BLOCK == 0 or fmt.bits == 6)
 
 
+def amx_format(dtype: str, k: int) -> bool:
+    """Whether the AMX kernel takes weights of this format: bf16, and int8 / int4 whose groups
+    are whole blocks of 32 values, in the family's dot8 layout (Q8Q / Q4Q; Q8_0, Q4_0, Q4_1),
+    which it rounds to bf16 a block of W at a time. Not the K-quants (super-blocks of 256)."""
+    fmt = weight_format(dtype)
+    return fmt.bits == 16 or (fmt.bits in (8, 4) and not fmt.super_group and int_activations(fmt, k))
+
+
 def quantized_activations(a: np.ndarray) -> np.ndarray:
     """A[M, K] as the kernel sees it with act = 1 (float64): each block of 32 values along K
     rounded to 8 bits (scale max |a| / 127), in the kernel's float32 arithmetic."""

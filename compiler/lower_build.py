@@ -51,7 +51,7 @@ def build_kernel(kernel: H.Kernel, *, tunables: dict, fixed: dict | None, cpu: C
     `cpu` has AMX-BF16; for the host, this process then asks Linux for the tile state, so
     the kernel can run here."""
     source = to_tvmscript(kernel, tunables=tunables, vlen=cpu.lanes_f32, fixed=fixed,
-                          amx=cpu.amx)
+                          amx=cpu.amx, isa=cpu.isa, bf16_dot=cpu.bf16_dot)
     if any(isinstance(s, A.Tile) for s in H.walk(kernel.body)):
         request_tiles()
     return compile_source(source, cpu, threads, directory)

@@ -59,7 +59,7 @@ class _Emitter(V.VectorLoops, StaticParts, TileStatements):
         self.consts, self.vlen, self.scalars, self.fold = consts, vlen, scalars, fold
         self.amx = amx  # AMX-BF16: the tile statements (compiler/lower_tiles.py)
         self.isa = isa  # the target's vector ISA (compiler/target.py), for intrinsics
-        self.bf16_dot = bf16_dot and isa == "avx512"  # vdpbf16ps for dotbf16
+        self.bf16_dot = bf16_dot and isa == "avx512"  # vdpbf16ps for dotbf16, vcvtne2ps2bf16 for bf16pair
         self.int8_dot = int8_dot and isa == "avx512"  # vpdpbusd for dot8
         self.ramp: str | None = None  # the lane variable of an explicit vector loop
         self.ramp_start = ""  # its first lane, as TVMScript
@@ -347,7 +347,8 @@ def to_tvmscript(kernel: H.Kernel, *, tunables: dict[str, int], vlen: int,
     `scalars` says how immutable integer scalars are held (compiler/lower_static.py:
     "box", "inline" or "let"); `fold` writes constant parts of expressions as numbers.
     `isa` (CpuInfo.isa) lets the lowering use that ISA's intrinsics (madd16 and dot8:
-    pmaddwd), `bf16_dot` (the target has avx512_bf16) vdpbf16ps for dotbf16, and `int8_dot`
+    pmaddwd), `bf16_dot` (the target has avx512_bf16) vdpbf16ps for dotbf16 and
+    vcvtne2ps2bf16 for bf16pair, and `int8_dot`
     (the target has AVX512-VNNI) vpdpbusd for dot8; `amx` (AMX-BF16) the tile statements,
     which are an error without it.
     """

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sandwich.compiler.llvm_splice import DPBF16PS
+from sandwich.compiler.llvm_splice import BF16_PAIR, BF16_X32, DPBF16PS
 from sandwich.dsl import ast as A
 from sandwich.dsl.check import _names
 from sandwich.dsl.errors import DSLError
@@ -236,7 +236,8 @@ def _byte_pair(p: str, q: int) -> str:
 
 
 # vector widths with x86's vdpbf16ps (avx512_bf16): pairs of bf16 multiplied and added to
-# f32 lanes; called through a stand-in that compiler/llvm_splice.py turns into the intrinsic
+# f32 lanes, and vcvtne2ps2bf16 for bf16pair; called through stand-ins that
+# compiler/llvm_splice.py turns into the intrinsics
 DPBF16PS_LANES = (16,)
 
 
@@ -376,7 +377,9 @@ class VectorLoops:
         the odd ones, as a row of A is paired along K), one load of 2 vlen consecutive
         floats, each rounded in its 32-bit lane, then narrowed to 16 bits, so that each pair
         of 16-bit lanes is one int32 lane (vpmovdw); TVM's own vectoriser loaded every
-        element apart (the AMX kernel's rounding of A, 64 x 3072 in cache: x1.86 on SPR)."""
+        element apart (the AMX kernel's rounding of A, 64 x 3072 in cache: x1.86 on SPR).
+        Where the target has avx512_bf16 (`bf16_dot`), the rounding is vcvtne2ps2bf16 (a stand-in
+        call, compiler/llvm_splice.py) instead of eight integer ops a vector."""
         vl = self.vlen
 
         def f32(a, s: str, lanes: str) -> str:
@@ -386,16 +389,21 @@ class VectorLoops:
 
         if not any(self.varies(a) for a in e.args):
             return bf16_pair(*(f32(a, s, "") for a, s in zip(e.args, (x, y), strict=True)))
+        native = self.bf16_dot and vl in DPBF16PS_LANES  # vcvtne2ps2bf16 (llvm_splice)
         if side_by_side(*e.args, self.ramp):
             self.wide = True
             try:
                 w = f32(e.args[0], self.expr(e.args[0]), f"x{2 * vl}")
             finally:
                 self.wide = False
+            if native:
+                return f'T.call_pure_extern("int32x{vl}", "{BF16_X32}", {w})'
             return (f'T.reinterpret("int32x{vl}", '
                     f'T.Cast("uint16x{2 * vl}", {_bf16_bits(w, f"x{2 * vl}")}))')
         x, y = (f32(a, s, f"x{vl}" if self.varies(a) else "")
                 for a, s in zip(e.args, (x, y), strict=True))
+        if native:
+            return f'T.call_pure_extern("int32x{vl}", "{BF16_PAIR}", {", ".join(self.lanes_alike(e, [x, y]))})'
         return bf16_pair(*self.lanes_alike(e, [x, y]), f"x{vl}")
 
     def lanes_alike(self, e: A.Call, args: list[str]) -> list[str]:

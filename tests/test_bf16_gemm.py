@@ -168,6 +168,31 @@ def test_splice_rewrites_every_stand_in_call_and_refuses_a_foreign_one():
         splice_ir("  %1 = call <16 x float> @sandwich_dpbf16ps(<16 x float> %0, <8 x i64> %2)\n")
 
 
+def test_splice_rounds_pairs_with_vcvtne2ps2bf16():
+    """bf16pair's stand-ins: two vectors' bf16s interleaved (x low, y high: the intrinsic
+    takes the high source first, then a shuffle pairs lane j of each), and 32 consecutive
+    floats' (their halves' bf16s side by side); one declaration for both."""
+    from sandwich.compiler.llvm_splice import splice_ir
+
+    ir = ("declare <16 x i32> @sandwich_bf16pair(<16 x float>, <16 x float>) #1\n"
+          "declare <16 x i32> @sandwich_bf16x32(<32 x float>) #1\n"
+          "  %3 = tail call <16 x i32> @sandwich_bf16pair(<16 x float> %x, <16 x float> %y), !dbg !4\n"
+          "  %4 = call <16 x i32> @sandwich_bf16x32(<32 x float> %w)\n")
+    out, n = splice_ir(ir)
+    assert n == 2 and "sandwich_bf16pair" not in out and "sandwich_bf16x32" not in out
+    assert out.count("declare <32 x bfloat> @llvm.x86.avx512bf16.cvtne2ps2bf16.512(") == 1
+    assert ("%sandwich_bf0_c = call <32 x bfloat> @llvm.x86.avx512bf16.cvtne2ps2bf16.512("
+            "<16 x float> %y, <16 x float> %x)") in out
+    assert ("%sandwich_bf0_s = shufflevector <32 x bfloat> %sandwich_bf0_c, <32 x bfloat> poison, "
+            "<32 x i32> <i32 0, i32 16, i32 1, i32 17, i32 2, i32 18,") in out
+    assert "%3 = bitcast <32 x bfloat> %sandwich_bf0_s to <16 x i32>" in out
+    assert ("%sandwich_bf1_hi = shufflevector <32 x float> %w, <32 x float> poison, "
+            "<16 x i32> <i32 16, i32 17,") in out
+    assert ("%sandwich_bf1_c = call <32 x bfloat> @llvm.x86.avx512bf16.cvtne2ps2bf16.512("
+            "<16 x float> %sandwich_bf1_hi, <16 x float> %sandwich_bf1_lo)") in out
+    assert "%4 = bitcast <32 x bfloat> %sandwich_bf1_c to <16 x i32>" in out
+
+
 @pytest.mark.tvm
 @pytest.mark.parametrize("config", [None, {"heads": 2, "kv": 1}])
 def test_a_tiny_model_with_bf16_weights_gives_transformers_logits(tmp_path, cache, config):

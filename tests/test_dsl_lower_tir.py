@@ -28,10 +28,12 @@ def dev_arrays(*arrays):
     return [tvm.runtime.tensor(a, dev) for a in arrays]
 
 
-def build_for(src: str, isa: str | None, *, int8_dot: bool = False):
+def build_for(src: str, isa: str | None, *, int8_dot: bool = False, bf16: bool = False):
     """TVMScript `src` compiled for `isa` (None: a plain llvm target; with `int8_dot`,
-    AVX512-VNNI too), or a skip where this CPU cannot run that build."""
+    AVX512-VNNI too; with `bf16`, avx512_bf16 and its stand-ins spliced in), or a skip where
+    this CPU cannot run that build."""
     from sandwich.compiler.build import parse_tvmscript
+    from sandwich.compiler.llvm_splice import splice_module
     from sandwich.compiler.target import detect_cpu
 
     need = {"avx2": ("avx2", "avx512"), "avx512": ("avx512",)}.get(isa, ())
@@ -39,11 +41,14 @@ def build_for(src: str, isa: str | None, *, int8_dot: bool = False):
         pytest.skip(f"this CPU has no {isa}: that build cannot run here")
     if int8_dot and not detect_cpu().int8_dot:
         pytest.skip("this CPU has no AVX512-VNNI: the vpdpbusd build cannot run here")
+    if bf16 and not detect_cpu().bf16_dot:
+        pytest.skip("this CPU has no avx512_bf16: the vcvtne2ps2bf16 build cannot run here")
     target = {"kind": "llvm", "num-cores": 2}
     if isa:
         target["mattr"] = {"avx2": ["+avx2"], "avx512": ["+avx512f", "+avx512bw"]}[isa] + (
-            ["+avx512vnni"] if int8_dot else [])
-    return tvm.compile(parse_tvmscript(src), target=tvm.target.Target(target))["main"]
+            ["+avx512vnni"] if int8_dot else []) + (["+avx512bf16"] if bf16 else [])
+    ex = tvm.compile(parse_tvmscript(src), target=tvm.target.Target(target))
+    return (splice_module(ex) if bf16 else ex)["main"]
 
 
 def close(a, b):
@@ -467,28 +472,38 @@ kernel pairs(i32 n, f32 X[n, 64], i32 P[n, 32], i32 Q[n, 32]) {
 """
 
 
-@pytest.mark.parametrize("vlen", [8, 16])
-def test_bf16pair_in_a_vector_loop_rounds_as_numpy(vlen):
+@pytest.mark.parametrize("vlen,native", [(8, False), (16, False), (16, True)])
+def test_bf16pair_in_a_vector_loop_rounds_as_numpy(vlen, native):
     """bf16pair on a row's even and odd elements (A paired along K, as the AMX kernel rounds
     it) is one load of 2 vlen floats narrowed to 16-bit halves, not vlen loads apart; on any
-    other pair, lanes of the same arithmetic. Both round as weight_formats.round_bf16 does,
-    NaN payloads, infinities and denormals included."""
+    other pair, lanes of the same arithmetic; with avx512_bf16 (`native`), vcvtne2ps2bf16
+    (and a vpermw for the other pair). All round as weight_formats.round_bf16 does, NaN
+    payloads, infinities and denormals included, except that vcvtne2ps2bf16 reads a denormal
+    input as zero (the software rounding keeps 0x00400000's bf16, 0x0040)."""
     from sandwich.dsl.load import load_source
     from sandwich.weight_formats import round_bf16
 
     kernel = load_source(BF16PAIR, file="pairs.sw").kernels[0]
-    src = to_tvmscript(kernel, tunables={}, vlen=vlen)
-    assert "T.Ramp((2 * (" in src and f"T.Cast(\"uint16x{2 * vlen}\"" in src
-    assert src.count(f'T.reinterpret("int32x{vlen}"') == 2
+    src = to_tvmscript(kernel, tunables={}, vlen=vlen, isa="avx512" if native else None,
+                       bf16_dot=native)
+    if native:
+        assert "sandwich_bf16x32" in src and "sandwich_bf16pair" in src and "uint16" not in src
+    else:
+        assert "T.Ramp((2 * (" in src and f"T.Cast(\"uint16x{2 * vlen}\"" in src
+        assert src.count(f'T.reinterpret("int32x{vlen}"') == 2
     n = 5
     x = rng.standard_normal((n, 64), dtype=np.float32)
     special = np.array([0x7F800001, 0xFF800100, 0x7FC00000, 0x7F7FFFFF, 0x7F800000, 0x00000001,
                         0x3F808000, 0x3F818000], np.uint32).view(np.float32)  # and both ties
     x[0, :8], x[1, 40:48] = special, special
+    x[2, 5] = x[3, 37] = np.uint32(0x00400000).view(np.float32)
     bits = (round_bf16(x).view(np.uint32) >> 16).astype(np.int64)
+    if native:
+        assert bits[2, 5] == 0x0040
+        bits[2, 5] = bits[3, 37] = 0
     want_p = (bits[:, 0::2] | bits[:, 1::2] << 16).astype(np.uint32).view(np.int32)
     want_q = (bits[:, :32] | bits[:, 32:] << 16).astype(np.uint32).view(np.int32)
-    f = build_for(src, None if vlen == 8 else "avx512")
+    f = build_for(src, None if vlen == 8 else "avx512", bf16=native)
     tx, tp, tq = dev_arrays(x, np.zeros((n, 32), np.int32), np.zeros((n, 32), np.int32))
     f(n, tx, tp, tq)
     np.testing.assert_array_equal(tp.numpy(), want_p)

@@ -2,6 +2,7 @@
 in registers as they stream, checked against numpy on the dequantized weights; tuned and
 stored like fp32; a GGUF's Q8_0 / Q4_0 / Q4_1 blocks run as stored, against HF transformers."""
 
+import dataclasses
 import itertools
 import json
 import subprocess
@@ -435,3 +436,32 @@ def test_bench_formats_keeps_the_median_pass_and_checks_the_model_on_mem_bound_r
     res = formats.FormatsResult("c", "cpu", 2, 30.0, rows=[
         row(84.0), row(85.0), row(115.0), row(116.0), row(50.0, "MTX")])
     assert res.model_check() == (2, 4)  # 85% and 115% are in, 84% and 116% out, MTX not counted
+
+
+def test_bench_formats_bounds_an_amx_int_row_by_its_schedules_chunks():
+    """An int8-g32 row the AMX kernel ran gets the Roof-Surface bound of its schedule: AMX's
+    tile rate as MTX, and the rounding to bf16 once per chunk of b_m rows of each row thread
+    as VEC (32-row chunks on two threads at M = 2048: VEC-bound); without an AMX rate, none."""
+    from types import SimpleNamespace
+
+    from sandwich.bench import formats
+    from sandwich.tuner import roofsurface as rs
+
+    host = rs.HostRates(threads=2, lanes=16, mbw=30e9, fma_vector_ops=460e9 / 32, vos={},
+                        amx_flops=6000e9)
+    cpu = SimpleNamespace(lanes_f32=16, bf16_dot=True)
+
+    def row(schedule):
+        return formats.FormatRow("m", "o", 768, 768, "int8-g32", 2048, 1.0, 1500.0, 1.0, schedule)
+
+    small = row("amx_int8-g32_mk32x32_p2x1x1_n64_s32x64x768")
+    formats._roof(small, host, cpu)
+    ops = rs.AMX_ROUND_OPS[8]
+    assert small.bound_by == "VEC"
+    assert small.bound_gflops == pytest.approx(460 / 32 * 2 * 16 * 2048 / (64 * ops))
+    big = row("amx_int8-g32_mk32x32_p1x2x1_n64_s256x64x768")
+    formats._roof(big, host, cpu)
+    assert (big.bound_by, big.bound_gflops, big.pct_bound) == ("MTX", pytest.approx(6000.0), pytest.approx(25.0))
+    none = row("amx_int8-g32_mk32x32_p1x2x1_n64_s256x64x768")
+    formats._roof(none, dataclasses.replace(host, amx_flops=None), cpu)
+    assert none.bound_by is None

@@ -345,3 +345,32 @@ def test_bf16_on_amx_tiles_takes_the_tile_rate(monkeypatch):
         dataclasses.replace(host, amx_flops=None).machine(512, "bf16", amx=True)
     with pytest.raises(ConfigError, match="no AMX rate for fp32"):
         host.machine(512, "fp32", amx=True)
+    with pytest.raises(ConfigError, match="no AMX rate for int4-k"):
+        host.machine(512, "int4-k", amx=True)  # the AMX kernel does not take K-quants
+
+
+def test_int_weights_on_amx_tiles_are_bound_by_their_rounding_where_few_rows_share_it():
+    """The AMX kernel rounds int weights to bf16 once per chunk of b_m rows of each row
+    thread: AI_XV = 1 / (ops a weight vector x roundings), at the FMA rate. With the
+    largest chunks (256 rows) the tiles bound M = 512; with 32-row chunks split over two
+    threads M = 2048 rounds each vector 64 times and the rounding bounds it (VEC); at M = 1
+    the bytes do (int8-g32: 34 bytes per 32 values)."""
+    host = rs.HostRates(threads=2, lanes=16, mbw=30e9, fma_vector_ops=460e9 / 32, vos={},
+                        amx_flops=6000e9)
+    ops = rs.AMX_ROUND_OPS[8]
+    sig = rs.amx_signature("int8-g32", 16, m=512)
+    assert sig.ai_xv == pytest.approx(1 / (2 * ops))
+    assert sig.ai_xm == pytest.approx(rs.kernel_signature("int8-g32", 16).ai_xm)
+    per_op = rs.gemm_flops_per_op(16, 512)
+    assert rs.bound(host.machine(512, "int8-g32", amx=True), sig, per_op) == \
+        rs.Bound(pytest.approx(6000e9), "MTX")
+    small = rs.amx_signature("int8-g32", 16, m=2048, rows=32, t_m=2)
+    assert small.ai_xv == pytest.approx(1 / (64 * ops))
+    b = rs.bound(host.machine(2048, "int8-g32", amx=True), small, rs.gemm_flops_per_op(16, 2048))
+    assert b == rs.Bound(pytest.approx(460e9 / 32 * 2 * 16 * 2048 / (64 * ops)), "VEC")
+    one = rs.bound(host.machine(1, "int8-g32", amx=True), rs.amx_signature("int8-g32", 16, m=1),
+                   rs.gemm_flops_per_op(16, 1))
+    assert one == rs.Bound(pytest.approx(30e9 / 34 * 32 * 2), "MEM")
+    for fmt in ("int4-k", "bf16", "fp32"):
+        with pytest.raises(ConfigError, match="does not take"):
+            rs.amx_signature(fmt, 16, m=512)

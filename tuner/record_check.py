@@ -11,7 +11,7 @@ from sandwich.types import AMX_OP, GEMM_OP
 
 def record_problem(rec: StoredRecord, *, lanes: int) -> str | None:
     """Why this record must not be used, or None."""
-    from sandwich.compiler.gemm_dsl import amx_format
+    from sandwich.compiler.gemm_formats import amx_format
     from sandwich.compiler.gemm_template import GemmProblem, validate
 
     r = rec.record

@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sandwich.compiler.gemm_formats import ACT_BLOCK, int_activations, weight_format
+from sandwich.compiler.gemm_formats import ACT_BLOCK, amx_format, int_activations, weight_format
 from sandwich.errors import ConfigError
 from sandwich.weight_formats import parse_format
 
@@ -249,6 +249,17 @@ ACT8_BLOCK_DOTS, ACT8_BLOCK_SCALING = 8, 2
 ACT8_MEASURED_BLOCK = ACT8_BLOCK_DOTS + ACT8_BLOCK_SCALING + 1
 BF16_WIDEN_OPS = 1.0
 SIGNATURE_K = 4096  # K for the per-column formats' share of scale bytes and scaling ops
+# The AMX kernel on int weights (gemm_amx_bf16.sw; int8 and int4 in groups of 32) rounds each
+# block of W to bf16 pairs (wq) once per chunk of its b_m rows, before the tiles run on it.
+# Vector instructions per weight vector in its build for sapphirerapids (with avx512_bf16,
+# 2026-12-07; every vector instruction of the block's loop, loads and stores included, over
+# the weight vectors it rounds): the field's mask or shuffle (or shift and mask), its offset,
+# the conversion to f32, value x scale (an FMA with the minimum where asymmetric: int4-g32-asym
+# 6.75); and for each two weight vectors one vcvtne2ps2bf16, one vpermw that pairs them, one
+# store and the scale's vcvtph2ps. With the rounding in integer ops instead (no avx512_bf16
+# conversion), 14.76 and 14.63. They run on the vector ports the FMAs use: at the FMA rate.
+AMX_ROUND_OPS = {8: 7.25, 4: 7.125}
+AMX_ROWS = 256  # the AMX schedules' largest b_m: rows one rounding serves, where no schedule says
 
 
 @dataclass(frozen=True)
@@ -308,6 +319,21 @@ def kernel_signature(fmt_name: str, lanes: int, *, k: int = SIGNATURE_K,
     return Signature(ai_xm, math.inf if ops == 0 else 1.0 / ops)
 
 
+def amx_signature(fmt_name: str, lanes: int, *, m: int, rows: int = AMX_ROWS, t_m: int = 1,
+                  k: int = SIGNATURE_K) -> Signature:
+    """AI_XM and AI_XV of the AMX kernel on an int format's weights (an M-row GEMM): AI_XM is
+    the family's (the same bytes stream); AI_XV = 1 / the ops that round one weight vector
+    (AMX_ROUND_OPS) times how often it is rounded: once per chunk of `rows` (b_m) rows of
+    each of the t_m threads that split the rows. ConfigError for a format it does not take."""
+    fmt = parse_format(fmt_name)
+    if not fmt.quantized or fmt.bits not in AMX_ROUND_OPS or not amx_format(fmt.name, k):
+        raise ConfigError(f"the AMX kernel does not take {fmt.name} weights as int values "
+                          f"(int8 and int4 in groups of 32 values do)")
+    roundings = t_m * math.ceil(m / (t_m * rows))
+    return Signature(kernel_signature(fmt.name, lanes, k=k).ai_xm,
+                     1.0 / (AMX_ROUND_OPS[fmt.bits] * roundings))
+
+
 def gemm_flops_per_op(lanes: int, m: int) -> int:
     """FLOPs of one of our matrix ops: a weight vector in M FMAs of `lanes` lanes."""
     return 2 * lanes * m
@@ -341,12 +367,15 @@ class HostRates:
         (one takes four weight vectors' bytes) at their rate in the tile's blocks, whose
         scaling that rate includes for groups of 32 (ACT8_MEASURED_BLOCK). With `amx` (bf16
         weights in the AMX kernel) MOS is AMX's tile rate in the same weight vectors (one takes
-        2 M lanes of FLOPs); ConfigError where this machine has none measured."""
+        2 M lanes of FLOPs), and on int weights (int8, int4 in groups of 32) VOS the FMA rate,
+        at which it rounds them to bf16 (amx_signature); ConfigError where this machine has none
+        measured."""
         f = parse_format(fmt)
         vos = self.vos_for(f.name, k)
         if amx:
-            if not self.amx_flops or f.bits != 16:
+            if not self.amx_flops or not (f.bits == 16 or (f.quantized and amx_format(f.name, k))):
                 raise ConfigError(f"no AMX rate for {f.name} weights on this machine")
+            vos = vos if f.bits == 16 else self.fma_vector_ops  # int: the rounding to bf16
             return Machine(self.mbw, vos, self.amx_flops / gemm_flops_per_op(self.lanes, m))
         if f.bits == 16 and self.bf16_dot_ops:
             return Machine(self.mbw, vos, 2 * self.bf16_dot_ops / m)

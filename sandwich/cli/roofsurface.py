@@ -26,6 +26,7 @@ def register(sub) -> None:
 
 
 def _run(args) -> int:
+    from sandwich.compiler.gemm_formats import amx_format
     from sandwich.compiler.target import detect_cpu
     from sandwich.tuner import roofsurface as rs
     from sandwich.weight_formats import parse_format
@@ -53,7 +54,9 @@ def _run(args) -> int:
               f"128 (4- to 6-bit; vpdpbusd, or int4's pmaddubsw + paddw in 16 bits) (measured)")
     if host.amx_flops:
         print(f"AMX {host.amx_flops / 1e9:8.1f} GFLOPS            AMX's bf16 tile product (tdpbf16ps) on "
-              f"operands held in tiles (measured): bf16's MTX in the AMX kernel, rows 'bf16 amx'")
+              f"operands held in tiles (measured): the MTX of the AMX kernel's rows ('amx'); on "
+              f"int weights its VEC is their rounding to bf16 ({', '.join(f'{b}-bit {n:g}' for b, n in rs.AMX_ROUND_OPS.items())} "
+              f"ops a weight vector, at the FMA rate) once per {rs.AMX_ROWS} rows")
     print("VOS      G vector ops/s of each dequantization sequence alone, on registers "
           "(measured): " + ", ".join(f"{kind} {rate / 1e9:.2f}" for kind, rate in host.vos.items()))
     print("matrix op = one weight vector in M FMAs: MOS = FMA rate / M, 2 x lanes x M FLOPs "
@@ -64,11 +67,16 @@ def _run(args) -> int:
           "FMA rate")
     print(f"{'format':<14} {'M':>5} {'AI_XM op/B':>10} {'AI_XV op/vop':>12} {'VOS G/s':>8} "
           f"{'MEM':>8} {'VEC':>8} {'MTX':>8} {'bound GFLOPS':>12}  resource")
-    rows = [(name, sig, False) for name, sig in sigs.items()]
-    if host.amx_flops and "bf16" in sigs:
-        rows.insert(names.index("bf16") + 1, ("bf16", sigs["bf16"], True))
-    for name, sig, amx in rows:
+    rows = []  # (format, its signature at M, on AMX tiles)
+    for name, sig in sigs.items():
+        rows.append((name, lambda m, sig=sig: sig, False))
+        if host.amx_flops and name == "bf16":
+            rows.append((name, lambda m, sig=sig: sig, True))
+        elif host.amx_flops and parse_format(name).quantized and amx_format(name, rs.SIGNATURE_K):
+            rows.append((name, lambda m, name=name: rs.amx_signature(name, host.lanes, m=m), True))
+    for name, sig_at, amx in rows:
         for m in ms:
+            sig = sig_at(m)
             per_op = rs.gemm_flops_per_op(host.lanes, m)
             machine = host.machine(m, name, amx=amx)
             terms = {k: v * per_op / 1e9 for k, v in rs.rates(machine, sig).items()}
