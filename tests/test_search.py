@@ -482,6 +482,42 @@ def test_a_refine_also_searches_the_largest_tile_which_a_noisy_small_m_left_behi
     assert all(min(slice_args(s)) >= 1 for s, _ in meas.calls)
 
 
+def test_an_fp32_refine_also_searches_the_largest_tile_whose_prefill_loop_is_unrolled():
+    """Past 24 accumulators the family's fp32 prefill loop takes one k an iteration: a refine
+    tries the largest tile (9 x 48: 27) and the largest one it unrolls (8 x 48: 24) beside the
+    winner's; bf16, or a search that does not know the lanes, only the largest."""
+    mks = [MicroKernel(2, 48), MicroKernel(8, 48), MicroKernel(9, 48)]
+
+    def fn(s, m):  # the 2-row tile wins the small Ms (as in the test above)
+        if m < 64:
+            return _good(s, m) * (10.0 if s.micro_kernel.mu_m == 2 else 0.1)
+        return _good(s, m)
+
+    def tried(**kw):
+        meas = FakeMeasure(fn)
+        search = SandwichSearch(n=960, k=512, pack_n=48, micro_kernels=mks, threads=2, measure=meas,
+                                settings=SearchSettings(reuse_patience=99, refine_from=64), **kw)
+        for m in (16, 32):
+            search.tune_m(m)
+        assert search.state.history[-1].schedule.micro_kernel == MicroKernel(2, 48)
+        before = len(meas.calls)
+        search.tune_m(64)
+        return {s.micro_kernel for s, m in meas.calls[before:] if m == 64}
+
+    assert tried(lanes=16) == set(mks)
+    assert tried() == {MicroKernel(2, 48), MicroKernel(9, 48)}
+    assert tried(lanes=16, dtype="bf16") == {MicroKernel(2, 48), MicroKernel(9, 48)}
+
+
+def test_the_unrolled_tiles_are_the_kernels():
+    """space.PREFILL_UNROLLED_ACCUMULATORS is the bound in the family's source."""
+    from sandwich.dsl.load import builtin_kernels
+    from sandwich.tuner.space import PREFILL_UNROLLED_ACCUMULATORS
+
+    src = builtin_kernels()["gemm_family"].read_text()
+    assert f"i32 ku = mu_m * (mu_n / vlen) > {PREFILL_UNROLLED_ACCUMULATORS} ? 1 : 4;" in src
+
+
 def test_a_guided_refine_measures_every_polymerization():
     class Stingy:  # a guide that measures only what it must
         def choose(self, schedules, m, n, k, keep=1):

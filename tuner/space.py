@@ -33,6 +33,17 @@ def tallest_rows(isa: Isa, vec_n: int) -> int:
 NARROW_KEEP = 0.85
 
 
+# dsl/kernels/gemm_family.sw runs prefill's fp32 loop (M > 8) four k an iteration for tiles
+# of up to this many accumulators, one k above (unrolled, LLVM's schedule spills a 9 x 48
+# tile on skylake-avx512); a test ties the two
+PREFILL_UNROLLED_ACCUMULATORS = 24
+
+
+def unrolled_in_prefill(mk: MicroKernel, lanes: int) -> bool:
+    """Whether the fp32 family runs this tile's prefill loop four k an iteration."""
+    return mk.mu_m * (mk.mu_n // lanes) <= PREFILL_UNROLLED_ACCUMULATORS
+
+
 def micro_kernels(isa: Isa, pack_n: int, *, widths: int = 3, max_rows: int = 8,
                   panel_gflops: dict[int, float] | None = None) -> list[MicroKernel]:
     """Register tiles that fit the register file without spilling, widest first.

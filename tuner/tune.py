@@ -237,7 +237,7 @@ def _tune_shape(measure: TvmMeasure | RpcMeasure | RpcPool, *, names: list[str],
                             micro_kernels=micro_kernels(isa, pack_n, widths=budget.mk_widths,
                                                         panel_gflops=panels),
                             threads=threads, measure=clocked, settings=budget.settings,
-                            dtype=op.dtype, guide=guide, bound=bound)
+                            dtype=op.dtype, guide=guide, bound=bound, lanes=isa.lanes)
     records = cache.records(op.n, op.k, op.dtype, threads)
     if any(r.record.schedule.pack_n != pack_n for r in records):
         # tuned for another weight layout (an older sandwichc): every M shares one packing,
