@@ -15,7 +15,8 @@ import numpy as np
 from sandwich.bench.baselines.measure import check_gemm
 from sandwich.bench.cache_ab import AbRow, gemm_timer, interleaved_rounds, row_line
 from sandwich.bench.kernel_ab import build_side, check_source_args, problem
-from sandwich.compiler.gemm_dsl import amx_format, amx_schedules, build_gemm_dsl
+from sandwich.compiler.gemm_dsl import amx_schedules, build_gemm_dsl
+from sandwich.compiler.gemm_formats import amx_format
 from sandwich.compiler.gemm_runner import aligned_empty, gemm_args
 from sandwich.compiler.target import detect_cpu
 from sandwich.errors import ConfigError

@@ -482,16 +482,19 @@ class SandwichSearch:
         probe_k = self.settings.probe_k * self._k_unit(m) // K_UNIT
         return self._schedule(mk, clamp(ComputeSlice(4 * mk.mu_m, 4 * mk.mu_n, probe_k), caps), pl)
 
-    def _largest_tile(self, m: int) -> MicroKernel:
-        """The micro-kernel with the most register reuse (the largest tile) that fits M.
+    def _largest_tile(self, m: int,
+                      keep: Callable[[MicroKernel], bool] = lambda mk: True) -> MicroKernel | None:
+        """The micro-kernel with the most register reuse (the largest tile) that fits M, of
+        those `keep` takes (None where it takes none).
 
         A refine at large M also takes this one (searched beside the last winner's, or ranked
         against it by a probe where the budget keeps one micro-kernel): a winner is chosen
         on noisy timings, and one crowned in a slow moment used to carry its tile through
         every larger M (Llama-160M's gate_up on Zen 3: a 3 x 24 tile from M = 181 on, at 74%
         of the peak by median where the 4 x 24 tile runs at 83%)."""
-        fitting = [mk for mk in self.all_mks if mk.mu_m <= m] or self.all_mks
-        return max(fitting, key=lambda mk: (mk.mu_m * mk.mu_n, mk.mu_n))
+        fitting = [mk for mk in self.all_mks if mk.mu_m <= m and keep(mk)] or \
+            [mk for mk in self.all_mks if keep(mk)]
+        return max(fitting, key=lambda mk: (mk.mu_m * mk.mu_n, mk.mu_n), default=None)
 
     def _large_tiles(self, m: int) -> list[MicroKernel]:
         """The largest tile, and for fp32 the largest whose prefill loop the kernel unrolls
@@ -501,8 +504,8 @@ class SandwichSearch:
         big = self._largest_tile(m)
         if self.lanes is None or self.dtype != "float32" or unrolled_in_prefill(big, self.lanes):
             return [big]
-        fitting = [mk for mk in self.all_mks if mk.mu_m <= m and unrolled_in_prefill(mk, self.lanes)]
-        return [big] + ([max(fitting, key=lambda mk: (mk.mu_m * mk.mu_n, mk.mu_n))] if fitting else [])
+        unrolled = self._largest_tile(m, lambda mk: unrolled_in_prefill(mk, self.lanes))
+        return [big] + ([unrolled] if unrolled else [])
 
     def _rank_micro_kernels(self, mks: list[MicroKernel], m: int) -> list[MicroKernel]:
         """Micro-kernels by their probe, fastest first; those the guide left unmeasured last."""
