@@ -7,6 +7,7 @@ from sandwich.tuner.measure import MeasureResult
 from sandwich.tuner.search import MResult, SandwichSearch, SearchSettings
 from sandwich.tuner.space import (
     Isa,
+    decode_batch_tile,
     micro_kernels,
     pack_width,
     polymerizations,
@@ -353,6 +354,42 @@ def test_skinny_m_tries_only_full_panel_micro_kernels():
     assert search.candidates(9) == mks  # past skinny_m every fitting width is back
     search, _ = _search(_good, mks=[MicroKernel(2, 32)])
     assert search.candidates(4) == [MicroKernel(2, 32)]  # no full-panel kernel: keep what fits
+
+
+def test_skinny_m_also_tries_the_decode_batch_tile_of_formats_that_convert_in_the_tile():
+    mks = [MicroKernel(4, 64), MicroKernel(6, 64), MicroKernel(8, 32)]
+    meas = FakeMeasure(_good)
+    search = SandwichSearch(n=1024, k=512, pack_n=64, micro_kernels=mks, threads=2, measure=meas,
+                            batch_tile=MicroKernel(8, 32))
+    assert search.candidates(8) == mks
+    assert search.candidates(6) == mks[:2]  # the batch tile has more rows than M
+    search, _ = _search(_good, mks=mks)  # no batch tile (fp32, int8): full panels only
+    assert search.candidates(8) == mks[:2]
+
+
+def test_the_decode_batch_tile_is_the_widest_that_holds_the_batch_where_the_panel_does_not():
+    avx512, avx2 = Isa(16, 32), Isa(8, 16)
+    assert decode_batch_tile(avx512, 64, 8) == MicroKernel(8, 32)  # 4 vectors hold 6 rows
+    assert decode_batch_tile(avx512, 48, 8) is None  # 3 vectors hold 9
+    assert decode_batch_tile(avx512, 64, 6) is None
+    assert decode_batch_tile(avx2, 32, 8) == MicroKernel(8, 8)  # 2 vectors hold 6 of 16 registers
+    assert decode_batch_tile(avx512, 16, 8) is None  # one vector holds 30 rows
+
+
+def test_tune_gives_the_batch_tile_only_to_formats_that_convert_in_the_tile():
+    from sandwich.tuner.budget import BUDGETS
+    from sandwich.tuner.tune import _batch_tile
+    from sandwich.types import GemmOp
+
+    avx512, quick = Isa(16, 32), BUDGETS["quick"]
+
+    def tile(dtype, pack_n=64, bf16_dot=True):
+        return _batch_tile(avx512, GemmOp("o", 2048, 2048, dtype), pack_n, quick, bf16_dot)
+
+    assert tile("int4-g32") == tile("int4-k") == MicroKernel(8, 32)  # the nibble split
+    assert tile("float32") is tile("int8-g32") is tile("bf16") is None  # loaded as they are
+    assert tile("bf16", bf16_dot=False) == MicroKernel(8, 32)  # widened to f32 without vdpbf16ps
+    assert tile("int4-g32", pack_n=48) is None  # 48-wide panels hold the batch
 
 
 def test_schedule_reuse_freezes_and_skips_search():

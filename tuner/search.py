@@ -111,8 +111,9 @@ class SandwichSearch:
                  clock: Callable[[], float] = time.perf_counter, dtype: str = "float32",
                  guide: Guide | None = None,
                  bound: Callable[[KernelSchedule, int], float] | None = None,
-                 lanes: int | None = None) -> None:
+                 lanes: int | None = None, batch_tile: MicroKernel | None = None) -> None:
         self.n, self.k, self.pack_n, self.dtype = n, k, pack_n, dtype
+        self.batch_tile = batch_tile  # a narrower tile skinny M also tries (space.decode_batch_tile)
         self.lanes = lanes  # f32 lanes a vector: which tiles run fp32 prefill's unrolled loop
         self.all_mks = list(micro_kernels)
         self.threads = threads
@@ -234,7 +235,8 @@ class SandwichSearch:
         Skinny M streams the weights from DRAM in decode: a micro-kernel narrower than the
         packed panel walks each panel in several passes over K, so each cache line would be
         fetched more than once (measured: 8 instead of 24 GB/s at M=1). Up to `skinny_m`
-        only full-panel micro-kernels are tried."""
+        only full-panel micro-kernels are tried, and `batch_tile`, where the format converts
+        its weights in the tile (space.decode_batch_tile)."""
         window = [r for r in self.state.history if r.m > self.settings.skinny_m]
         window = window[-self.settings.sigma:]
         if len(window) < self.settings.sigma:
@@ -245,7 +247,7 @@ class SandwichSearch:
             pool = [mk for mk in self.all_mks if mk in recent or mk.mu_m > judged]
         fitting = [mk for mk in pool if mk.mu_m <= m]
         if m <= self.settings.skinny_m:
-            fitting = [mk for mk in fitting if mk.mu_n == self.pack_n] or fitting
+            fitting = [mk for mk in fitting if mk.mu_n == self.pack_n or mk == self.batch_tile] or fitting
         return fitting or [min(pool, key=lambda mk: (mk.mu_m, -mk.mu_n))]
 
     # -- schedule reuse ----------------------------------------------------------------

@@ -21,15 +21,15 @@ from sandwich.tuner.budget import Budget
 from sandwich.tuner.guide import ModelGuide
 from sandwich.tuner.kernel_cache import KernelCache
 from sandwich.tuner.machine_model import machine_model
-from sandwich.tuner.roofsurface import HostRates
+from sandwich.tuner.roofsurface import HostRates, dequantization
 from sandwich.tuner.rpc_measure import RpcMeasure, RpcTarget
 from sandwich.tuner.rpc_pool import RpcPool
 from sandwich.tuner.search import MResult, SandwichSearch
 from sandwich.tuner.search_bound import CandidateBound, tune_rates
-from sandwich.tuner.space import Isa, micro_kernels, pack_width
+from sandwich.tuner.space import Isa, decode_batch_tile, micro_kernels, pack_width
 from sandwich.tuner.trial_log import Sample
 from sandwich.tuner.tvm_measure import TvmMeasure
-from sandwich.types import AMX_OP, GemmOp, KernelSchedule, TuneRecord
+from sandwich.types import AMX_OP, GemmOp, KernelSchedule, MicroKernel, TuneRecord
 
 
 @dataclass
@@ -168,6 +168,15 @@ def _pack_n(cache: KernelCache, n: int, budget: Budget, panels: dict[int, float]
                       panel_gflops=panels)
 
 
+def _batch_tile(isa: Isa, op: GemmOp, pack_n: int, budget: Budget,
+                bf16_dot: bool) -> MicroKernel | None:
+    """The decode batch's tile (space.decode_batch_tile) where op's format converts each
+    weight vector in the tile before its products, else None."""
+    if op.dtype == "float32" or dequantization(op.dtype, op.k, bf16_dot=bf16_dot).ops == 0:
+        return None
+    return decode_batch_tile(isa, pack_n, budget.settings.skinny_m)
+
+
 def tune_op(*, names: list[str], op: GemmOp, seq_max: int, threads: int, budget: Budget,
             cache: KernelCache, on_step: Callable[[int], None] = lambda _: None,
             remote: RpcTarget | RpcPool | None = None,
@@ -233,11 +242,13 @@ def _tune_shape(measure: TvmMeasure | RpcMeasure | RpcPool, *, names: list[str],
     report = OpReport(names, op.n, op.k, op.dtype)
     clocked = _Clocked(measure)
     model_s0 = _model_seconds(guide)
+    mks = micro_kernels(isa, pack_n, widths=budget.mk_widths, panel_gflops=panels)
+    batch = _batch_tile(isa, op, pack_n, budget, cache.cpu.bf16_dot)
     search = SandwichSearch(n=op.n, k=op.k, pack_n=pack_n,
-                            micro_kernels=micro_kernels(isa, pack_n, widths=budget.mk_widths,
-                                                        panel_gflops=panels),
+                            micro_kernels=mks + [batch] if batch and batch not in mks else mks,
                             threads=threads, measure=clocked, settings=budget.settings,
-                            dtype=op.dtype, guide=guide, bound=bound, lanes=isa.lanes)
+                            dtype=op.dtype, guide=guide, bound=bound, lanes=isa.lanes,
+                            batch_tile=batch)
     records = cache.records(op.n, op.k, op.dtype, threads)
     if any(r.record.schedule.pack_n != pack_n for r in records):
         # tuned for another weight layout (an older sandwichc): every M shares one packing,
