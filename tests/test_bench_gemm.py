@@ -89,3 +89,14 @@ def test_numeric_ms_include_one_and_primes():
     assert len(ms) == 20 and ms[0] == 1 and all(1 <= m <= 2048 for m in ms)
     primes = [m for m in ms if m > 1 and all(m % d for d in range(2, int(m ** 0.5) + 1))]
     assert len(primes) >= 5
+
+
+def test_unnamed_report_outputs_go_beside_the_named_one_not_into_results():
+    from sandwich.cli.bench import report_paths
+
+    base = "results/cpus/x/gemm_vs_vendor"
+    assert report_paths(None, None, None, base) == (f"{base}.json", f"{base}.md", f"{base}.png")
+    assert report_paths("/tmp/a/g.json", None, None, base) == ("/tmp/a/g.json", "/tmp/a/g.md", "/tmp/a/g.png")
+    assert report_paths(None, "/tmp/b.md", None, base) == ("/tmp/b.json", "/tmp/b.md", "/tmp/b.png")
+    assert report_paths("/tmp/a/g.json", "/tmp/m.md", "/tmp/p.png", base) == \
+        ("/tmp/a/g.json", "/tmp/m.md", "/tmp/p.png")

@@ -41,8 +41,10 @@ def register(sub) -> None:
     g.add_argument("--peers", default="numpy,torch,openvino")
     g.add_argument("--json", dest="json_out", default=None,
                    help=f"default {GEMM_RESULTS}.json: each CPU's figures kept side by side")
-    g.add_argument("--md", default=None, help=f"default {GEMM_RESULTS}.md")
-    g.add_argument("--png", default=None, help=f"default {GEMM_RESULTS}.png")
+    g.add_argument("--md", default=None, help=f"default: beside --json, with its name; without "
+                   f"--json {GEMM_RESULTS}.md")
+    g.add_argument("--png", default=None, help=f"default: beside --json (or --md), with its "
+                   f"name; without either {GEMM_RESULTS}.png")
     g.add_argument("--no-rotate", action="store_true", help="skip the M <= 8 rows with weights beyond the LLC")
     g.add_argument("--passes", type=int, default=2, help="timings of every runner, minutes apart; "
                    "each reports its best (this VM slows down for seconds at a time)")
@@ -259,6 +261,16 @@ def _schedule_args(p, *, m: str, m_help: str, rounds: int, rounds_help: str = "r
     add_threads_arg(p)
 
 
+def report_paths(json_out: str | None, md: str | None, png: str | None,
+                 default_base: str) -> tuple[str, str, str]:
+    """The JSON, Markdown and PNG paths of a report: those given, the others beside the first
+    given one with its stem (a run written to /tmp keeps its PNG there too, rather than
+    overwriting the committed per-CPU one); `default_base` (no suffix) when none is given."""
+    given = next((Path(p) for p in (json_out, md, png) if p), None)
+    base = str(given.with_suffix("")) if given else default_base
+    return json_out or f"{base}.json", md or f"{base}.md", png or f"{base}.png"
+
+
 def _run(args) -> int:
     from tqdm import tqdm
 
@@ -280,9 +292,8 @@ def _run(args) -> int:
     if None in (args.json_out, args.md, args.png):
         from sandwich.compiler.target import detect_cpu
 
-        base = gemm_results(detect_cpu().mcpu)
-        args.json_out, args.md, args.png = (args.json_out or f"{base}.json",
-                                            args.md or f"{base}.md", args.png or f"{base}.png")
+        args.json_out, args.md, args.png = report_paths(
+            args.json_out, args.md, args.png, gemm_results(detect_cpu().mcpu))
     for path in (args.json_out, args.md, args.png):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json_out).write_text(json.dumps(res.to_json(), indent=1))
