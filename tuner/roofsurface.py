@@ -326,7 +326,7 @@ def amx_signature(fmt_name: str, lanes: int, *, m: int, rows: int = AMX_ROWS, t_
     (AMX_ROUND_OPS) times how often it is rounded: once per chunk of `rows` (b_m) rows of
     each of the t_m threads that split the rows. ConfigError for a format it does not take."""
     fmt = parse_format(fmt_name)
-    if not fmt.quantized or fmt.bits not in AMX_ROUND_OPS or not amx_format(fmt.name, k):
+    if fmt.bits not in AMX_ROUND_OPS or not amx_format(fmt.name, k):
         raise ConfigError(f"the AMX kernel does not take {fmt.name} weights as int values "
                           f"(int8 and int4 in groups of 32 values do)")
     roundings = t_m * math.ceil(m / (t_m * rows))
@@ -373,7 +373,7 @@ class HostRates:
         f = parse_format(fmt)
         vos = self.vos_for(f.name, k)
         if amx:
-            if not self.amx_flops or not (f.bits == 16 or (f.quantized and amx_format(f.name, k))):
+            if not self.amx_flops or not amx_format(f.name, k):
                 raise ConfigError(f"no AMX rate for {f.name} weights on this machine")
             vos = vos if f.bits == 16 else self.fma_vector_ops  # int: the rounding to bf16
             return Machine(self.mbw, vos, self.amx_flops / gemm_flops_per_op(self.lanes, m))

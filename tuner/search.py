@@ -116,6 +116,8 @@ class SandwichSearch:
         self.batch_tile = batch_tile  # a narrower tile skinny M also tries (space.decode_batch_tile)
         self.lanes = lanes  # f32 lanes a vector: which tiles run fp32 prefill's unrolled loop
         self.all_mks = list(micro_kernels)
+        if batch_tile is not None and batch_tile not in self.all_mks:
+            self.all_mks.append(batch_tile)
         self.threads = threads
         self.measure = measure
         self.settings = settings

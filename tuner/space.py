@@ -44,6 +44,12 @@ def unrolled_in_prefill(mk: MicroKernel, lanes: int) -> bool:
     return mk.mu_m * (mk.mu_n // lanes) <= PREFILL_UNROLLED_ACCUMULATORS
 
 
+def tile_widths(isa: Isa, pack_n: int) -> list[int]:
+    """The register tile widths (mu_n) a packed panel of pack_n floats holds: the multiples
+    of the vector that divide it, widest first."""
+    return [v * isa.lanes for v in range(pack_n // isa.lanes, 0, -1) if pack_n % (v * isa.lanes) == 0]
+
+
 def micro_kernels(isa: Isa, pack_n: int, *, widths: int = 3, max_rows: int = 8,
                   panel_gflops: dict[int, float] | None = None) -> list[MicroKernel]:
     """Register tiles that fit the register file without spilling, widest first.
@@ -59,7 +65,7 @@ def micro_kernels(isa: Isa, pack_n: int, *, widths: int = 3, max_rows: int = 8,
     each was built, checked and probed at every M of the sliding window. With 32 registers
     a one-vector tile is tall enough to feed the FMA units, and one won Llama-160M's o on Zen 4
     (8 x 16 in a 48-wide panel)."""
-    mus_n = [v * isa.lanes for v in range(pack_n // isa.lanes, 0, -1) if pack_n % (v * isa.lanes) == 0]
+    mus_n = tile_widths(isa, pack_n)
     full = (panel_gflops or {}).get(pack_n // isa.lanes, 0.0)
     if full > 0:
         mus_n = [mu for mu in mus_n if mu == pack_n
@@ -85,10 +91,8 @@ def decode_batch_tile(isa: Isa, pack_n: int, rows: int) -> MicroKernel | None:
     Sheared-LLaMA's shapes, though it walks each panel twice along K."""
     if tallest_rows(isa, pack_n // isa.lanes) >= rows:
         return None
-    for v in range(pack_n // isa.lanes - 1, 0, -1):
-        if pack_n % (v * isa.lanes) == 0 and tallest_rows(isa, v) >= rows:
-            return MicroKernel(rows, v * isa.lanes)
-    return None
+    return next((MicroKernel(rows, mu) for mu in tile_widths(isa, pack_n)
+                 if tallest_rows(isa, mu // isa.lanes) >= rows), None)
 
 
 def kernel_n(n: int, lanes: int) -> int:

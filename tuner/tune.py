@@ -242,13 +242,12 @@ def _tune_shape(measure: TvmMeasure | RpcMeasure | RpcPool, *, names: list[str],
     report = OpReport(names, op.n, op.k, op.dtype)
     clocked = _Clocked(measure)
     model_s0 = _model_seconds(guide)
-    mks = micro_kernels(isa, pack_n, widths=budget.mk_widths, panel_gflops=panels)
-    batch = _batch_tile(isa, op, pack_n, budget, cache.cpu.bf16_dot)
     search = SandwichSearch(n=op.n, k=op.k, pack_n=pack_n,
-                            micro_kernels=mks + [batch] if batch and batch not in mks else mks,
+                            micro_kernels=micro_kernels(isa, pack_n, widths=budget.mk_widths,
+                                                        panel_gflops=panels),
                             threads=threads, measure=clocked, settings=budget.settings,
                             dtype=op.dtype, guide=guide, bound=bound, lanes=isa.lanes,
-                            batch_tile=batch)
+                            batch_tile=_batch_tile(isa, op, pack_n, budget, cache.cpu.bf16_dot))
     records = cache.records(op.n, op.k, op.dtype, threads)
     if any(r.record.schedule.pack_n != pack_n for r in records):
         # tuned for another weight layout (an older sandwichc): every M shares one packing,

@@ -72,7 +72,7 @@ def _run(args) -> int:
         rows.append((name, lambda m, sig=sig: sig, False))
         if host.amx_flops and name == "bf16":
             rows.append((name, lambda m, sig=sig: sig, True))
-        elif host.amx_flops and parse_format(name).quantized and amx_format(name, rs.SIGNATURE_K):
+        elif host.amx_flops and amx_format(name, rs.SIGNATURE_K):
             rows.append((name, lambda m, name=name: rs.amx_signature(name, host.lanes, m=m), True))
     for name, sig_at, amx in rows:
         for m in ms:
