@@ -24,6 +24,7 @@ from sandwich.bench.machine import measure_machine
 from sandwich.compiler.gemm_runner import aligned_empty
 from sandwich.errors import ConfigError
 from sandwich.tuner import roofsurface as rs
+from sandwich.tuner.machine_bench import read_bandwidth_gbs
 from sandwich.tuner.streaming import from_dram, rotation_copies
 from sandwich.tuner.trial_log import parse_schedule_key
 from sandwich.tuner.tvm_measure import kernel_rows, kernel_weights
@@ -49,6 +50,8 @@ class FormatRow:
     rotated: bool = False  # timed over copies beyond the LLC: the weights come from DRAM
     stored_gbs: float | None = None  # decode rows: stored bytes / time
     read_gbs: float | None = None  # the streaming read around this row's timing
+    # a row whose weights stay in a cache: the read of a buffer of their size right after it
+    cache_read_gbs: float | None = None
     pct_read: float | None = None
     speedup_vs_fp32: float | None = None
     bound_gflops: float | None = None  # the Roof-Surface bound, and what sets it
@@ -199,19 +202,23 @@ def _time_row(cache, limits, model: str, name: str, op, fmt: str, m: int,
         read = (before + moment_read(limits)) / 2
         row.stored_gbs = stored / t.timing.median_s / 1e9
         row.read_gbs, row.pct_read = read, 100 * row.stored_gbs / read
+    elif not rotated:
+        row.cache_read_gbs = read_bandwidth_gbs(limits.threads, size_bytes=stored, repeat=3)
     return row
 
 
 def _roof(row: FormatRow, host: rs.HostRates, cpu) -> None:
     """The row's Roof-Surface bound: MBW is the read of its own moment for a decode row (the
-    bandwidth drifts within seconds), the start's for the others. A row the AMX kernel runs
+    bandwidth drifts within seconds), for a row whose weights stay in a cache the read of a
+    buffer of their size (that cache's bandwidth, not DRAM's), the start's for the others. A row the AMX kernel runs
     has AMX's tile rate for its MTX term (vdpbf16ps' is several times below it); on int
     weights its VEC term is their rounding to bf16, once per chunk of the schedule's b_m rows
     (rs.amx_signature)."""
     amx = row.schedule.startswith(f"{AMX_OP}_")
     if amx and not host.amx_flops:
         return
-    rates = dataclasses.replace(host, mbw=row.read_gbs * 1e9) if row.read_gbs else host
+    mbw = row.read_gbs or row.cache_read_gbs
+    rates = dataclasses.replace(host, mbw=mbw * 1e9) if mbw else host
     if amx and parse_format(row.weights).quantized:
         s = parse_schedule_key(row.schedule)
         sig = rs.amx_signature(row.weights, cpu.lanes_f32, m=row.m, rows=s.slice.b_m,
@@ -254,8 +261,11 @@ def write_report(res: FormatsResult, md: Path, js: Path) -> None:
              "and dequantization rates measured at the start (a row the AMX kernel runs, "
              "schedule `amx_...`: AMX's tile rate as its MTX, and on int weights their rounding "
              "to bf16 once per chunk of its b_m rows as VEC), with a decode row's own moment "
-             "read as MBW (the start's for larger M), and the resource that sets it; MEM is "
-             "the DRAM read even where the weights fit a cache",
+             "read as MBW, for a row from `cache` the read of a buffer the size of its weights "
+             "(that cache's bandwidth), the start's for the other DRAM rows; the VEC and MTX "
+             "times add (the dequantization and the products share the vector ports; the AMX "
+             "kernel rounds before its tiles run): bound = min(MEM, 1 / (1 / VEC + 1 / MTX)), "
+             "named by the resource that sets it",
              f"- passes: each op and M timed {res.passes} time(s) in every format, the formats "
              "in interleaved order (A B C, C B A); the table shows the pass of median % of "
              "bound, and the range over the passes",

@@ -1,5 +1,6 @@
 """`sandwichc bench kernels`: two versions of the GEMM family's source (the shipped one and an
-edited copy, or two copies) timed against each other on the same schedules, interleaved.
+edited copy, or two copies) timed against each other on the same schedules, interleaved; for
+an AMX schedule (amx_...) two versions of the AMX kernel's (dsl/kernels/gemm_amx_bf16.sw).
 
 A kernel change is worth a few points at decode, while a VM's streaming read drifts by more
 than that between two runs minutes apart, so two `bench formats` runs (one per source) cannot
@@ -24,7 +25,7 @@ from sandwich.compiler.target import describe_machine, detect_cpu
 from sandwich.errors import ConfigError
 from sandwich.tuner.streaming import llc_bytes, rotation_copies
 from sandwich.tuner.trial_log import parse_schedule_key
-from sandwich.types import KernelSchedule
+from sandwich.types import AMX_OP, KernelSchedule
 
 
 @dataclass
@@ -55,10 +56,11 @@ class SourceSide:
 
 def build_side(tag: str, src: str | None, schedule: KernelSchedule, n: int, k: int,
                threads: int, cpu) -> SourceSide:
-    """`schedule` built from the family's source in `src` (None: the shipped one)."""
-    from sandwich.compiler.gemm_dsl import build_gemm_dsl, load_family
+    """`schedule` built from the source in `src` (None: the shipped one): the family's
+    kernel, or for an AMX schedule the AMX kernel's."""
+    from sandwich.compiler.gemm_dsl import AMX_KERNEL, KERNEL, build_gemm_dsl, load_family
 
-    kernel = load_family(src) if src else None
+    kernel = load_family(src, AMX_KERNEL if schedule.op == AMX_OP else KERNEL) if src else None
     func = build_gemm_dsl(schedule, n=n, k=k, cpu=cpu, threads=threads, kernel=kernel)["main"]
     return SourceSide(f"{tag} ({src or 'shipped'})", schedule, func, n)
 

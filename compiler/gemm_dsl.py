@@ -38,9 +38,10 @@ def _kernel():
     return load_kernel(KERNEL)
 
 
-def load_family(path: str | Path):
-    """The `gemm_family` kernel of another source file (an edited copy of the shipped one, to
-    time against it); ConfigError when the file does not parse or has no such kernel."""
+def load_family(path: str | Path, name: str = KERNEL):
+    """The kernel `name` (the family's, or AMX_KERNEL) of another source file (an edited copy
+    of the shipped one, to time against it); ConfigError when the file does not parse or has
+    no such kernel."""
     from sandwich.dsl.load import load_file
 
     try:
@@ -48,9 +49,9 @@ def load_family(path: str | Path):
     except DSLError as e:
         raise ConfigError(f"{path}: {first_line(e)}") from None
     for kernel in module.kernels:
-        if kernel.name == KERNEL:
+        if kernel.name == name:
             return kernel
-    raise ConfigError(f"{path} has no kernel named {KERNEL}")
+    raise ConfigError(f"{path} has no kernel named {name}")
 
 
 _LOWERING_PACKAGES = ("sandwich.compiler", "sandwich.dsl")
@@ -234,12 +235,12 @@ def amx_tunables(schedule: KernelSchedule) -> dict[str, int]:
 
 
 def amx_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int,
-                  isa: str | None = None, bf16_dot: bool = False) -> str:
+                  isa: str | None = None, bf16_dot: bool = False, kernel=None) -> str:
     """TVMScript of the AMX kernel for an AMX_OP schedule, called as the family is without
     its slice: main(A[M, K], <weight arrays>, C[M, N]), M from A; the weight arrays as the
     family takes them (gemm_formats.weight_args: WB for bf16, Q8Q or Q4Q and the scales).
     `isa` and `bf16_dot` (CpuInfo's): with avx512_bf16, A and int weights are rounded to bf16
-    by vcvtne2ps2bf16."""
+    by vcvtne2ps2bf16. `kernel`: another version of it (load_family), else the shipped one."""
     from sandwich.dsl.load import load_kernel
 
     if schedule.op != AMX_OP or not amx_format(schedule.dtype, k):
@@ -247,7 +248,7 @@ def amx_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int,
                           f"kernel takes (bf16, int8 and int4 in groups of 32 values)")
     fmt = weight_format(schedule.dtype)
     try:
-        return to_tvmscript(load_kernel(AMX_KERNEL), tunables=amx_tunables(schedule),
+        return to_tvmscript(kernel or load_kernel(AMX_KERNEL), tunables=amx_tunables(schedule),
                             vlen=lanes, fixed={"N": n, "K": k, "G": fmt.group_size(k)},
                             args=("A", *weight_args(schedule.dtype, k), "C"), align=4,
                             scalars="inline", fold=True, amx=True, isa=isa, bf16_dot=bf16_dot)
@@ -259,12 +260,13 @@ def build_gemm_dsl(schedule: KernelSchedule, *, n: int, k: int, cpu: CpuInfo, th
                    kernel=None):
     """Compile the DSL GEMM for the family of one schedule (any M, any slice); `kernel`: as
     in gemm_dsl_tvmscript. An AMX_OP schedule builds the AMX kernel instead (only for a CPU
-    with AMX-BF16), and this process asks Linux for the tile state it runs with."""
+    with AMX-BF16; `kernel` then a version of that one), and this process asks Linux for the
+    tile state it runs with."""
     if schedule.op == AMX_OP:
         if not cpu.amx:
             raise ConfigError(f"schedule {schedule.key()} needs AMX-BF16, which {cpu.mcpu} lacks")
         src = amx_tvmscript(schedule, n=n, k=k, lanes=cpu.lanes_f32, isa=cpu.isa,
-                            bf16_dot=cpu.bf16_dot)
+                            bf16_dot=cpu.bf16_dot, kernel=kernel)
         request_tiles()
     else:
         src = gemm_dsl_tvmscript(schedule, n=n, k=k, lanes=cpu.lanes_f32, l2_bytes=cpu.l2_bytes,

@@ -96,6 +96,39 @@ def test_an_amx_kernel_is_called_as_the_family_without_its_slice():
     assert any(p.name == "gemm_amx_bf16.sw" for p in lowering_files())  # it keys the cache too
 
 
+def test_an_edited_copy_of_the_amx_kernel_builds_in_its_place(tmp_path):
+    """`bench kernels` on an AMX schedule times an edited copy of gemm_amx_bf16.sw: the copy's
+    kernel is found by its name and lowered instead of the shipped one; a file without it
+    gets one line."""
+    from sandwich.compiler.gemm_dsl import AMX_KERNEL, load_family
+    from sandwich.dsl.load import builtin_kernels
+    from sandwich.errors import ConfigError
+
+    s = amx_schedules(n=N, k=K, pack_n=64, threads=2, cpu=cpu_for("sapphirerapids"))[0]
+    text = builtin_kernels()[AMX_KERNEL].read_text()
+    same, edited = tmp_path / "same.sw", tmp_path / "edited.sw"
+    same.write_text("// a copy\n" + text)
+    edited.write_text(text.replace("tile_dpbf16(1, 4, 7);", "tile_dpbf16(1, 4, 6);", 1))
+    shipped = amx_tvmscript(s, n=N, k=K, lanes=16)
+    assert amx_tvmscript(s, n=N, k=K, lanes=16, kernel=load_family(same, AMX_KERNEL)) == shipped
+    assert amx_tvmscript(s, n=N, k=K, lanes=16, kernel=load_family(edited, AMX_KERNEL)) != shipped
+    with pytest.raises(ConfigError, match="has no kernel named gemm_family$"):
+        load_family(same)
+
+
+@pytest.mark.skipif(not HAS_AMX, reason="the CPU has no AMX-BF16")
+def test_bench_kernels_times_two_versions_of_the_amx_kernel(tmp_path):
+    from sandwich.bench.kernel_ab import run_kernel_ab
+    from sandwich.dsl.load import builtin_kernels
+
+    copy = tmp_path / "gemm_amx_bf16.sw"
+    copy.write_text("// a copy\n" + builtin_kernels()["gemm_amx_bf16"].read_text())
+    s = amx_schedules(n=N, k=K, pack_n=64, threads=2, cpu=detect_cpu())[0]
+    res = run_kernel_ab(a_src=None, b_src=str(copy), schedules=[s.key()], n=N, k=K, ms=[40],
+                        threads=2, rounds=1, log=lambda _: None, llc=1 << 16)
+    assert [(r.op, r.m) for r in res.rows] == [(s.key(), 40)] and res.rows[0].ratio > 0
+
+
 def test_amx_records_are_bf16_records():
     s = amx_schedules(n=N, k=K, pack_n=64, threads=2, cpu=cpu_for("sapphirerapids"))[0]
 

@@ -347,7 +347,8 @@ def test_bench_formats_checks_int_kernels_on_the_activations_they_multiply(tmp_p
 def test_bench_formats_reads_large_weights_from_dram_at_every_m(monkeypatch):
     """As the tuner times them (streaming.from_dram) and as a model reads them, weights of 1/8
     of the LLC or more are timed over copies beyond the LLC at prefill's M too; only decode
-    rows are also taken against the streaming read."""
+    rows are also taken against the streaming read, and only rows from a cache against the
+    read of a buffer their weights' size (that cache's bandwidth: their Roof-Surface MBW)."""
     from types import SimpleNamespace
 
     from sandwich.bench import formats
@@ -364,18 +365,24 @@ def test_bench_formats_reads_large_weights_from_dram_at_every_m(monkeypatch):
     monkeypatch.setattr(formats, "measure_runner", fake_measure)
     monkeypatch.setattr(formats, "bound_runner", lambda g, out: None)
     monkeypatch.setattr(formats, "moment_read", lambda limits: 30.0)
+    sizes = []  # the buffers read for the cache rows' MBW: their weights' size
+    monkeypatch.setattr(formats, "read_bandwidth_gbs",
+                        lambda threads, size_bytes, repeat: sizes.append(size_bytes) or 300.0)
     op = SimpleNamespace(n=64, k=64, dtype="float32")  # 16 KiB of weights
 
     def row(m, llc):
-        return formats._time_row(cache, SimpleNamespace(llc_bytes=llc), "m", "o", op, "fp32", m, 2)
+        return formats._time_row(cache, SimpleNamespace(llc_bytes=llc, threads=2), "m", "o", op,
+                                 "fp32", m, 2)
 
     big = row(512, 64 << 10)  # the weights are 1/4 of this LLC
     assert big.rotated and seen[-1] > 1 and big.stored_gbs is None and big.pct_read is None
+    assert big.cache_read_gbs is None and not sizes
     hot = row(512, 1 << 20)  # 1/64 of it
-    assert not hot.rotated and seen[-1] == 1
+    assert not hot.rotated and seen[-1] == 1 and hot.cache_read_gbs == 300.0 and sizes == [16384]
     decode = row(1, 1 << 20)
     assert decode.rotated and seen[-1] > 1 and decode.pct_read == pytest.approx(
         100 * 16384 / 1e-3 / 1e9 / 30.0)
+    assert decode.cache_read_gbs is None and sizes == [16384]
 
 
 def test_bench_formats_pairs_each_format_with_fp32_in_the_same_pass():
@@ -438,6 +445,30 @@ def test_bench_formats_keeps_the_median_pass_and_checks_the_model_on_mem_bound_r
     assert res.model_check() == (2, 4)  # 85% and 115% are in, 84% and 116% out, MTX not counted
 
 
+def test_bench_formats_bounds_a_cache_row_by_the_read_of_its_cache():
+    """A row whose weights stay in a cache streams them at that cache's bandwidth: its MEM
+    term takes the read measured on a buffer of their size, not DRAM's (fp32 at M = 8 on 30
+    GB/s: MEM-bound at 120 GFLOPS; from a cache read at 300 GB/s: MTX at the FMA rate)."""
+    from types import SimpleNamespace
+
+    from sandwich.bench import formats
+    from sandwich.tuner import roofsurface as rs
+
+    host = rs.HostRates(threads=2, lanes=16, mbw=30e9, fma_vector_ops=460e9 / 32, vos={})
+    cpu = SimpleNamespace(lanes_f32=16, bf16_dot=True)
+
+    def row(**kw):
+        r = formats.FormatRow("m", "o", 768, 768, "fp32", 8, 1.0, 100.0, 1.0,
+                              "gemm_float32_mk8x64_p1x2x1_n64_s8x64x256", **kw)
+        formats._roof(r, host, cpu)
+        return r
+
+    dram = row(rotated=True)
+    assert (dram.bound_by, dram.bound_gflops) == ("MEM", pytest.approx(30 / 64 * 2 * 16 * 8))
+    cached = row(cache_read_gbs=300.0)
+    assert (cached.bound_by, cached.bound_gflops) == ("MTX", pytest.approx(460.0))
+
+
 def test_bench_formats_bounds_an_amx_int_row_by_its_schedules_chunks():
     """An int8-g32 row the AMX kernel ran gets the Roof-Surface bound of its schedule: AMX's
     tile rate as MTX, and the rounding to bf16 once per chunk of b_m rows of each row thread
@@ -457,11 +488,14 @@ def test_bench_formats_bounds_an_amx_int_row_by_its_schedules_chunks():
     small = row("amx_int8-g32_mk32x32_p2x1x1_n64_s32x64x768")
     formats._roof(small, host, cpu)
     ops = rs.AMX_ROUND_OPS[8]
-    assert small.bound_by == "VEC"
-    assert small.bound_gflops == pytest.approx(460 / 32 * 2 * 16 * 2048 / (64 * ops))
+    assert small.bound_by == "VEC"  # the rounding's time adds to the tiles'
+    rounding = 460 / 32 * 2 * 16 * 2048 / (64 * ops)
+    assert small.bound_gflops == pytest.approx(1 / (1 / rounding + 1 / 6000))
     big = row("amx_int8-g32_mk32x32_p1x2x1_n64_s256x64x768")
     formats._roof(big, host, cpu)
-    assert (big.bound_by, big.bound_gflops, big.pct_bound) == ("MTX", pytest.approx(6000.0), pytest.approx(25.0))
+    bound = 1 / (1 / 6000 + 8 * ops / (460 / 32 * 2 * 16 * 2048))  # 2048 / 256 roundings
+    assert (big.bound_by, big.bound_gflops, big.pct_bound) == (
+        "MTX", pytest.approx(bound), pytest.approx(100 * 1500 / bound))
     none = row("amx_int8-g32_mk32x32_p1x2x1_n64_s256x64x768")
     formats._roof(none, dataclasses.replace(host, amx_flops=None), cpu)
     assert none.bound_by is None

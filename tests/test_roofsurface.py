@@ -97,6 +97,24 @@ def test_bound_is_the_smallest_term_times_flops_per_op():
     assert rs.bound(m, rs.Signature(0.1, 1.0), 1.0).resource == "MEM"  # tie 10 = 10: MEM first
 
 
+def test_a_shared_machine_adds_the_vector_and_matrix_times():
+    """Where the dequantization and the products take the same ports (Machine.shared), a
+    weight vector's compute time is the sum of the two: VEC 20 and MTX 30 give 12, not 20;
+    MEM still overlaps them (min), and no vector work leaves MTX as it was."""
+    m = rs.Machine(mbw=100.0, vos=10.0, mos=30.0, shared=True)
+    assert rs.compute_rate(m, rs.Signature(1.0, 2.0)) == pytest.approx(12.0)
+    assert rs.compute_rate(dataclasses.replace(m, shared=False), rs.Signature(1.0, 2.0)) == 20.0
+    assert rs.bound(m, rs.Signature(1.0, 2.0), 3.0) == rs.Bound(pytest.approx(36.0), "VEC")
+    assert rs.bound(m, rs.Signature(1.0, 6.0), 1.0) == rs.Bound(pytest.approx(20.0), "MTX")
+    assert rs.bound(m, rs.Signature(0.1, 2.0), 1.0) == rs.Bound(10.0, "MEM")  # 10 < 12
+    assert rs.bound(m, rs.Signature(0.125, 2.0), 1.0).resource == "VEC"  # 12.5 > 12
+    assert rs.bound(m, rs.Signature(1.0, math.inf), 1.0) == rs.Bound(30.0, "MTX")
+    # on the paper's machine (a TMUL beside the AVX units) the terms stay independent
+    assert not rs.SPR_HBM.shared and not rs.SPR_DDR.shared
+    host = rs.HostRates(threads=2, lanes=16, mbw=30e9, fma_vector_ops=1e10, vos={"nibbles": 1e10})
+    assert host.machine(8, "int4-g32").shared and host.machine(8).shared
+
+
 def test_bord_lines_split_the_plane_as_eq_1_does():
     m = rs.Machine(mbw=200.0, vos=50.0, mos=100.0)
     lines = rs.bord_lines(m)
@@ -287,9 +305,12 @@ def test_int_formats_on_8_bit_activations_take_the_dot8_rate(monkeypatch):
         sig = rs.kernel_signature(fmt, 16)
         assert 1 / sig.ai_xv == pytest.approx(ops + (3 if fmt == "int4-g32" else 2) / 32)
         # M = 512: 4 x 400e9 / 128 / 512 weight vectors/s of 2 x 16 x 512 FLOPs: the block
-        # rate as measured
-        b = rs.bound(host.machine(512, fmt), sig, rs.gemm_flops_per_op(16, 512))
-        assert b == rs.Bound(pytest.approx(peak), "MTX")
+        # rate as measured; the bound adds the dequantization's time to the products'
+        per_op = rs.gemm_flops_per_op(16, 512)
+        terms = rs.rates(host.machine(512, fmt), sig)
+        assert terms["MTX"] * per_op == pytest.approx(peak)
+        b = rs.bound(host.machine(512, fmt), sig, per_op)
+        assert b == rs.Bound(pytest.approx(per_op / (1 / terms["VEC"] + 1 / terms["MTX"])), "MTX")
     per_column = host.machine(512, "int8", k=4096).mos
     assert per_column == pytest.approx(4 * 11 / (10 + 32 / 4096) * host.int8_dot_ops / 512)
     assert host.machine(512, "int8", k=1000).mos == pytest.approx(host.fma_vector_ops / 512)
@@ -351,9 +372,10 @@ def test_bf16_on_amx_tiles_takes_the_tile_rate(monkeypatch):
 
 def test_int_weights_on_amx_tiles_are_bound_by_their_rounding_where_few_rows_share_it():
     """The AMX kernel rounds int weights to bf16 once per chunk of b_m rows of each row
-    thread: AI_XV = 1 / (ops a weight vector x roundings), at the FMA rate. With the
-    largest chunks (256 rows) the tiles bound M = 512; with 32-row chunks split over two
-    threads M = 2048 rounds each vector 64 times and the rounding bounds it (VEC); at M = 1
+    thread: AI_XV = 1 / (ops a weight vector x roundings), at the FMA rate, its time added to
+    the tiles'. With the largest chunks (256 rows) the tiles take most of M = 512's (MTX);
+    with 32-row chunks split over two threads M = 2048 rounds each vector 64 times and the
+    rounding takes most (VEC); at M = 1
     the bytes do (int8-g32: 34 bytes per 32 values)."""
     host = rs.HostRates(threads=2, lanes=16, mbw=30e9, fma_vector_ops=460e9 / 32, vos={},
                         amx_flops=6000e9)
@@ -362,12 +384,14 @@ def test_int_weights_on_amx_tiles_are_bound_by_their_rounding_where_few_rows_sha
     assert sig.ai_xv == pytest.approx(1 / (2 * ops))
     assert sig.ai_xm == pytest.approx(rs.kernel_signature("int8-g32", 16).ai_xm)
     per_op = rs.gemm_flops_per_op(16, 512)
+    rounding = 460e9 / 32 * per_op / (2 * ops)  # the rounding's time adds to the tiles'
     assert rs.bound(host.machine(512, "int8-g32", amx=True), sig, per_op) == \
-        rs.Bound(pytest.approx(6000e9), "MTX")
+        rs.Bound(pytest.approx(1 / (1 / 6000e9 + 1 / rounding)), "MTX")
     small = rs.amx_signature("int8-g32", 16, m=2048, rows=32, t_m=2)
     assert small.ai_xv == pytest.approx(1 / (64 * ops))
     b = rs.bound(host.machine(2048, "int8-g32", amx=True), small, rs.gemm_flops_per_op(16, 2048))
-    assert b == rs.Bound(pytest.approx(460e9 / 32 * 2 * 16 * 2048 / (64 * ops)), "VEC")
+    rounding = 460e9 / 32 * 2 * 16 * 2048 / (64 * ops)
+    assert b == rs.Bound(pytest.approx(1 / (1 / 6000e9 + 1 / rounding)), "VEC")
     one = rs.bound(host.machine(1, "int8-g32", amx=True), rs.amx_signature("int8-g32", 16, m=1),
                    rs.gemm_flops_per_op(16, 1))
     assert one == rs.Bound(pytest.approx(30e9 / 34 * 32 * 2), "MEM")

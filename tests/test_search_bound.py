@@ -2,6 +2,8 @@
 GFLOPS measured at its M is never built or timed, and the bound of a schedule is the
 machine's Roof-Surface bound over its busiest thread's share."""
 
+import dataclasses
+
 import pytest
 
 from sandwich.tuner import roofsurface as rs
@@ -42,8 +44,8 @@ def test_an_even_schedule_takes_the_machines_bound_and_an_uneven_one_less(dtype,
     rates = _rates()
     bound = sb.CandidateBound(rates, 1024, 512, dtype, bf16_dot=True)
     fmt = {"float32": "fp32"}.get(dtype, dtype)
-    machine = rs.bound(rates.machine(m, fmt, k=512), rs.kernel_signature(fmt, 16, k=512),
-                       rs.gemm_flops_per_op(16, m))
+    eq1 = dataclasses.replace(rates.machine(m, fmt, k=512), shared=False)  # the looser min
+    machine = rs.bound(eq1, rs.kernel_signature(fmt, 16, k=512), rs.gemm_flops_per_op(16, m))
     assert bound(_sched(), m) == pytest.approx(machine.flops / 1e9)
     uneven = _sched(b_n=384, pl=(1, 2, 1))  # N = 1152 for it: 3 slices on 2 threads
     assert sb.CandidateBound(rates, 1152, 512, dtype, True)(uneven, m) < \

@@ -23,11 +23,18 @@ RESOURCES = ("MEM", "VEC", "MTX")  # ties go to the first: a point on a BORD lin
 
 @dataclass(frozen=True)
 class Machine:
-    """The three architecture rates of Eq. 1: memory bytes/s, vector ops/s, matrix ops/s."""
+    """The three architecture rates of Eq. 1: memory bytes/s, vector ops/s, matrix ops/s.
+
+    `shared`: the vector and matrix work cannot overlap, so their times add (the bound's
+    compute term is 1 / (1 / VEC + 1 / MTX)) while the memory stream still overlaps them.
+    DECA's SPR has a TMUL beside the AVX units (Eq. 1's min); our family kernels run their
+    dequantization and their products on the same vector ports, and the AMX kernel rounds a
+    block of int weights before its tiles run on it."""
 
     mbw: float
     vos: float
     mos: float
+    shared: bool = False
 
 
 @dataclass(frozen=True)
@@ -52,11 +59,24 @@ def rates(machine: Machine, sig: Signature) -> dict[str, float]:
     return {"MEM": machine.mbw * sig.ai_xm, "VEC": machine.vos * sig.ai_xv, "MTX": machine.mos}
 
 
-def bound(machine: Machine, sig: Signature, flops_per_op: float) -> Bound:
-    """Eq. 2: FLOPS = flops_per_op * min(MBW * AI_XM, VOS * AI_XV, MOS)."""
+def compute_rate(machine: Machine, sig: Signature) -> float:
+    """Matrix ops per second the vector and matrix units sustain together: the slower of the
+    two (Eq. 1), or where they share the ports (Machine.shared) their times added."""
     r = rates(machine, sig)
-    resource = min(RESOURCES, key=lambda k: r[k])  # min keeps the first of equal keys
-    return Bound(flops_per_op * r[resource], resource)
+    if not machine.shared:
+        return min(r["VEC"], r["MTX"])
+    return 1.0 / (1.0 / r["VEC"] + 1.0 / r["MTX"])  # 1 / inf is 0: no vector work
+
+
+def bound(machine: Machine, sig: Signature, flops_per_op: float) -> Bound:
+    """Eq. 2: FLOPS = flops_per_op * min(MBW * AI_XM, VOS * AI_XV, MOS); on a machine whose
+    vector and matrix work share the ports, min(MBW * AI_XM, compute_rate), the compute side
+    named by the larger of its two times."""
+    r = rates(machine, sig)
+    compute = compute_rate(machine, sig)
+    if r["MEM"] <= compute:  # ties go to MEM, as the first of RESOURCES
+        return Bound(flops_per_op * r["MEM"], "MEM")
+    return Bound(flops_per_op * compute, "VEC" if r["VEC"] <= r["MTX"] else "MTX")
 
 
 def region(machine: Machine, sig: Signature) -> str:
@@ -214,9 +234,11 @@ def table2_signature(kernel: PaperKernel) -> Signature:
 # one FMA per scale array plus a vcvtph2ps per fp16 scale array, and symmetric int4 one more
 # for its "- 8 sum(a)" term; the epilogue runs once per activation row, which the model folds
 # into one (exact at M = 1). Those run at the FMA rate, the sequence at its own (vos_for).
-# What the model leaves out: here the FMAs and the dequantization share the same vector
-# ports, so the VEC and MTX terms are not independent as TMUL and AVX are (Eq. 1 is then an
-# upper bound); and above the register tile's rows the kernel converts each weight vector
+# Here the FMAs (or dot products) and the dequantization share the same vector ports, so
+# the VEC and MTX terms are not independent as TMUL and AVX are: their times add
+# (Machine.shared; Sapphire Rapids VM, int4-g32 on VNNI, 11008 x 2048 from the LLC, 2 threads:
+# 686-737 GFLOPS at M = 4-16, 53-57% of Eq. 1's min, 65-86% of the added times). What the
+# model leaves out: above the register tile's rows the kernel converts each weight vector
 # once per row block, not once per M rows, so at large M the VEC term is optimistic.
 # dequantization ops per weight vector, by bits; bf16 takes none into vdpbf16ps and one (a
 # shift or a mask to f32) where the CPU has no bf16 dot product (BF16_WIDEN_OPS)
@@ -369,22 +391,23 @@ class HostRates:
         weights in the AMX kernel) MOS is AMX's tile rate in the same weight vectors (one takes
         2 M lanes of FLOPs), and on int weights (int8, int4 in groups of 32) VOS the FMA rate,
         at which it rounds them to bf16 (amx_signature); ConfigError where this machine has none
-        measured."""
+        measured. Every kernel here is Machine.shared: the family's products and conversions
+        take the same vector ports, and the AMX kernel rounds a block before its tiles run."""
         f = parse_format(fmt)
         vos = self.vos_for(f.name, k)
         if amx:
             if not self.amx_flops or not amx_format(f.name, k):
                 raise ConfigError(f"no AMX rate for {f.name} weights on this machine")
             vos = vos if f.bits == 16 else self.fma_vector_ops  # int: the rounding to bf16
-            return Machine(self.mbw, vos, self.amx_flops / gemm_flops_per_op(self.lanes, m))
+            return Machine(self.mbw, vos, self.amx_flops / gemm_flops_per_op(self.lanes, m), True)
         if f.bits == 16 and self.bf16_dot_ops:
-            return Machine(self.mbw, vos, 2 * self.bf16_dot_ops / m)
+            return Machine(self.mbw, vos, 2 * self.bf16_dot_ops / m, True)
         if self.int8_dot_ops and int_activations(f, k):
             block = ACT8_BLOCK_DOTS + ACT8_BLOCK_SCALING + ACT_BLOCK / f.group_size(k)
             dots = (self.narrow_dot_ops or self.int8_dot_ops) if f.bits < 8 else self.int8_dot_ops
             per_dot = ACT_BLOCK / ACT8_BLOCK_DOTS  # weight vectors a dot8 takes
-            return Machine(self.mbw, vos, per_dot * ACT8_MEASURED_BLOCK / block * dots / m)
-        return Machine(self.mbw, vos, self.fma_vector_ops / m)
+            return Machine(self.mbw, vos, per_dot * ACT8_MEASURED_BLOCK / block * dots / m, True)
+        return Machine(self.mbw, vos, self.fma_vector_ops / m, True)
 
     def vos_for(self, fmt: str, k: int = SIGNATURE_K) -> float:
         """The format's VOS: a weight vector's dequantization ops over their time, its

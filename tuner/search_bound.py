@@ -6,7 +6,9 @@ The machine's Roof-Surface bound (tuner/roofsurface.py) is the same for every sc
 format, M, N and K; what a schedule adds is how it shares the work among the threads. Its
 busiest thread streams `weight_imbalance` times an even share of the weights and does that
 times its rows' share of the products, and the others wait for it, so the schedule's bound is
-the machine's MEM and VEC terms over the first and its MTX term over the second."""
+the machine's MEM and VEC terms over the first and its MTX term over the second. It keeps
+Eq. 1's min of the three where the reports add the VEC and MTX times (Machine.shared): the
+looser bound prunes less, and never a candidate that could have won."""
 
 from __future__ import annotations
 

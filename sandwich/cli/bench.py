@@ -205,11 +205,12 @@ def register(sub) -> None:
     c.set_defaults(func=_run_caches)
 
     kab = bsub.add_parser("kernels", help="two versions of the GEMM family's source (the "
-                          "shipped one and an edited copy) on the same schedules, timed against "
-                          "each other in interleaved rounds")
+                          "shipped one and an edited copy; the AMX kernel's for amx_ schedules) "
+                          "on the same schedules, timed against each other in interleaved rounds")
     kab.add_argument("--b", required=True, metavar="FILE", help="the .sw source compared")
     kab.add_argument("--a", default=None, metavar="FILE", help="the reference source "
-                     "(default: the shipped dsl/kernels/gemm_family.sw)")
+                     "(default: the shipped dsl/kernels/gemm_family.sw, or gemm_amx_bf16.sw "
+                     "for amx_ schedules)")
     _schedule_args(kab, m="8", m_help="comma-separated M values", rounds=8,
                    rounds_help="A B B A rounds per row")
     kab.set_defaults(func=_run_kernels)

@@ -65,6 +65,9 @@ def _run(args) -> int:
           "8 + 2 + 32 / G ops for others)")
     print("a format's VOS: its sequence at that rate, its group epilogue (scaling FMAs) at the "
           "FMA rate")
+    print("bound = min(MEM, 1 / (1 / VEC + 1 / MTX)): the dequantization and the products take "
+          "the same vector ports (the AMX kernel rounds int weights before its tiles run), so "
+          "their times add; DECA's Eq. 1 takes min(MEM, VEC, MTX) for a separate matrix unit")
     print(f"{'format':<14} {'M':>5} {'AI_XM op/B':>10} {'AI_XV op/vop':>12} {'VOS G/s':>8} "
           f"{'MEM':>8} {'VEC':>8} {'MTX':>8} {'bound GFLOPS':>12}  resource")
     rows = []  # (format, its signature at M, on AMX tiles)
@@ -92,10 +95,22 @@ def _run(args) -> int:
     return 0
 
 
+def _regions(machine, x, y):
+    """The index in RESOURCES of the term that bounds each point (AI_XM x, AI_XV y) of a grid,
+    as rs.bound decides it: MEM where the stream is slowest (ties to MEM), else the slower of
+    VEC and MTX, whose times add on a shared machine (a curved MEM border)."""
+    import numpy as np
+
+    mem, vec, mtx = machine.mbw * x, machine.vos * y, np.full_like(x, machine.mos)
+    compute = 1.0 / (1.0 / vec + 1.0 / mtx) if machine.shared else np.minimum(vec, mtx)
+    return np.where(mem <= compute, 0, np.where(vec <= mtx, 1, 2))
+
+
 def _write_bord(path: Path, host, sigs: dict, ms: list[int], *, title: str) -> None:
     """One bounding-region diagram per format (a row) and M (a column): each format has its
     own MOS (its product's rate) and VOS (its dequantization's), so its own BORD; log axes,
-    the three regions shaded, the format a point; AI_XV = inf is drawn on the top edge."""
+    the three regions shaded and their borders drawn, the format a point; AI_XV = inf is
+    drawn on the top edge."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -117,15 +132,11 @@ def _write_bord(path: Path, host, sigs: dict, ms: list[int], *, title: str) -> N
             ys = finite + [lines.mtx_y, lines.mem_vec_slope * x0, lines.mem_vec_slope * x1]
             y0, y1 = min(ys) / 4, max(ys) * 4
             gx, gy = np.geomspace(x0, x1, 240), np.geomspace(y0, y1, 240)
-            gxx, gyy = np.meshgrid(gx, gy)  # Eq. 1's three terms over the plane; argmin keeps
-            terms = (machine.mbw * gxx, machine.vos * gyy, np.full_like(gxx, machine.mos))
-            grid = np.argmin(np.stack(terms), axis=0)  # the first of equal terms, as rs.bound
+            gxx, gyy = np.meshgrid(gx, gy)
+            grid = _regions(machine, gxx, gyy)
             ax.pcolormesh(gx, gy, grid, cmap=ListedColormap([COLORS[k] for k in rs.RESOURCES]),
                           vmin=-0.5, vmax=2.5, shading="auto")
-            xm = min(lines.mtx_x, x1)
-            ax.plot([x0, xm], [lines.mem_vec_slope * x0, lines.mem_vec_slope * xm], "k-", lw=1)
-            ax.plot([lines.mtx_x, lines.mtx_x], [lines.mtx_y, y1], "k-", lw=1)
-            ax.plot([lines.mtx_x, x1], [lines.mtx_y, lines.mtx_y], "k-", lw=1)
+            ax.contour(gx, gy, grid, levels=[0.5, 1.5], colors="k", linewidths=1)
             top = sig.ai_xv == float("inf")
             y = y1 / 1.15 if top else sig.ai_xv
             ax.plot(sig.ai_xm, y, "^" if top else "o", color="k")
