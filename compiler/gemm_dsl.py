@@ -185,7 +185,11 @@ def amx_schedules(*, n: int, k: int, pack_n: int, threads: int, cpu: CpuInfo,
       thread).
     Both take a thread's rows b_m at a time, their A within 3/8 of L2 and at most AMX_ROWS:
     at M >= 1024 the row split ran 1.45x (lm_head), 1.6x (768 x 3072) with them, the same
-    at M = 512; 512 rows of K = 768 were slower than 256 (W's blocks pass once a chunk)."""
+    at M = 512; 512 rows of K = 768 were slower than 256 (W's blocks pass once a chunk).
+    - the row split in the largest blocks, where they differ from the first's: a long K
+      shrinks the first's blocks (Sheared's down, 2048 x 5504: b_m 64, b_n 64), which ran
+      1193 GFLOPS at M = 512 where 256 rows and 320 columns ran 1905 and 1024 columns 1750
+      (SPR VM, 2 threads; torch's bf16 1367 and OpenVINO's 1224 in the same rounds)."""
     if not cpu.amx or pack_n % AMX_BLOCK or n % pack_n or k % AMX_BLOCK or not amx_format(dtype, k):
         return []
     doms = _amx_domains(cpu.lanes_f32)
@@ -200,9 +204,19 @@ def amx_schedules(*, n: int, k: int, pack_n: int, threads: int, cpu: CpuInfo,
     def schedule(split: Polymerization, b_n: int, b_k: int) -> KernelSchedule:
         return KernelSchedule(MicroKernel(AMX_BLOCK, AMX_BLOCK), ComputeSlice(b_m, b_n, b_k),
                               split, pack_n, AMX_OP, dtype)
-    return [schedule(Polymerization(threads, 1, 1), max(fits_l2, default=pack_n),
-                     max(fits_l1, default=AMX_BLOCK)),
-            schedule(Polymerization(1, threads, 1), pack_n, whole_k)]
+    b_k = max(fits_l1, default=AMX_BLOCK)
+    out = [schedule(Polymerization(threads, 1, 1), max(fits_l2, default=pack_n), b_k),
+           schedule(Polymerization(1, threads, 1), pack_n, whole_k)]
+    # the row split in the largest blocks: AMX_ROWS rows a pass and W's blocks of b_k rows (not
+    # of all K) in a quarter of L2, A's rows re-read from the LLC for each block of panels
+    block_l2 = [v for v in doms["b_n"] if v % pack_n == 0 and v * b_k * 2 <= cpu.l2_bytes // 4]
+    most_rows = max((v for v in doms["b_m"] if v <= AMX_ROWS), default=AMX_BLOCK)
+    large = KernelSchedule(MicroKernel(AMX_BLOCK, AMX_BLOCK),
+                           ComputeSlice(most_rows, max(block_l2, default=pack_n), b_k),
+                           Polymerization(threads, 1, 1), pack_n, AMX_OP, dtype)
+    def blocks(s: KernelSchedule) -> tuple[int, int, int, Polymerization]:  # as they run
+        return s.slice.b_m, min(s.slice.b_n, n), min(s.slice.b_k, k), s.polymerization
+    return out if any(blocks(large) == blocks(s) for s in out) else [*out, large]
 
 
 @lru_cache(maxsize=None)

@@ -56,22 +56,28 @@ def test_int_weights_in_groups_of_32_run_on_amx_tiles_too(dtype, runs):
     K-quants' super-blocks and fp32 (which the family's FMAs run exactly) are not offered."""
     spr = cpu_for("sapphirerapids")
     got = amx_schedules(n=N, k=256, pack_n=64, threads=2, cpu=spr, dtype=dtype)
-    assert [s.dtype for s in got] == ([dtype] * 2 if runs else [])
+    assert [s.dtype for s in got] == ([dtype] * 2 if runs else [])  # N = 128: the largest
+    # blocks are the row split's
     assert amx_panel(n=2304, k=768, pack_n=48, cpu=spr, dtype=dtype) == (64 if runs else 48)
 
 
 def test_the_amx_blocks_are_sized_from_the_caches():
     """The row split: W's block takes at most a quarter of L2, 32 rows of A's K block at most
     a third of L1; the panel split runs one panel and the whole K a block; both take a
-    thread's rows in chunks whose A takes at most 3/8 of L2, and at most 256 rows."""
+    thread's rows in chunks whose A takes at most 3/8 of L2, and at most 256 rows. A third,
+    the row split in the largest blocks (256 rows, W's b_k rows in a quarter of L2: 1024
+    columns), where it differs from the first once the blocks run (N = 128: it does not)."""
     spr = cpu_for("sapphirerapids")  # 48 KiB L1d, 2 MiB L2
     for k, b_m, b_n, whole_k in ((768, 256, 320, 1024), (3072, 128, 64, 4096),
                                  (5504, 64, 64, 8192)):
-        rows, panels = amx_schedules(n=64 * 96, k=k, pack_n=64, threads=2, cpu=spr)
+        rows, panels, large = amx_schedules(n=64 * 96, k=k, pack_n=64, threads=2, cpu=spr)
         assert (rows.slice.b_m, rows.slice.b_n, rows.slice.b_k) == (b_m, b_n, 256)
         assert (panels.slice.b_m, panels.slice.b_n, panels.slice.b_k) == (b_m, 64, whole_k)
+        assert (large.slice.b_m, large.slice.b_n, large.slice.b_k) == (256, 1024, 256)
+        assert large.polymerization == rows.polymerization
         assert b_n * k * 2 <= spr.l2_bytes // 4 or b_n == 64
         assert b_m * k * 2 <= 3 * spr.l2_bytes // 8
+    assert len(amx_schedules(n=128, k=768, pack_n=64, threads=2, cpu=spr)) == 2
 
 
 def test_bf16_weights_are_packed_in_panels_the_amx_blocks_divide_where_it_runs():

@@ -237,15 +237,16 @@ Q8_0 = "gemm_int8-g32_mk2x32_p1x2x1_n32_s4x32x64"
 def test_bench_amx_checks_and_times_both_kernels_with_the_interpreter_standing_in(monkeypatch, key):
     """On a CPU with AMX, `bench amx` builds the AMX kernel, checks it and the family's kernel
     of the same format (bf16, or Q8_0's on 8-bit activations) against numpy and times them in
-    rounds. Here the interpreter runs the AMX kernel in place of the CPU, so all but the
-    hardware is exercised; a wrong AMX result is refused."""
+    rounds, with the vendors' bf16 GEMMs beside a bf16 one. Here the interpreter runs the AMX
+    kernel in place of the CPU, so all but the hardware is exercised; a wrong AMX result is
+    refused."""
     import dataclasses
 
     from sandwich.bench import amx as bench_amx
     from sandwich.compiler.gemm_dsl import amx_tunables
     from sandwich.compiler.gemm_formats import weight_args
     from sandwich.compiler.target import detect_cpu
-    from sandwich.errors import SandwichError
+    from sandwich.errors import ConfigError, SandwichError
     from sandwich.weight_formats import parse_format
 
     cpu = detect_cpu()
@@ -276,6 +277,19 @@ def test_bench_amx_checks_and_times_both_kernels_with_the_interpreter_standing_i
     assert len(lines) == 4 and "B/A" in lines[0]
     dtype = key.split("_")[1]
     assert f"AMX amx_{dtype}_mk32x32_p2x1x1_n32_" in lines[0] and "_p1x2x1_n32_" in lines[1]
+    # the vendors' bf16 GEMMs in the same rounds (bf16 weights only), each checked first
+    pytest.importorskip("torch")
+    pytest.importorskip("openvino")
+    lines.clear()
+    rows = bench_amx.run_amx(schedule=key, n=64, k=64, ms=[33], threads=2, rounds=1,
+                             peers=("torch", "openvino"), log=lines.append)
+    if key == BF16:
+        assert [r.op for r in rows][2:] == ["torch-bf16 / family", "openvino-bf16 / family"]
+        assert "the best bf16 peer" in lines[-1]
+    else:
+        assert len(rows) == 2 and "left out for int8-g32" in lines[0]
+    with pytest.raises(ConfigError, match="unknown bf16 GEMM peer 'numpy'"):
+        bench_amx.run_amx(schedule=key, n=64, k=64, ms=[5], threads=2, rounds=1, peers=("numpy",))
     wrong.append(True)
     with pytest.raises(SandwichError, match="the AMX kernel"):
         bench_amx.run_amx(schedule=key, n=64, k=64, ms=[5], threads=2, rounds=1)

@@ -48,23 +48,31 @@ class NumpyPeer(Peer):
 
 
 class TorchPeer(Peer):
-    """torch.mm (oneDNN/MKL on x86 CPU wheels) on zero-copy views of the numpy arrays."""
+    """torch.mm (oneDNN/MKL on x86 CPU wheels) on zero-copy views of the numpy arrays; with
+    `bf16`, on bf16 weights and A rounded to bf16 per call, the product (bf16, as torch
+    returns it) widened back to f32: oneDNN's AMX or avx512_bf16 path."""
 
     name = "torch"
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, *, bf16: bool = False) -> None:
         import torch
 
         self.threads = threads
         self._torch = torch
+        self._dtype = torch.bfloat16 if bf16 else None
+        self.name = "torch-bf16" if bf16 else "torch"
         torch.set_num_threads(threads)
 
     def prepare(self, w: np.ndarray) -> object:
-        return self._torch.from_numpy(_own_copy(w))
+        t = self._torch.from_numpy(_own_copy(w))
+        return t.to(self._dtype) if self._dtype else t
 
     def run(self, a: np.ndarray, handle: object) -> np.ndarray:
         _check_a(a, handle.shape[0])  # type: ignore[attr-defined]
-        return self._torch.mm(self._torch.from_numpy(a), handle).numpy()
+        x = self._torch.from_numpy(a)
+        if self._dtype is None:
+            return self._torch.mm(x, handle).numpy()
+        return self._torch.mm(x.to(self._dtype), handle).float().numpy()
 
 
 @dataclass
@@ -85,19 +93,22 @@ class OpenVinoPeer(Peer):
 
     The constant lets the CPU plugin pack the weights ahead (a FullyConnected node), as our
     kernels do; the weights are stored (N, K) with transpose_b so no Transpose node is left in
-    the graph; f32 precision is forced, since the plugin defaults to bf16 on CPUs with bf16.
+    the graph; f32 precision is forced, since the plugin defaults to bf16 on CPUs with bf16,
+    unless `bf16` asks for that (f32 in and out, the weights and the MatMul in bf16).
     """
 
     name = "openvino"
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, *, bf16: bool = False) -> None:
         import openvino as ov
         import openvino.opset13 as ops
 
         self.threads = threads
         self._ov, self._ops = ov, ops
         self._core = ov.Core()
-        self._config = {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32",
+        self.name = "openvino-bf16" if bf16 else "openvino"
+        self._config = {"INFERENCE_NUM_THREADS": threads,
+                        "INFERENCE_PRECISION_HINT": "bf16" if bf16 else "f32",
                         "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
 
     def prepare(self, w: np.ndarray) -> _OpenVinoWeights:
@@ -132,6 +143,34 @@ _FACTORIES: dict[str, tuple[Callable[[int], Peer], str]] = {
     "torch": (TorchPeer, "pip install torch==2.13.0"),
     "openvino": (OpenVinoPeer, "pip install openvino"),
 }
+
+
+BF16_PEERS = {"torch": (TorchPeer, "pip install torch==2.13.0"),
+              "openvino": (OpenVinoPeer, "pip install openvino")}
+
+
+def check_bf16_peers(names: Iterable[str]) -> list[str]:
+    """The names, or a ConfigError for the first that is no bf16 peer."""
+    names = list(names)
+    for name in names:
+        if name not in BF16_PEERS:
+            raise ConfigError(f"unknown bf16 GEMM peer {name!r}; choose from {', '.join(BF16_PEERS)}")
+    return names
+
+
+def make_bf16_peers(names: Iterable[str], *, threads: int) -> PeerSet:
+    """The named peers in bf16 (torch, openvino), for the bf16 GEMMs their results are checked
+    against; a peer whose package is missing is skipped with a message."""
+    peers: list[Peer] = []
+    skipped: list[SkippedPeer] = []
+    for name in check_bf16_peers(names):
+        factory, install = BF16_PEERS[name]
+        try:
+            peers.append(factory(threads, bf16=True))
+        except ImportError as e:
+            skipped.append(SkippedPeer(name, f"peer {name} skipped: {e.name or e} is not "
+                                             f"installed ({install})"))
+    return PeerSet(peers=tuple(peers), skipped=tuple(skipped))
 
 
 def make_peers(names: Iterable[str] = DEFAULT_PEERS, *, threads: int) -> PeerSet:

@@ -234,6 +234,9 @@ def register(sub) -> None:
                           "weights, checked and timed in rounds")
     _schedule_args(amx, m="512,2048", m_help="comma-separated M values", rounds=5, many=False,
                    outputs=False)
+    amx.add_argument("--peers", default="torch,openvino",
+                     help="bf16 schedules: the vendors' bf16 GEMMs timed in the same rounds "
+                     "(torch, openvino; 'none' for none)")
     amx.set_defaults(func=_run_amx)
 
     from sandwich.cli import bench_scheduling
@@ -367,8 +370,9 @@ def _run_amx(args) -> int:
     from sandwich.bench.amx import run_amx
 
     threads = threads_of(args)
+    peers = () if args.peers in ("", "none") else tuple(p.strip() for p in args.peers.split(","))
     run_amx(schedule=args.schedule, n=args.n, k=args.k, ms=int_list(args.m, "--m"),
-            threads=threads, rounds=args.rounds)
+            threads=threads, rounds=args.rounds, peers=peers)
     return 0
 
 
