@@ -102,8 +102,8 @@ def run_amx(*, schedule: str, n: int, k: int, ms: list[int], threads: int, round
 
 
 def _bf16_peers(names: tuple[str, ...], dtype: str, threads: int, log) -> list:
-    """The bf16 peers for a bf16 schedule; none for int weights (the peers' int paths quantize by their own
-    rules), with a line saying so."""
+    """The bf16 peers for a bf16 schedule; none for int weights (the peers' int paths
+    quantize by their own rules), with a line saying so."""
     if not check_bf16_peers(names):
         return []
     if dtype != "bf16":

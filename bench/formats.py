@@ -210,10 +210,10 @@ def _time_row(cache, limits, model: str, name: str, op, fmt: str, m: int,
 def _roof(row: FormatRow, host: rs.HostRates, cpu) -> None:
     """The row's Roof-Surface bound: MBW is the read of its own moment for a decode row (the
     bandwidth drifts within seconds), for a row whose weights stay in a cache the read of a
-    buffer of their size (that cache's bandwidth, not DRAM's), the start's for the others. A row the AMX kernel runs
-    has AMX's tile rate for its MTX term (vdpbf16ps' is several times below it); on int
-    weights its VEC term is their rounding to bf16, once per chunk of the schedule's b_m rows
-    (rs.amx_signature)."""
+    buffer of their size (that cache's bandwidth, not DRAM's), the start's for the others. A
+    row the AMX kernel runs has AMX's tile rate for its MTX term (vdpbf16ps' is several times
+    below it); on int weights its VEC term is their rounding to bf16, once per chunk of the
+    schedule's b_m rows (rs.amx_signature)."""
     amx = row.schedule.startswith(f"{AMX_OP}_")
     if amx and not host.amx_flops:
         return

@@ -214,6 +214,7 @@ def amx_schedules(*, n: int, k: int, pack_n: int, threads: int, cpu: CpuInfo,
     large = KernelSchedule(MicroKernel(AMX_BLOCK, AMX_BLOCK),
                            ComputeSlice(most_rows, max(block_l2, default=pack_n), b_k),
                            Polymerization(threads, 1, 1), pack_n, AMX_OP, dtype)
+
     def blocks(s: KernelSchedule) -> tuple[int, int, int, Polymerization]:  # as they run
         return s.slice.b_m, min(s.slice.b_n, n), min(s.slice.b_k, k), s.polymerization
     return out if any(blocks(large) == blocks(s) for s in out) else [*out, large]

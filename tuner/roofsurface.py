@@ -237,9 +237,12 @@ def table2_signature(kernel: PaperKernel) -> Signature:
 # Here the FMAs (or dot products) and the dequantization share the same vector ports, so
 # the VEC and MTX terms are not independent as TMUL and AVX are: their times add
 # (Machine.shared; Sapphire Rapids VM, int4-g32 on VNNI, 11008 x 2048 from the LLC, 2 threads:
-# 686-737 GFLOPS at M = 4-16, 53-57% of Eq. 1's min, 65-86% of the added times). What the
-# model leaves out: above the register tile's rows the kernel converts each weight vector
-# once per row block, not once per M rows, so at large M the VEC term is optimistic.
+# 686-737 GFLOPS at M = 4-16, 53-57% of Eq. 1's min, 65-86% of the added times). The int
+# formats on 8-bit activations count their group scaling twice there: in the dot8 block's
+# measured rate and in the epilogue share of VEC (3 of int4-g32's 27 ops per 32 weight
+# vectors, once per row where the model counts it once). What the model leaves out: above
+# the register tile's rows the kernel converts each weight vector once per row block, not
+# once per M rows, so at large M the VEC term is optimistic.
 # dequantization ops per weight vector, by bits; bf16 takes none into vdpbf16ps and one (a
 # shift or a mask to f32) where the CPU has no bf16 dot product (BF16_WIDEN_OPS)
 VALUE_OPS = {32: 0.0, 16: 0.0, 8: 2.0, 4: 2.5}
