@@ -138,15 +138,14 @@ class OpenVinoPeer(Peer):
         return cm({0: a}, share_inputs=True, share_outputs=True)[0]  # type: ignore[operator]
 
 
-_FACTORIES: dict[str, tuple[Callable[[int], Peer], str]] = {
+_FACTORIES: dict[str, tuple[Callable[..., Peer], str]] = {
     "numpy": (NumpyPeer, "pip install threadpoolctl"),
     "torch": (TorchPeer, "pip install torch==2.13.0"),
     "openvino": (OpenVinoPeer, "pip install openvino"),
 }
 
 
-BF16_PEERS = {"torch": (TorchPeer, "pip install torch==2.13.0"),
-              "openvino": (OpenVinoPeer, "pip install openvino")}
+BF16_PEERS = ("torch", "openvino")  # the peers with a bf16 GEMM (their `bf16` argument)
 
 
 def check_bf16_peers(names: Iterable[str]) -> list[str]:
@@ -161,35 +160,37 @@ def check_bf16_peers(names: Iterable[str]) -> list[str]:
 def make_bf16_peers(names: Iterable[str], *, threads: int) -> PeerSet:
     """The named peers in bf16 (torch, openvino), for the bf16 GEMMs their results are checked
     against; a peer whose package is missing is skipped with a message."""
-    peers: list[Peer] = []
-    skipped: list[SkippedPeer] = []
-    for name in check_bf16_peers(names):
-        factory, install = BF16_PEERS[name]
-        try:
-            peers.append(factory(threads, bf16=True))
-        except ImportError as e:
-            skipped.append(SkippedPeer(name, f"peer {name} skipped: {e.name or e} is not "
-                                             f"installed ({install})"))
-    return PeerSet(peers=tuple(peers), skipped=tuple(skipped))
+    built = [_build(name, threads, bf16=True) for name in check_bf16_peers(names)]
+    return _peer_set(built)
 
 
 def make_peers(names: Iterable[str] = DEFAULT_PEERS, *, threads: int) -> PeerSet:
     """Build the named peers for `threads` threads; a peer whose package is missing is skipped."""
     if not isinstance(threads, int) or threads < 1:
         raise ConfigError(f"threads must be a positive integer, got {threads!r}")
-    peers: list[Peer] = []
-    skipped: list[SkippedPeer] = []
+    built: list[Peer | SkippedPeer] = []
     for name in names:
         if name.startswith(CACHE_PREFIX):
-            peers.append(CachePeer(name[len(CACHE_PREFIX):], threads))
+            built.append(CachePeer(name[len(CACHE_PREFIX):], threads))
             continue
         if name not in _FACTORIES:
             raise ConfigError(f"unknown GEMM peer {name!r}; choose from {', '.join(_FACTORIES)}, "
                               f"or {CACHE_PREFIX}DIR (another kernel cache's tuned GEMMs)")
-        factory, install = _FACTORIES[name]
-        try:
-            peers.append(factory(threads))
-        except ImportError as e:
-            missing = e.name or str(e)
-            skipped.append(SkippedPeer(name, f"peer {name} skipped: {missing} is not installed ({install})"))
-    return PeerSet(peers=tuple(peers), skipped=tuple(skipped))
+        built.append(_build(name, threads))
+    return _peer_set(built)
+
+
+def _build(name: str, threads: int, **kw) -> Peer | SkippedPeer:
+    """Peer `name` of _FACTORIES, or a SkippedPeer saying what to install where its package
+    is missing."""
+    factory, install = _FACTORIES[name]
+    try:
+        return factory(threads, **kw)
+    except ImportError as e:
+        missing = e.name or str(e)
+        return SkippedPeer(name, f"peer {name} skipped: {missing} is not installed ({install})")
+
+
+def _peer_set(built: list[Peer | SkippedPeer]) -> PeerSet:
+    return PeerSet(peers=tuple(p for p in built if isinstance(p, Peer)),
+                   skipped=tuple(p for p in built if isinstance(p, SkippedPeer)))

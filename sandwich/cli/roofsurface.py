@@ -96,14 +96,16 @@ def _run(args) -> int:
 
 
 def _regions(machine, x, y):
-    """The index in RESOURCES of the term that bounds each point (AI_XM x, AI_XV y) of a grid,
-    as rs.bound decides it: MEM where the stream is slowest (ties to MEM), else the slower of
-    VEC and MTX, whose times add on a shared machine (a curved MEM border)."""
+    """The index in RESOURCES of the term that bounds each point (AI_XM x, AI_XV y) of a grid:
+    rs.region at every point, so the diagram shades what the bound decides (on a shared
+    machine, where the VEC and MTX times add, a curved MEM border)."""
     import numpy as np
 
-    mem, vec, mtx = machine.mbw * x, machine.vos * y, np.full_like(x, machine.mos)
-    compute = 1.0 / (1.0 / vec + 1.0 / mtx) if machine.shared else np.minimum(vec, mtx)
-    return np.where(mem <= compute, 0, np.where(vec <= mtx, 1, 2))
+    from sandwich.tuner import roofsurface as rs
+
+    def at(ai_xm: float, ai_xv: float) -> int:
+        return rs.RESOURCES.index(rs.region(machine, rs.Signature(ai_xm, ai_xv)))
+    return np.vectorize(at, otypes=[int])(x, y)
 
 
 def _write_bord(path: Path, host, sigs: dict, ms: list[int], *, title: str) -> None:
