@@ -28,7 +28,7 @@ from sandwich.tuner.machine_bench import read_bandwidth_gbs
 from sandwich.tuner.streaming import from_dram, rotation_copies
 from sandwich.tuner.trial_log import parse_schedule_key
 from sandwich.tuner.tvm_measure import kernel_rows, kernel_weights
-from sandwich.types import AMX_OP
+from sandwich.types import AMX8_OP, AMX_OPS
 from sandwich.weight_formats import dequantize, gemm_dtype, parse_format, quantize
 
 DECODE_MAX_M = 8
@@ -213,13 +213,17 @@ def _roof(row: FormatRow, host: rs.HostRates, cpu) -> None:
     buffer of their size (that cache's bandwidth, not DRAM's), the start's for the others. A
     row the AMX kernel runs has AMX's tile rate for its MTX term (vdpbf16ps' is several times
     below it); on int weights its VEC term is their rounding to bf16, once per chunk of the
-    schedule's b_m rows (rs.amx_signature)."""
-    amx = row.schedule.startswith(f"{AMX_OP}_")
+    schedule's b_m rows (rs.amx_signature); with byte products (AMX8_OP) its per-row scaling
+    and per-block work (rs.amx8_signature)."""
+    op = row.schedule.split("_", 1)[0]
+    amx = op in AMX_OPS
     if amx and not host.amx_flops:
         return
     mbw = row.read_gbs or row.cache_read_gbs
     rates = dataclasses.replace(host, mbw=mbw * 1e9) if mbw else host
-    if amx and parse_format(row.weights).quantized:
+    if op == AMX8_OP:
+        sig = rs.amx8_signature(row.weights, cpu.lanes_f32, m=row.m, k=row.k)
+    elif amx and parse_format(row.weights).quantized:
         s = parse_schedule_key(row.schedule)
         sig = rs.amx_signature(row.weights, cpu.lanes_f32, m=row.m, rows=s.slice.b_m,
                                t_m=s.polymerization.t_m, k=row.k)

@@ -25,7 +25,7 @@ from sandwich.compiler.target import describe_machine, detect_cpu
 from sandwich.errors import ConfigError
 from sandwich.tuner.streaming import llc_bytes, rotation_copies
 from sandwich.tuner.trial_log import parse_schedule_key
-from sandwich.types import AMX_OP, KernelSchedule
+from sandwich.types import KernelSchedule
 
 
 @dataclass
@@ -58,9 +58,9 @@ def build_side(tag: str, src: str | None, schedule: KernelSchedule, n: int, k: i
                threads: int, cpu) -> SourceSide:
     """`schedule` built from the source in `src` (None: the shipped one): the family's
     kernel, or for an AMX schedule the AMX kernel's."""
-    from sandwich.compiler.gemm_dsl import AMX_KERNEL, KERNEL, build_gemm_dsl, load_family
+    from sandwich.compiler.gemm_dsl import build_gemm_dsl, kernel_name, load_family
 
-    kernel = load_family(src, AMX_KERNEL if schedule.op == AMX_OP else KERNEL) if src else None
+    kernel = load_family(src, kernel_name(schedule.op)) if src else None
     func = build_gemm_dsl(schedule, n=n, k=k, cpu=cpu, threads=threads, kernel=kernel)["main"]
     return SourceSide(f"{tag} ({src or 'shipped'})", schedule, func, n)
 

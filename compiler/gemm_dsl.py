@@ -13,13 +13,27 @@ from pathlib import Path
 
 from sandwich.compiler.amx import request_tiles
 from sandwich.compiler.build import compile_source
-from sandwich.compiler.gemm_formats import amx_format, int_activations, weight_args, weight_format
+from sandwich.compiler.gemm_formats import (
+    ACT_BLOCK,
+    amx8_format,
+    amx_format,
+    int_activations,
+    weight_args,
+    weight_format,
+)
 from sandwich.compiler.gemm_template import GemmProblem, validate
 from sandwich.compiler.lower_tir import to_tvmscript
 from sandwich.compiler.lower_vector import sums_in_16_bits
 from sandwich.compiler.target import CpuInfo
 from sandwich.errors import ConfigError, DSLError, first_line
-from sandwich.types import AMX_OP, ComputeSlice, KernelSchedule, MicroKernel, Polymerization
+from sandwich.types import (
+    AMX8_OP,
+    AMX_OP,
+    ComputeSlice,
+    KernelSchedule,
+    MicroKernel,
+    Polymerization,
+)
 from sandwich.weight_formats import WeightFormat
 
 KERNEL = "gemm_family"
@@ -29,6 +43,12 @@ KERNEL = "gemm_family"
 AMX_KERNEL = "gemm_amx_bf16"
 AMX_BLOCK = 32  # the C block its four accumulator tiles hold (rows and columns)
 AMX_ROWS = 256  # the most rows of A a thread's pass over W takes (amx_schedules)
+# Int weights on AMX tiles with byte products (dsl/kernels/gemm_amx_int8.sw), a schedule of op
+# AMX8_OP: the family's packed weights and 8-bit activations, 16 rows a tile
+AMX8_KERNEL = "gemm_amx_int8"
+AMX8_ROWS = 16
+AMX8_PREFETCH = 4  # blocks of 32 values along K ahead that its weights are prefetched
+_KERNELS = {AMX_OP: AMX_KERNEL, AMX8_OP: AMX8_KERNEL}
 
 
 @lru_cache(maxsize=1)
@@ -220,12 +240,33 @@ def amx_schedules(*, n: int, k: int, pack_n: int, threads: int, cpu: CpuInfo,
     return out if any(blocks(large) == blocks(s) for s in out) else [*out, large]
 
 
+def amx8_schedules(*, n: int, k: int, pack_n: int, threads: int, cpu: CpuInfo,
+                   dtype: str) -> list[KernelSchedule]:
+    """The schedule that may run a GEMM of (N, K) with int8 / int4 weights (amx8_format) on AMX
+    tiles with byte products, for the tuner to measure at each M; none where it cannot: no
+    AMX-INT8 on `cpu`, another format, a panel other than 32 or 64 columns, or `threads`
+    outside its domains. The panels split over the threads; each takes blocks of b_n columns
+    whose weights fit a quarter of L2, where every 16 rows after the first re-read them (the
+    slice's b_m is the tile's 16 rows, b_k its 32 values of K)."""
+    if not cpu.amx_int8 or pack_n not in (32, 64) or n % pack_n or not amx8_format(dtype, k):
+        return []
+    doms = _amx_domains(cpu.lanes_f32, AMX8_KERNEL)
+    if threads not in doms["t_n"]:
+        return []
+    bits = weight_format(dtype).bits
+    fits_l2 = [v for v in doms["b_n"]
+               if v % pack_n == 0 and v <= n and v * k * bits // 8 <= cpu.l2_bytes // 4]
+    return [KernelSchedule(MicroKernel(AMX8_ROWS, pack_n),
+                           ComputeSlice(AMX8_ROWS, max(fits_l2, default=pack_n), ACT_BLOCK),
+                           Polymerization(1, threads, 1), pack_n, AMX8_OP, dtype)]
+
+
 @lru_cache(maxsize=None)
-def _amx_domains(lanes: int) -> dict[str, tuple[int, ...]]:
+def _amx_domains(lanes: int, name: str = AMX_KERNEL) -> dict[str, tuple[int, ...]]:
     from sandwich.dsl.load import load_kernel
     from sandwich.dsl.space import domains
 
-    return domains(load_kernel(AMX_KERNEL), vlen=lanes)
+    return domains(load_kernel(name), vlen=lanes)
 
 
 def amx_panel(*, n: int, k: int, pack_n: int, cpu: CpuInfo, dtype: str = "bf16") -> int:
@@ -241,34 +282,48 @@ def amx_panel(*, n: int, k: int, pack_n: int, cpu: CpuInfo, dtype: str = "bf16")
 
 
 def amx_tunables(schedule: KernelSchedule) -> dict[str, int]:
-    """The AMX kernel's tunable values for an AMX_OP schedule (amx_schedules)."""
+    """An AMX kernel's tunable values for an AMX_OP or AMX8_OP schedule (amx_schedules,
+    amx8_schedules)."""
     p, b = schedule.polymerization, schedule.slice
     fmt = weight_format(schedule.dtype)
+    weights = {"bits": fmt.bits, "asym": int(not fmt.symmetric),
+               "s32": int(fmt.scale_dtype == "float32")}
+    if schedule.op == AMX8_OP:
+        return {"pack_n": schedule.pack_n, "t_n": p.t_n, "b_n": b.b_n, "pf": AMX8_PREFETCH,
+                **weights}
     return {"pack_n": schedule.pack_n, "t_m": p.t_m, "t_n": p.t_n, "b_m": b.b_m, "b_n": b.b_n,
-            "b_k": b.b_k, "bits": fmt.bits, "asym": int(not fmt.symmetric),
-            "s32": int(fmt.scale_dtype == "float32")}
+            "b_k": b.b_k, **weights}
+
+
+def kernel_name(op: str) -> str:
+    """The kernel an op's schedules build: the family's, or one of the AMX kernels."""
+    return _KERNELS.get(op, KERNEL)
 
 
 def amx_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int,
                   isa: str | None = None, bf16_dot: bool = False, kernel=None) -> str:
-    """TVMScript of the AMX kernel for an AMX_OP schedule, called as the family is without
-    its slice: main(A[M, K], <weight arrays>, C[M, N]), M from A; the weight arrays as the
-    family takes them (gemm_formats.weight_args: WB for bf16, Q8Q or Q4Q and the scales).
+    """TVMScript of an AMX kernel for an AMX_OP or AMX8_OP schedule, called as the family is
+    without its slice: main(A[M, K], <weight arrays>, C[M, N]), M from A; the weight arrays as
+    the family takes them (gemm_formats.weight_args: WB for bf16, Q8Q or Q4Q and the scales).
     `isa` and `bf16_dot` (CpuInfo's): with avx512_bf16, A and int weights are rounded to bf16
     by vcvtne2ps2bf16. `kernel`: another version of it (load_family), else the shipped one."""
     from sandwich.dsl.load import load_kernel
 
-    if schedule.op != AMX_OP or not amx_format(schedule.dtype, k):
-        raise ConfigError(f"schedule {schedule.key()} is not an AMX schedule of a format the AMX "
-                          f"kernel takes (bf16, int8 and int4 in groups of 32 values)")
+    takes = amx8_format if schedule.op == AMX8_OP else amx_format
+    if schedule.op not in _KERNELS or not takes(schedule.dtype, k):
+        raise ConfigError(f"schedule {schedule.key()} is not an AMX schedule of a format its "
+                          f"kernel takes (bf16 on bf16 products; int8 and int4 in groups of 32 "
+                          f"values on both)")
     fmt = weight_format(schedule.dtype)
+    name = _KERNELS[schedule.op]
     try:
-        return to_tvmscript(kernel or load_kernel(AMX_KERNEL), tunables=amx_tunables(schedule),
+        return to_tvmscript(kernel or load_kernel(name), tunables=amx_tunables(schedule),
                             vlen=lanes, fixed={"N": n, "K": k, "G": fmt.group_size(k)},
                             args=("A", *weight_args(schedule.dtype, k), "C"), align=4,
-                            scalars="inline", fold=True, amx=True, isa=isa, bf16_dot=bf16_dot)
+                            scalars="inline", fold=True, amx=True, isa=isa, bf16_dot=bf16_dot,
+                            amx_int8=schedule.op == AMX8_OP)
     except DSLError as e:
-        raise ConfigError(f"GEMM schedule {schedule.key()} is outside {AMX_KERNEL}.sw: {e}") from e
+        raise ConfigError(f"GEMM schedule {schedule.key()} is outside {name}.sw: {e}") from e
 
 
 def build_gemm_dsl(schedule: KernelSchedule, *, n: int, k: int, cpu: CpuInfo, threads: int,
@@ -277,9 +332,10 @@ def build_gemm_dsl(schedule: KernelSchedule, *, n: int, k: int, cpu: CpuInfo, th
     in gemm_dsl_tvmscript. An AMX_OP schedule builds the AMX kernel instead (only for a CPU
     with AMX-BF16; `kernel` then a version of that one), and this process asks Linux for the
     tile state it runs with."""
-    if schedule.op == AMX_OP:
-        if not cpu.amx:
-            raise ConfigError(f"schedule {schedule.key()} needs AMX-BF16, which {cpu.mcpu} lacks")
+    if schedule.op in _KERNELS:
+        if not (cpu.amx_int8 if schedule.op == AMX8_OP else cpu.amx):
+            need = "AMX-INT8" if schedule.op == AMX8_OP else "AMX-BF16"
+            raise ConfigError(f"schedule {schedule.key()} needs {need}, which {cpu.mcpu} lacks")
         src = amx_tvmscript(schedule, n=n, k=k, lanes=cpu.lanes_f32, isa=cpu.isa,
                             bf16_dot=cpu.bf16_dot, kernel=kernel)
         request_tiles()

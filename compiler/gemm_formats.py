@@ -56,6 +56,12 @@ def amx_format(dtype: str, k: int) -> bool:
     return fmt.bits == 16 or (fmt.bits in (8, 4) and not fmt.super_group and int_activations(fmt, k))
 
 
+def amx8_format(dtype: str, k: int) -> bool:
+    """Whether the AMX byte-product kernel (gemm_amx_int8) takes weights of this format: the
+    int8 and int4 ones of amx_format (its products are the family's, on 8-bit activations)."""
+    return weight_format(dtype).bits in (8, 4) and amx_format(dtype, k)
+
+
 def quantized_activations(a: np.ndarray) -> np.ndarray:
     """A[M, K] as the kernel sees it with act = 1 (float64): each block of 32 values along K
     rounded to 8 bits (scale max |a| / 127), in the kernel's float32 arithmetic."""

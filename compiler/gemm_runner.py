@@ -7,7 +7,7 @@ import numpy as np
 from sandwich.compiler.gemm_formats import ACT_BLOCK, int_activations, weight_format
 from sandwich.compiler.gemm_template import slice_args
 from sandwich.errors import ShapeError
-from sandwich.types import AMX_OP, KernelSchedule
+from sandwich.types import AMX_OPS, KernelSchedule
 from sandwich.weight_formats import QuantizedWeight, quantize, unpack4, unpack5, unpack6
 
 
@@ -175,7 +175,7 @@ def gemm_args(a: np.ndarray, wp: np.ndarray | tuple[np.ndarray, ...], out: np.nd
     packed fp32 weight or the arrays `pack_weight` made for the schedule's dtype."""
     weights = (wp,) if isinstance(wp, np.ndarray) else tuple(wp)
     args = [wrap(a), *(wrap(x) for x in weights), wrap(out)]
-    if schedule.op == AMX_OP:  # the AMX kernel's blocks are fixed: no slice, no split K
+    if schedule.op in AMX_OPS:  # the AMX kernels' blocks are fixed: no slice, no split K
         return args
     if schedule.polymerization.t_k > 1:
         if workspace is None:

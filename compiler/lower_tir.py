@@ -55,9 +55,10 @@ def _assigned(stmts) -> set[str]:
 class _Emitter(V.VectorLoops, StaticParts, TileStatements):
     def __init__(self, kernel: H.Kernel, consts: dict, vlen: int, scalars: str = "box",
                  fold: bool = False, isa: str | None = None, bf16_dot: bool = False,
-                 int8_dot: bool = False, amx: bool = False) -> None:
+                 int8_dot: bool = False, amx: bool = False, amx_int8: bool = False) -> None:
         self.consts, self.vlen, self.scalars, self.fold = consts, vlen, scalars, fold
         self.amx = amx  # AMX-BF16: the tile statements (compiler/lower_tiles.py)
+        self.amx_int8 = amx and amx_int8  # AMX-INT8 as well: tile_dpbsud
         self.isa = isa  # the target's vector ISA (compiler/target.py), for intrinsics
         self.bf16_dot = bf16_dot and isa == "avx512"  # vdpbf16ps for dotbf16, vcvtne2ps2bf16 for bf16pair
         self.int8_dot = int8_dot and isa == "avx512"  # vpdpbusd for dot8
@@ -338,7 +339,7 @@ def to_tvmscript(kernel: H.Kernel, *, tunables: dict[str, int], vlen: int,
                  fixed: dict | None = None, args: tuple[str, ...] | None = None,
                  align: int | None = None, scalars: str = "box", fold: bool = False,
                  isa: str | None = None, bf16_dot: bool = False, int8_dot: bool = False,
-                 amx: bool = False) -> str:
+                 amx: bool = False, amx_int8: bool = False) -> str:
     """TVMScript source of `main(<params in order>)` for one point of the search space.
 
     `fixed` scalar parameters keep their place in the signature (a call with another value
@@ -350,7 +351,7 @@ def to_tvmscript(kernel: H.Kernel, *, tunables: dict[str, int], vlen: int,
     pmaddwd), `bf16_dot` (the target has avx512_bf16) vdpbf16ps for dotbf16 and
     vcvtne2ps2bf16 for bf16pair, and `int8_dot`
     (the target has AVX512-VNNI) vpdpbusd for dot8; `amx` (AMX-BF16) the tile statements,
-    which are an error without it.
+    which are an error without it, and `amx_int8` (AMX-INT8 too) tile_dpbsud.
     """
     if scalars not in SCALARS:
         raise DSLError(f"scalars must be one of {SCALARS}, got {scalars!r}")
@@ -358,7 +359,7 @@ def to_tvmscript(kernel: H.Kernel, *, tunables: dict[str, int], vlen: int,
     fixed = dict(fixed or {})
     check_fixed(kernel, fixed)
     consts = {**tunables, A.VLEN: vlen, **fixed}
-    e = _Emitter(kernel, consts, vlen, scalars, fold, isa, bf16_dot, int8_dot, amx)
+    e = _Emitter(kernel, consts, vlen, scalars, fold, isa, bf16_dot, int8_dot, amx, amx_int8)
     sig = signature(kernel, args, fixed)
     for p in kernel.params:
         if p.shape and p not in sig:

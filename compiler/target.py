@@ -78,6 +78,11 @@ class CpuInfo:
         """Whether the target has AMX tiles with bf16 products (tdpbf16ps: AMX-TILE, AMX-BF16)."""
         return "+amx-tile" in self.mattr and "+amx-bf16" in self.mattr
 
+    @property
+    def amx_int8(self) -> bool:
+        """Whether the target's AMX tiles multiply bytes too (tdpbsud: AMX-INT8)."""
+        return self.amx and "+amx-int8" in self.mattr
+
     def target_dict(self, threads: int | None = None) -> dict:
         """The TVM target in the dict form that TVM 0.27 accepts."""
         d: dict = {"kind": "llvm", "mcpu": self.mcpu, "num-cores": threads or self.cores}

@@ -175,23 +175,28 @@ class Prefetch:
 
 # x86 AMX tile statements and their argument counts (Tile)
 TILE_OPS = {"tile_config": 8, "tile_zero": 1, "tile_load": 3, "tile_store": 3,
-            "tile_dpbf16": 3, "tile_release": 0}
+            "tile_dpbf16": 3, "tile_dpbsud": 3, "tile_release": 0}
+TILE_CONFIG_WIDTHS = 16  # tile_config's other form: eight rows, then eight row widths in bytes
 # how many of a tile statement's first arguments are tile numbers (literals 0 to TILES - 1)
 TILE_NUMBERS = {"tile_config": 0, "tile_zero": 1, "tile_load": 1, "tile_store": 1,
-                "tile_dpbf16": 3, "tile_release": 0}
+                "tile_dpbf16": 3, "tile_dpbsud": 3, "tile_release": 0}
 TILES, TILE_ROWS, TILE_ROW_BYTES = 8, 16, 64
 
 
 @dataclass(frozen=True)
 class Tile:
-    """An x86 AMX statement (AMX-TILE, AMX-BF16), for CPUs with matrix tiles: eight tile
-    registers of up to 16 rows of 64 bytes. `tile_config(r0, ..., r7)` gives each tile its
-    rows (0: unused; every row 64 bytes) and zeroes them all; `tile_zero(t)`; `tile_load(t,
-    X[i, ...], stride)` and `tile_store(t, X[i, ...], stride)` move tile t's rows from or to
-    X, row r at the element `stride * r` after X[i, ...] in memory order; `tile_dpbf16(c, a,
-    b)` adds to f32 tile c (rows x 16) the products of a's bf16 pairs (rows x 16 pairs) and
-    b's (16 rows of pairs along K x 16 columns), as tdpbf16ps does; `tile_release()` frees
-    them. Tile numbers are integer literals."""
+    """An x86 AMX statement (AMX-TILE, AMX-BF16, AMX-INT8), for CPUs with matrix tiles:
+    eight tile registers of up to 16 rows of 64 bytes. `tile_config(r0, ..., r7)` gives each
+    tile its rows (0: unused; every row 64 bytes) and zeroes them all; `tile_config(r0, ...,
+    r7, w0, ..., w7)` also each row's width in bytes (4 to 64, a multiple of 4);
+    `tile_zero(t)`; `tile_load(t, X[i, ...], stride)` and `tile_store(t, X[i, ...], stride)`
+    move tile t's rows from or to X, row r at the element `stride * r` after X[i, ...] in
+    memory order; `tile_dpbf16(c, a, b)` adds to f32 tile c (rows x 16) the products of a's
+    bf16 pairs (rows x 16 pairs) and b's (16 rows of pairs along K x 16 columns), as
+    tdpbf16ps does; `tile_dpbsud(c, a, b)` adds to i32 tile c (rows x 16) the products of
+    a's signed bytes (rows x 4 k) and b's unsigned ones (k rows of 4 bytes along K x 16
+    columns), as tdpbsud does; `tile_release()` frees them. Tile numbers are integer
+    literals."""
 
     op: str
     args: tuple

@@ -231,17 +231,18 @@ class Checker:
         rows of a configuration and a load's or store's stride are integers, and a load or
         store names an element of an array of 4-byte values (i32 pairs of bf16, or f32)."""
         want = A.TILE_OPS[s.op]
-        if len(s.args) != want:
-            raise self.fail(f"{s.op} takes {want} argument{'s' if want != 1 else ''}, "
+        if len(s.args) != want and not (s.op == "tile_config" and len(s.args) == A.TILE_CONFIG_WIDTHS):
+            takes = f"{want} or {A.TILE_CONFIG_WIDTHS}" if s.op == "tile_config" else str(want)
+            raise self.fail(f"{s.op} takes {takes} argument{'s' if want != 1 else ''}, "
                             f"got {len(s.args)}", s)
         for t in s.args[:A.TILE_NUMBERS[s.op]]:
             if not isinstance(t, A.IntLit) or not 0 <= t.value < A.TILES:
                 raise self.fail(f"{s.op}: a tile is an integer literal from 0 to {A.TILES - 1}", t)
-        if s.op == "tile_dpbf16" and len({t.value for t in s.args}) < 3:
-            raise self.fail("tile_dpbf16 needs three different tiles", s)
+        if s.op in ("tile_dpbf16", "tile_dpbsud") and len({t.value for t in s.args}) < 3:
+            raise self.fail(f"{s.op} needs three different tiles", s)
         if s.op == "tile_config":
-            for rows in s.args:
-                self.int_expr(rows, "tile rows")
+            for i, rows in enumerate(s.args):
+                self.int_expr(rows, "tile rows" if i < A.TILES else "tile row bytes")
         if s.op in ("tile_load", "tile_store"):
             ref = s.args[1]
             if not isinstance(ref, A.Index):

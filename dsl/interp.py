@@ -238,7 +238,8 @@ class Interpreter:
         tiles = self.tiles = self.tiles or TileFile()
         try:
             if s.op == "tile_config":
-                tiles.config([self.expr(r) for r in s.args])
+                values = [self.expr(r) for r in s.args]
+                tiles.config(values[:A.TILES], values[A.TILES:] or None)
             elif s.op in ("tile_load", "tile_store"):
                 arr, idx = self.element(s.args[1])
                 flat = int(np.ravel_multi_index(idx, arr.shape))
@@ -246,6 +247,8 @@ class Interpreter:
                 move(s.args[0].value, arr, flat, self.expr(s.args[2]), s.args[1].array)
             elif s.op == "tile_dpbf16":
                 tiles.dpbf16(*(t.value for t in s.args))
+            elif s.op == "tile_dpbsud":
+                tiles.dpbsud(*(t.value for t in s.args))
             elif s.op == "tile_zero":
                 tiles.zero(s.args[0].value)
             else:

@@ -95,6 +95,8 @@ class Polymerization(JsonMixin):
 
 GEMM_OP = "gemm"
 AMX_OP = "amx"
+AMX8_OP = "amx8"  # int weights on AMX tiles, byte products (tdpbsud): dsl/kernels/gemm_amx_int8.sw
+AMX_OPS = (AMX_OP, AMX8_OP)  # the kernels whose blocks are built in: no slice at call time
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,7 @@ class KernelSchedule(JsonMixin):
     slice: ComputeSlice
     polymerization: Polymerization
     pack_n: int  # packed weight layout W[N/pack_n, K, pack_n]
-    op: str = GEMM_OP  # the DSL family; AMX_OP: bf16 on AMX tiles (compiler/gemm_dsl.py)
+    op: str = GEMM_OP  # the DSL family; AMX_OP / AMX8_OP: bf16 / byte products on AMX tiles (compiler/gemm_dsl.py)
     dtype: str = "float32"
 
     def key(self) -> str:
@@ -120,13 +122,13 @@ class KernelSchedule(JsonMixin):
     def family_key(self) -> str:
         """Names the compiled kernel: the family's slice is a call-time argument, so every
         slice of one micro-kernel + polymerization + layout shares one `.so`; the AMX
-        kernel's blocks are built in, so its slice names its own."""
-        return self.key() if self.op == AMX_OP else self._base_key()
+        kernels' blocks are built in, so their slice names their own."""
+        return self.key() if self.op in AMX_OPS else self._base_key()
 
     def family(self) -> KernelSchedule:
         """This schedule with a canonical slice: the key under which its kernel is built
         (an AMX schedule as it is: its slice is built in)."""
-        if self.op == AMX_OP:
+        if self.op in AMX_OPS:
             return self
         mk = self.micro_kernel
         return KernelSchedule(mk, ComputeSlice(mk.mu_m, mk.mu_n, 16), self.polymerization,

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from sandwich.compiler.gemm_dsl import (
+    amx8_schedules,
     amx_panel,
     amx_schedules,
     amx_tvmscript,
@@ -25,13 +26,14 @@ from sandwich.tuner.trial_log import parse_schedule_key
 from sandwich.tuner.tune import tune_op
 from sandwich.tuner.tuning_db import StoredRecord
 from sandwich.tuner.tvm_measure import kernel_rows, kernel_weights, result_error
-from sandwich.types import AMX_OP, GemmOp, TuneRecord
+from sandwich.types import AMX8_OP, AMX_OP, GemmOp, TuneRecord
 from sandwich.weight_formats import dequantize, quantize
 
 pytestmark = pytest.mark.tvm
 
 N, K = 128, 96
 HAS_AMX = detect_cpu().amx
+HAS_AMX8 = detect_cpu().amx_int8
 
 
 def test_amx_schedules_only_where_its_32_x_32_blocks_fit():
@@ -59,6 +61,26 @@ def test_int_weights_in_groups_of_32_run_on_amx_tiles_too(dtype, runs):
     assert [s.dtype for s in got] == ([dtype] * 2 if runs else [])  # N = 128: the largest
     # blocks are the row split's
     assert amx_panel(n=2304, k=768, pack_n=48, cpu=spr, dtype=dtype) == (64 if runs else 48)
+
+
+@pytest.mark.parametrize("dtype,runs", [("int8-g32", True), ("int4-g32", True), ("int4-g64-asym", True),
+                                        ("int8", True), ("bf16", False), ("int4-k", False),
+                                        ("float32", False)])
+def test_int_weights_run_on_amx_byte_products_where_the_cpu_has_amx_int8(dtype, runs):
+    """One schedule per (N, K): the panels split over the threads, W's blocks sized to a
+    quarter of L2; only int8 / int4 in whole blocks of 32 (the family's 8-bit activations),
+    only 32- or 64-wide panels, only with AMX-INT8."""
+    spr = cpu_for("sapphirerapids")
+    got = amx8_schedules(n=N, k=256, pack_n=64, threads=2, cpu=spr, dtype=dtype)
+    assert [s.dtype for s in got] == ([dtype] if runs else [])
+    for s in got:
+        assert (s.op, s.pack_n, s.polymerization.t_n) == (AMX8_OP, 64, 2)
+        assert parse_schedule_key(s.key()) == s and s.family() == s and s.family_key() == s.key()
+        assert s.slice.b_n == 128  # N: every block of its weights fits a quarter of L2
+    assert amx8_schedules(n=96, k=256, pack_n=48, threads=2, cpu=spr, dtype="int8-g32") == []
+    assert amx8_schedules(n=N, k=256, pack_n=64, threads=5, cpu=spr, dtype="int8-g32") == []
+    assert amx8_schedules(n=N, k=256, pack_n=64, threads=2, cpu=cpu_for("znver4"),
+                          dtype="int8-g32") == []
 
 
 def test_the_amx_blocks_are_sized_from_the_caches():
@@ -146,6 +168,10 @@ def test_amx_records_are_bf16_records():
     assert record_problem(rec("int4-g32"), lanes=16) is None
     s = dataclasses.replace(s, dtype="int4-k")  # a format the AMX kernel does not take
     assert "amx/int4-k for a int4-k record" in record_problem(rec("int4-k"), lanes=16)
+    s = amx8_schedules(n=N, k=K, pack_n=64, threads=2, cpu=cpu_for("sapphirerapids"), dtype="int8-g32")[0]
+    assert record_problem(rec("int8-g32"), lanes=16) is None
+    s = dataclasses.replace(s, dtype="bf16")  # byte products take int weights only
+    assert "amx8/bf16 for a bf16 record" in record_problem(rec("bf16"), lanes=16)
 
 
 @pytest.mark.skipif(not HAS_AMX, reason="the CPU has no AMX-BF16")
@@ -164,6 +190,23 @@ def test_the_cache_serves_an_amx_record_at_any_m(tmp_path, split, dtype):
     assert gemm.schedule_for(7).op == AMX_OP
     rng = np.random.default_rng(3)
     assert _errors(gemm, sorted(rng.choice(np.arange(1, 300), 20, replace=False)), rng, dtype) == []
+
+
+@pytest.mark.skipif(not HAS_AMX8, reason="the CPU has no AMX-INT8")
+@pytest.mark.parametrize("dtype", ["int8-g32", "int4-g32", "int4-g32-asym", "int8"])
+def test_the_cache_serves_an_amx_byte_record_at_any_m(tmp_path, dtype):
+    """The byte-product kernel stored and recorded as a tune's winner, then served at decode's
+    Ms and past them (every tail of the 16-row blocks) against numpy on what it multiplies:
+    the family's 8-bit activations times the dequantized weights."""
+    cache = KernelCache(tmp_path)
+    (s,) = amx8_schedules(n=N, k=K, pack_n=64, threads=2, cpu=cache.cpu, dtype=dtype)
+    cache.store_kernel(build_gemm_dsl(s, n=N, k=K, cpu=cache.cpu, threads=2), n=N, k=K,
+                       dtype=dtype, schedule=s)
+    cache.db.put_record(TuneRecord(cache.fingerprint, "t", N, K, dtype, 1, 256, s, 900.0, 1, 0.1),
+                        threads=2)
+    gemm = KernelCache(tmp_path).gemm(n=N, k=K, dtype=dtype, threads=2)
+    assert gemm.schedule_for(3).op == AMX8_OP
+    assert _errors(gemm, [1, 2, 4, 8, 15, 16, 17, 40, 77], np.random.default_rng(6), dtype) == []
 
 
 def _errors(gemm, ms, rng, dtype: str = "bf16") -> list[str]:
@@ -197,15 +240,16 @@ def test_a_bf16_tune_offers_the_amx_kernel_and_keeps_what_matches_numpy(tmp_path
 
 @pytest.mark.skipif(not HAS_AMX, reason="the CPU has no AMX-BF16")
 def test_an_int8_tune_offers_the_amx_kernel_and_keeps_what_matches_numpy(tmp_path, monkeypatch):
-    """Q8_0 weights: the tune packs them in panels the AMX kernel takes and times it beside
+    """Q8_0 weights: the tune packs them in panels the AMX kernels take and times them beside
     the VNNI family at every M past decode's (there the family alone: its 8-bit activations
-    whatever the batch); whichever it records matches what it multiplies."""
+    whatever the batch): bf16 products, and byte products where the CPU has AMX-INT8;
+    whichever it records matches what it multiplies."""
     from sandwich.tuner import tune
 
     offered = []
 
     def spy(measure, amx, res):
-        offered.append(res.m)
+        offered.extend((res.m, s.op) for s in amx)
         return amx_or_family(measure, amx, res)
     amx_or_family = tune._amx_or_family
     monkeypatch.setattr(tune, "_amx_or_family", spy)
@@ -216,7 +260,9 @@ def test_an_int8_tune_offers_the_amx_kernel_and_keeps_what_matches_numpy(tmp_pat
     assert rep.searched > 0 and cache.verify() == []
     assert {r.schedule.pack_n for r in rep.results} == {64}
     decode = [r.m for r in rep.results if r.m <= budget.settings.skinny_m]
-    assert decode and offered and min(offered) > budget.settings.skinny_m
-    assert all(r.schedule.op != AMX_OP for r in rep.results if r.m in decode)
+    assert decode and offered and min(m for m, _ in offered) > budget.settings.skinny_m
+    assert all(r.schedule.op == "gemm" for r in rep.results if r.m in decode)
+    past = {r.m for r in rep.results if r.m > budget.settings.skinny_m}
+    assert {m for m, op in offered if op == AMX8_OP} == (past if HAS_AMX8 else set())
     gemm = cache.gemm(n=N, k=K, dtype="int8-g32", threads=2)
     assert _errors(gemm, [1, 5, 33, 64, 100], np.random.default_rng(4), "int8-g32") == []

@@ -4,6 +4,7 @@ lower to LLVM's AMX intrinsics for a CPU that has them. No machine of ours has A
 shipped AMX GEMM is checked by the interpreter and by cross-compilation only."""
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -150,7 +151,8 @@ def test_tile_statements_round_trip_through_the_high_level_ir():
     ("tile_zero(8);", "a tile is an integer literal from 0 to 7"),
     ("i32 t = 1; tile_zero(t);", "a tile is an integer literal"),
     ("tile_zero(0, 1);", "tile_zero takes 1 argument, got 2"),
-    ("tile_config(16, 16);", "tile_config takes 8 arguments, got 2"),
+    ("tile_config(16, 16);", "tile_config takes 8 or 16 arguments, got 2"),
+    ("tile_dpbsud(1, 1, 2);", "tile_dpbsud needs three different tiles"),
     ("tile_config(16, 16, 16, 16, 16, 16, 16, 1.5);", "tile rows must be an integer"),
     ("tile_dpbf16(0, 0, 1);", "three different tiles"),
     ("tile_load(0, 3, 16);", "needs an array element"),
@@ -172,12 +174,67 @@ def test_bad_tile_statements_are_one_clear_error(body, message):
      "tile 0 row 3 reads or writes elements 128 to 143 of 'X' \\(size 128\\)"),
     ("tile_config(4, 4, 4, 0, 0, 0, 0, 0); tile_dpbf16(0, 1, 2);",
      "C and A need the same rows and B 16"),
+    ("tile_config(4, 0, 0, 0, 0, 0, 0, 0, 30, 64, 64, 64, 64, 64, 64, 64);",
+     "a tile row holds 4 to 64 bytes, a multiple of 4, got 30"),
+    ("tile_config(4, 4, 4, 0, 0, 0, 0, 0, 64, 32, 64, 64, 64, 64, 64, 64); tile_dpbsud(0, 1, 2);",
+     "B a row for each 4 bytes of A's.* gives 4, 4 x 32 bytes and 4 x 64"),
+    ("tile_config(1, 0, 0, 0, 0, 0, 0, 0, 32, 64, 64, 64, 64, 64, 64, 64); tile_load(0, X[3, 28], 32);",
+     "tile 0 row 0 reads or writes elements 124 to 131"),
 ])
 def test_the_interpreter_stops_where_the_cpu_would_fault(body, message):
     k = kernel(body)
     with pytest.raises(DSLError, match=message):
         run(k, tunables={}, X=np.zeros((4, 32), np.int32), Y=np.zeros(64, np.int8),
             C=np.zeros((4, 16), np.float32))
+
+
+def test_tile_dpbsud_adds_signed_by_unsigned_byte_products_in_i32():
+    """tile_config's second form gives A 32-byte rows (32 values of K), B the 8 rows of 4
+    bytes that meet them: C[m, n] += sum of A's signed bytes k times B's unsigned bytes 4 n + k
+    % 4 of row k // 4, twice, wrapping in i32 as the instruction does."""
+    src = """kernel k(i32 A[5, 8], i32 B[8, 16], i32 C[5, 16]) {
+        tile_config(5, 8, 5, 0, 0, 0, 0, 0, 32, 64, 64, 4, 4, 4, 4, 4);
+        tile_load(0, A[0, 0], 8);
+        tile_load(1, B[0, 0], 16);
+        tile_dpbsud(2, 0, 1);
+        tile_dpbsud(2, 0, 1);
+        tile_store(2, C[0, 0], 16);
+    }"""
+    rng = np.random.default_rng(5)
+    a = rng.integers(-128, 128, (5, 32)).astype(np.int8)
+    b = rng.integers(0, 256, (8, 16, 4)).astype(np.uint8)  # row, column, byte
+    c = np.full((5, 16), 7, np.int32)
+    run(load_source(src, file="k.sw").kernels[0], tunables={}, A=a.view(np.int32).copy(),
+        B=b.reshape(8, 64).view(np.int32).copy(), C=c)
+    along_k = b.transpose(0, 2, 1).reshape(32, 16).astype(np.int64)  # k = 4 row + byte
+    assert (c == 2 * (a.astype(np.int64) @ along_k)).all()
+
+
+@pytest.mark.parametrize("fmt,m,n,k,pack_n,t_n,b_n,pf", [
+    ("int8-g32", 5, 64, 64, 32, 2, 32, 2),  # Q8_0: B tiles straight from Q8Q, 32-wide panels
+    ("int4-g32", 19, 128, 96, 64, 2, 64, 2),  # Q4_0: two row blocks, the second of 3 rows
+    ("int4-g64-asym", 3, 128, 128, 64, 1, 128, 0),  # Q4_1: a minimum, a scale every 2 blocks
+    ("int8", 17, 64, 64, 64, 1, 64, 4)])  # a scale per column, in f32; prefetch past K's end
+def test_the_amx_byte_gemm_matches_numpy_in_the_interpreter(fmt, m, n, k, pack_n, t_n, b_n, pf):
+    """gemm_amx_int8 on the family's packed int weights and its 8-bit activations: the
+    products of the quantized activations and the dequantized weights, whatever the rows'
+    tail, the panel width, the threads and the format's scales."""
+    from sandwich.compiler.gemm_formats import quantized_activations, weight_args
+    from sandwich.weight_formats import dequantize, parse_format, quantize
+
+    rng = np.random.default_rng(m + n + k)
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    qw = quantize(rng.standard_normal((k, n), dtype=np.float32), fmt)
+    arrays = dict(zip(weight_args(fmt, k), pack_weight(qw, pack_n, fmt), strict=True))
+    f = parse_format(fmt)
+    g = f.group_size(k)
+    c = np.full((m, n), np.nan, np.float32)
+    tunables = {"pack_n": pack_n, "t_n": t_n, "b_n": b_n, "pf": pf, "bits": f.bits,
+                "asym": int(not f.symmetric), "s32": int(f.scale_dtype == "float32")}
+    weights = {name: w for name, w in amx_weights(n, k, pack_n, g, **arrays).items() if name != "WB"}
+    run(load_kernel("gemm_amx_int8"), tunables=tunables, M=m, N=n, K=k, G=g, A=a, C=c, **weights)
+    ref = quantized_activations(a) @ dequantize(qw).astype(np.float64)
+    np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
 @pytest.mark.parametrize("order", ["C", "F"])
@@ -213,6 +270,33 @@ def test_the_amx_gemm_builds_for_sapphire_rapids_and_nowhere_without_amx():
     assert {"ldtilecfg", "tilezero", "tileloadd", "tdpbf16ps", "tilestored", "tilerelease"} <= set(ops)
     with pytest.raises(DSLError, match="this target has no AMX-BF16"):
         to_tvmscript(k, tunables=tunables, vlen=16, isa=zen4.isa, amx=zen4.amx)
+
+
+@pytest.mark.tvm
+def test_the_amx_byte_gemm_builds_for_sapphire_rapids_and_needs_amx_int8():
+    import tvm
+
+    from sandwich.compiler.build import parse_tvmscript
+    from sandwich.compiler.lower_tir import to_tvmscript
+    from sandwich.compiler.static_check import cpu_for
+    from sandwich.compiler.target import tvm_target
+
+    k = load_kernel("gemm_amx_int8")
+    spr = cpu_for("sapphirerapids")
+    assert spr.amx_int8
+    tunables = {"pack_n": 64, "t_n": 2, "b_n": 256, "pf": 4, "bits": 4, "asym": 0, "s32": 0}
+    src = to_tvmscript(k, tunables=tunables, vlen=16, isa=spr.isa, amx=True, amx_int8=True,
+                       fixed={"N": 256, "K": 256, "G": 32})
+    # wu's rows are written in an unrolled loop, which would hold each row as its own buffer;
+    # a tile loads 8 of them at a stride, so the array stays one buffer (it was split once,
+    # and the tiles read 7 rows past the first's end: wrong sums on the hardware only)
+    assert re.search(r"wu_\w* = T.alloc_buffer\(\(8, 64,\), \"int32\"", src)
+    assert not re.search(r"wu_\w*_r\d", src)
+    ex = tvm.compile(parse_tvmscript(src), target=tvm_target(spr, 2))
+    asm = getattr(ex, "mod", ex).inspect_source("asm")
+    assert "tdpbsud" in asm and "ldtilecfg" in asm
+    with pytest.raises(DSLError, match="this target has no AMX-INT8"):
+        to_tvmscript(k, tunables=tunables, vlen=16, isa=spr.isa, amx=True, amx_int8=False)
 
 
 def test_linux_refuses_the_tile_state_on_a_cpu_without_amx():

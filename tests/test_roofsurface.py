@@ -398,3 +398,24 @@ def test_int_weights_on_amx_tiles_are_bound_by_their_rounding_where_few_rows_sha
     for fmt in ("int4-k", "bf16", "fp32"):
         with pytest.raises(ConfigError, match="does not take"):
             rs.amx_signature(fmt, 16, m=512)
+
+
+def test_int_weights_on_amx_byte_products_are_bound_by_their_scaling_per_row():
+    """The byte-product AMX kernel scales each block's sums on the vector units once per row
+    (AMX8_ROW_OPS a weight vector) and splits int4's nibbles once per block: its VEC term
+    grows with M where the rounding kernel's does not, int4's lies above int8's, and the
+    tiles' time adds to it (the same ports do not run them, but each block's tiles and its
+    scaling run one after the other). Weights from a cache (300 GB/s), so compute bounds."""
+    host = rs.HostRates(threads=2, lanes=16, mbw=300e9, fma_vector_ops=460e9 / 32, vos={},
+                        amx_flops=6000e9)
+    int8, int4 = (rs.amx8_signature(f, 16, m=16) for f in ("int8-g32", "int4-g32"))
+    assert int8.ai_xv == pytest.approx(1 / (rs.AMX8_BLOCK_OPS[8] + 16 * rs.AMX8_ROW_OPS))
+    assert int4.ai_xv < int8.ai_xv and int4.ai_xm == rs.kernel_signature("int4-g32", 16).ai_xm
+    assert rs.amx8_signature("int8-g32", 16, m=64).ai_xv < int8.ai_xv  # more rows, more scaling
+    per_op = rs.gemm_flops_per_op(16, 16)
+    vec = 460e9 / 32 * per_op * int8.ai_xv
+    assert rs.bound(host.machine(16, "int8-g32", amx=True), int8, per_op) == \
+        rs.Bound(pytest.approx(1 / (1 / 6000e9 + 1 / vec)), "VEC")
+    for fmt in ("int4-k", "bf16", "fp32"):
+        with pytest.raises(ConfigError, match="does not take"):
+            rs.amx8_signature(fmt, 16, m=16)

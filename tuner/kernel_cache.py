@@ -32,7 +32,7 @@ from sandwich.compiler.gemm_runner import (
 from sandwich.compiler.target import CpuInfo, detect_cpu
 from sandwich.errors import CacheError, ShapeError
 from sandwich.tuner.tuning_db import KernelFile, StoredRecord, TuningDB
-from sandwich.types import AMX_OP, KernelSchedule
+from sandwich.types import AMX_OPS, KernelSchedule
 from sandwich.weight_formats import QuantizedWeight, pad_columns
 
 DB_NAME = "tuning.sqlite"
@@ -148,7 +148,7 @@ class KernelCache:
             raise CacheError(f"kernel for N={n} K={k} ({schedule.family_key()}): {problem}; "
                              f"run `sandwichc tune` again to rebuild it")
         assert kf is not None
-        if schedule.op == AMX_OP:  # its first tile instruction would kill a process without
+        if schedule.op in AMX_OPS:  # its first tile instruction would kill a process without
             request_tiles()       # the tile state (compiler/amx.py)
         return load_function(self.dir / kf.path)
 

@@ -285,6 +285,15 @@ SIGNATURE_K = 4096  # K for the per-column formats' share of scale bytes and sca
 # conversion), 14.76 and 14.63. They run on the vector ports the FMAs use: at the FMA rate.
 AMX_ROUND_OPS = {8: 7.25, 4: 7.125}
 AMX_ROWS = 256  # the AMX schedules' largest b_m: rows one rounding serves, where no schedule says
+# The AMX kernel with byte products (gemm_amx_int8.sw) on 32 weight vectors (a block of 32
+# values along K, 16 columns): per row, the block's i32 sums converted, scaled by the
+# activation's scale and offset and by the weights' scale (vcvtdq2ps and two FMAs); per block,
+# the scales converted once (vcvtph2ps), and int4's nibbles split into bytes (an and, a shift
+# and an and for each of 4 vectors: 12) before the B tiles load them. Counted in its build for
+# sapphirerapids (2026-12-07), at the FMA rate; its tiles' products are AMX's tile rate (a
+# tdpbsud on 32 values of K takes as many products as a tdpbf16ps).
+AMX8_ROW_OPS = 3 / 32
+AMX8_BLOCK_OPS = {8: 1 / 32, 4: 13 / 32}
 
 
 @dataclass(frozen=True)
@@ -357,6 +366,18 @@ def amx_signature(fmt_name: str, lanes: int, *, m: int, rows: int = AMX_ROWS, t_
     roundings = t_m * math.ceil(m / (t_m * rows))
     return Signature(kernel_signature(fmt.name, lanes, k=k).ai_xm,
                      1.0 / (AMX_ROUND_OPS[fmt.bits] * roundings))
+
+
+def amx8_signature(fmt_name: str, lanes: int, *, m: int, k: int = SIGNATURE_K) -> Signature:
+    """AI_XM and AI_XV of the byte-product AMX kernel on an int format's weights (an M-row
+    GEMM): AI_XM the family's; AI_XV = 1 / its vector ops per weight vector, the block's
+    (AMX8_BLOCK_OPS) and each row's (AMX8_ROW_OPS). ConfigError for a format it does not take."""
+    fmt = parse_format(fmt_name)
+    if fmt.bits not in AMX8_BLOCK_OPS or not amx_format(fmt.name, k):
+        raise ConfigError(f"the AMX byte-product kernel does not take {fmt.name} weights "
+                          f"(int8 and int4 in groups of 32 values do)")
+    return Signature(kernel_signature(fmt.name, lanes, k=k).ai_xm,
+                     1.0 / (AMX8_BLOCK_OPS[fmt.bits] + m * AMX8_ROW_OPS))
 
 
 def gemm_flops_per_op(lanes: int, m: int) -> int:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
-from sandwich.compiler.gemm_dsl import amx_panel, amx_schedules
+from sandwich.compiler.gemm_dsl import amx8_schedules, amx_panel, amx_schedules
 from sandwich.errors import BuildError, ConfigError
 from sandwich.payload import Payload
 from sandwich.tuner.budget import Budget
@@ -29,7 +29,7 @@ from sandwich.tuner.search_bound import CandidateBound, tune_rates
 from sandwich.tuner.space import Isa, decode_batch_tile, micro_kernels, pack_width
 from sandwich.tuner.trial_log import Sample
 from sandwich.tuner.tvm_measure import TvmMeasure
-from sandwich.types import AMX_OP, GemmOp, KernelSchedule, MicroKernel, TuneRecord
+from sandwich.types import AMX_OPS, GemmOp, KernelSchedule, MicroKernel, TuneRecord
 
 
 @dataclass
@@ -255,13 +255,16 @@ def _tune_shape(measure: TvmMeasure | RpcMeasure | RpcPool, *, names: list[str],
         cache.db.delete_records(cache.fingerprint, op.n, op.k, op.dtype, threads)
         records = []
     stored = {r.record.m_lo: r for r in records if r.record.m_lo in m_hi}
-    # the search replays its own family's winners; an M the AMX kernel won is left out of its
+    # the search replays its own family's winners; an M an AMX kernel won is left out of its
     # window, as if not searched (its tiles are not the family's to refine)
     search.resume([MResult(m, r.record.schedule, r.record.gflops, r.record.trials,
                            r.record.seconds, r.reused, r.stable) for m, r in stored.items()
-                   if r.record.schedule.op != AMX_OP])
+                   if r.record.schedule.op not in AMX_OPS])
+    tiles = isinstance(measure, TvmMeasure)
     amx = (amx_schedules(n=op.n, k=op.k, pack_n=pack_n, threads=threads, cpu=cache.cpu,
-                         dtype=op.dtype) if isinstance(measure, TvmMeasure) else [])
+                         dtype=op.dtype) if tiles else [])
+    amx8 = (amx8_schedules(n=op.n, k=op.k, pack_n=pack_n, threads=threads, cpu=cache.cpu,
+                           dtype=op.dtype) if tiles else [])
     log = cache.dir / "logs" / cache.fingerprint / f"n{op.n}_k{op.k}_{op.dtype}_t{threads}.jsonl"
     log.parent.mkdir(parents=True, exist_ok=True)
     logged = 0
@@ -278,13 +281,18 @@ def _tune_shape(measure: TvmMeasure | RpcMeasure | RpcPool, *, names: list[str],
         logged = _append_trials(log, search, logged)
         # not at decode's Ms: a 32-row block of tiles would be mostly padding there, W streams
         # from DRAM, and an int format's products would change from 8-bit to bf16 activations
-        # with the batch (the family won every M below 64 in SmolLM2's and Sheared's int tunes)
-        if amx and m > budget.settings.skinny_m:
-            res, failed = _amx_or_family(clocked, amx, res)
+        # with the batch (the family won every M below 64 in SmolLM2's and Sheared's int
+        # tunes); byte products keep the family's 8-bit activations, but per 32 values of K
+        # and row they still scale the block's sums on the vector units (gemm_amx_int8.sw),
+        # and the family ran ahead of them at M = 4 (int4 and int8 11008 x 2048, SPR VM)
+        tried = [*amx, *amx8] if m > budget.settings.skinny_m else []
+        if tried:
+            res, failed = _amx_or_family(clocked, tried, res)
             for sched, why in failed.items():  # checked before timing: never used
                 print(f"warning: GEMM {op.name}: AMX schedule {sched.key()} is left out: {why}",
                       file=sys.stderr, flush=True)
             amx = [s for s in amx if s not in failed]
+            amx8 = [s for s in amx8 if s not in failed]
         if res.gflops <= 0:
             raise BuildError(f"GEMM {op.name} N={op.n} K={op.k}: no schedule built and verified "
                              f"at M={m}; see `sandwichc info` for the target")
