@@ -330,8 +330,8 @@ def build_gemm_dsl(schedule: KernelSchedule, *, n: int, k: int, cpu: CpuInfo, th
                    kernel=None):
     """Compile the DSL GEMM for the family of one schedule (any M, any slice); `kernel`: as
     in gemm_dsl_tvmscript. An AMX_OP schedule builds the AMX kernel instead (only for a CPU
-    with AMX-BF16; `kernel` then a version of that one), and this process asks Linux for the
-    tile state it runs with."""
+    with AMX-BF16), an AMX8_OP one the byte-product kernel (AMX-INT8); `kernel` then a version
+    of that one; and this process asks Linux for the tile state it runs with."""
     if schedule.op in _KERNELS:
         if not (cpu.amx_int8 if schedule.op == AMX8_OP else cpu.amx):
             need = "AMX-INT8" if schedule.op == AMX8_OP else "AMX-BF16"
