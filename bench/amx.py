@@ -17,12 +17,12 @@ from sandwich.bench.baselines.measure import check_gemm
 from sandwich.bench.baselines.vendor import check_bf16_peers, make_bf16_peers
 from sandwich.bench.cache_ab import AbRow, gemm_timer, interleaved_rounds, row_line
 from sandwich.bench.kernel_ab import build_side, check_source_args, problem
-from sandwich.compiler.gemm_dsl import amx_schedules, build_gemm_dsl
+from sandwich.compiler.gemm_dsl import amx8_schedules, amx_schedules, build_gemm_dsl
 from sandwich.compiler.gemm_formats import amx_format
 from sandwich.compiler.gemm_runner import aligned_empty, gemm_args
 from sandwich.compiler.target import detect_cpu
 from sandwich.errors import ConfigError
-from sandwich.tuner.tvm_measure import kernel_weights
+from sandwich.tuner.tvm_measure import kernel_rows, kernel_weights
 from sandwich.types import AMX_OP
 from sandwich.weight_formats import round_bf16
 
@@ -34,11 +34,12 @@ BF16_RTOL = 1e-2
 def run_amx(*, schedule: str, n: int, k: int, ms: list[int], threads: int, rounds: int = 5,
             peers: tuple[str, ...] = (), log: Callable[[str], None] = print) -> list[AbRow]:
     """Each AMX schedule the tuner would measure at the schedule's pack_n (B; see
-    gemm_dsl.amx_schedules) against the family's `schedule` (A, a key such as
-    gemm_bf16_mk6x64_p2x1x1_n64_s12x256x512 or gemm_int8-g32_mk4x64_p2x1x1_n64_s8x64x256),
-    each checked against numpy on what it multiplies (the AMX kernel: the bf16-rounded
-    operands), then all timed in the same interleaved rounds at every M: a row per AMX
-    schedule and M, its ratio AMX / family. Each AMX kernel is built and called as the tuner
+    gemm_dsl.amx_schedules, and for int weights on a CPU with AMX-INT8 amx8_schedules) against
+    the family's `schedule` (A, a key such as gemm_bf16_mk6x64_p2x1x1_n64_s12x256x512 or
+    gemm_int8-g32_mk4x64_p2x1x1_n64_s8x64x256), each checked against numpy on what it
+    multiplies (bf16 products: the bf16-rounded operands; byte products: the family's 8-bit
+    activations and the int weights' values), then all timed in the same interleaved rounds
+    at every M: a row per AMX schedule and M, its ratio AMX / family. Each AMX kernel is built and called as the tuner
     and the kernel cache build and call it (gemm_dsl.build_gemm_dsl, gemm_args).
 
     `peers` (bf16 schedules): the vendors' bf16 GEMMs (vendor.make_bf16_peers: torch's oneDNN,
@@ -53,6 +54,7 @@ def run_amx(*, schedule: str, n: int, k: int, ms: list[int], threads: int, round
     if not cpu.amx:
         raise ConfigError(f"this CPU ({cpu.model}, {cpu.mcpu}) has no AMX-BF16: nothing to time")
     amxs = amx_schedules(n=n, k=k, pack_n=s.pack_n, threads=threads, cpu=cpu, dtype=s.dtype)
+    amxs += amx8_schedules(n=n, k=k, pack_n=s.pack_n, threads=threads, cpu=cpu, dtype=s.dtype)
     if not amxs:
         raise ConfigError(f"the AMX kernel needs pack_n a multiple of 32 dividing N, K a "
                           f"multiple of 32 and threads in its domain; got pack_n {s.pack_n}, "
@@ -81,7 +83,9 @@ def run_amx(*, schedule: str, n: int, k: int, ms: list[int], threads: int, round
                 kernel(*args)
 
             run_once()
-            check_gemm(c, want, amx_ref, what=f"the AMX kernel ({sched.key()})")
+            rows_of_op = kernel_rows(s.dtype, k, sched.op)
+            check_gemm(c, rows_of_op(a) if rows_of_op else a, kernel_weights(ref, s.dtype, sched.op),
+                       what=f"the AMX kernel ({sched.key()})")
             timers.append(gemm_timer(run_once, a, [packed], n, k))
         for peer, handle in vendors:
             check_gemm(peer.run(a, handle), want, amx_ref, rtol=BF16_RTOL, what=peer.name)

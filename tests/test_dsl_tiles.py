@@ -319,15 +319,15 @@ Q8_0 = "gemm_int8-g32_mk2x32_p1x2x1_n32_s4x32x64"
 @pytest.mark.tvm
 @pytest.mark.parametrize("key", [BF16, Q8_0])
 def test_bench_amx_checks_and_times_both_kernels_with_the_interpreter_standing_in(monkeypatch, key):
-    """On a CPU with AMX, `bench amx` builds the AMX kernel, checks it and the family's kernel
-    of the same format (bf16, or Q8_0's on 8-bit activations) against numpy and times them in
-    rounds, with the vendors' bf16 GEMMs beside a bf16 one. Here the interpreter runs the AMX
-    kernel in place of the CPU, so all but the hardware is exercised; a wrong AMX result is
-    refused."""
+    """On a CPU with AMX, `bench amx` builds the AMX kernels, checks them and the family's
+    kernel of the same format (bf16, or Q8_0's on 8-bit activations) against numpy and times
+    them in rounds, with the vendors' bf16 GEMMs beside a bf16 one and the byte products
+    beside an int one. Here the interpreter runs the AMX kernels in place of the CPU, so all
+    but the hardware is exercised; a wrong AMX result is refused."""
     import dataclasses
 
     from sandwich.bench import amx as bench_amx
-    from sandwich.compiler.gemm_dsl import amx_tunables
+    from sandwich.compiler.gemm_dsl import amx_tunables, kernel_name
     from sandwich.compiler.gemm_formats import weight_args
     from sandwich.compiler.target import detect_cpu
     from sandwich.errors import ConfigError, SandwichError
@@ -335,7 +335,7 @@ def test_bench_amx_checks_and_times_both_kernels_with_the_interpreter_standing_i
 
     cpu = detect_cpu()
     monkeypatch.setattr(bench_amx, "detect_cpu", lambda: dataclasses.replace(
-        cpu, mattr=(*cpu.mattr, "+amx-bf16", "+amx-tile")))
+        cpu, mattr=(*cpu.mattr, "+amx-bf16", "+amx-tile", "+amx-int8")))
     wrong = []
 
     def interpreted(schedule, *, n, k, cpu, threads):
@@ -347,8 +347,12 @@ def test_bench_amx_checks_and_times_both_kernels_with_the_interpreter_standing_i
             g = parse_format(schedule.dtype).group_size(k)
             weights = {name: np.from_dlpack(t) for name, t in
                        zip(weight_args(schedule.dtype, k), rest[:-1], strict=True)}
-            run(load_kernel("gemm_amx_bf16"), tunables=amx_tunables(schedule), M=a.shape[0], N=n,
-                K=k, G=g, A=a, C=c, **amx_weights(n, k, schedule.pack_n, g, **weights))
+            kernel = load_kernel(kernel_name(schedule.op))
+            params = {p.name for p in kernel.params}
+            arrays = {name: x for name, x in amx_weights(n, k, schedule.pack_n, g, **weights).items()
+                      if name in params}
+            run(kernel, tunables=amx_tunables(schedule), M=a.shape[0], N=n, K=k, G=g, A=a, C=c,
+                **arrays)
             np.from_dlpack(tc)[...] = c * (2 if wrong else 1)
         return {"main": main}
 
@@ -356,11 +360,15 @@ def test_bench_amx_checks_and_times_both_kernels_with_the_interpreter_standing_i
     lines = []
     rows = bench_amx.run_amx(schedule=key, n=64, k=64, ms=[5, 33], threads=2, rounds=2,
                              log=lines.append)
-    # a row for each AMX schedule the tuner measures (the rows split, the panels split) at each M
-    assert [(r.m, len(r.a_gflops), len(r.b_gflops)) for r in rows] == [(5, 2, 2)] * 2 + [(33, 2, 2)] * 2
-    assert len(lines) == 4 and "B/A" in lines[0]
+    # a row for each AMX schedule the tuner measures (the rows split, the panels split, and for
+    # int weights the byte products) at each M
+    per_m = 2 if key == BF16 else 3
+    assert [(r.m, len(r.a_gflops), len(r.b_gflops)) for r in rows] == \
+        [(5, 2, 2)] * per_m + [(33, 2, 2)] * per_m
+    assert len(lines) == 2 * per_m and "B/A" in lines[0]
     dtype = key.split("_")[1]
     assert f"AMX amx_{dtype}_mk32x32_p2x1x1_n32_" in lines[0] and "_p1x2x1_n32_" in lines[1]
+    assert key == BF16 or f"AMX amx8_{dtype}_mk16x32_p1x2x1_n32_" in lines[2]
     # the vendors' bf16 GEMMs in the same rounds (bf16 weights only), each checked first
     pytest.importorskip("torch")
     pytest.importorskip("openvino")
@@ -371,7 +379,7 @@ def test_bench_amx_checks_and_times_both_kernels_with_the_interpreter_standing_i
         assert [r.op for r in rows][2:] == ["torch-bf16 / family", "openvino-bf16 / family"]
         assert "the best bf16 peer" in lines[-1]
     else:
-        assert len(rows) == 2 and "left out for int8-g32" in lines[0]
+        assert len(rows) == 3 and "left out for int8-g32" in lines[0]
     with pytest.raises(ConfigError, match="unknown bf16 GEMM peer 'numpy'"):
         bench_amx.run_amx(schedule=key, n=64, k=64, ms=[5], threads=2, rounds=1, peers=("numpy",))
     wrong.append(True)
