@@ -39,8 +39,9 @@ def run_amx(*, schedule: str, n: int, k: int, ms: list[int], threads: int, round
     gemm_int8-g32_mk4x64_p2x1x1_n64_s8x64x256), each checked against numpy on what it
     multiplies (bf16 products: the bf16-rounded operands; byte products: the family's 8-bit
     activations and the int weights' values), then all timed in the same interleaved rounds
-    at every M: a row per AMX schedule and M, its ratio AMX / family. Each AMX kernel is built and called as the tuner
-    and the kernel cache build and call it (gemm_dsl.build_gemm_dsl, gemm_args).
+    at every M: a row per AMX schedule and M, its ratio AMX / family. Each AMX kernel is built
+    and called as the tuner and the kernel cache build and call it (gemm_dsl.build_gemm_dsl,
+    gemm_args).
 
     `peers` (bf16 schedules): the vendors' bf16 GEMMs (vendor.make_bf16_peers: torch's oneDNN,
     OpenVINO with bf16 precision) on the same bf16 weights and A, checked against numpy and
@@ -84,8 +85,8 @@ def run_amx(*, schedule: str, n: int, k: int, ms: list[int], threads: int, round
 
             run_once()
             rows_of_op = kernel_rows(s.dtype, k, sched.op)
-            check_gemm(c, rows_of_op(a) if rows_of_op else a, kernel_weights(ref, s.dtype, sched.op),
-                       what=f"the AMX kernel ({sched.key()})")
+            check_gemm(c, rows_of_op(a) if rows_of_op else a,
+                       kernel_weights(ref, s.dtype, sched.op), what=f"the AMX kernel ({sched.key()})")
             timers.append(gemm_timer(run_once, a, [packed], n, k))
         for peer, handle in vendors:
             check_gemm(peer.run(a, handle), want, amx_ref, rtol=BF16_RTOL, what=peer.name)

@@ -69,8 +69,9 @@ class TileStatements:
                                  f'"tile_config: a tile has 0 to {A.TILE_ROWS} rows"')
             wide = self.const(bytes_)
             if wide is None or not (0 < wide <= A.TILE_ROW_BYTES and wide % 4 == 0):
+                got = "an expression" if wide is None else wide
                 raise DSLError(f"tile_config: a tile row holds 4 to {A.TILE_ROW_BYTES} bytes, a "
-                               f"multiple of 4, as a constant; got {wide if wide is not None else 'an expression'}")
+                               f"multiple of 4, as a constant; got {got}")
             r = str(value) if value is not None else self.expr(rows)
             width = (f"T.uint8({wide})" if value is not None else
                      f"T.Select({r} > 0, T.uint8({wide}), T.uint8(0))")

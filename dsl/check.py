@@ -231,7 +231,8 @@ class Checker:
         rows of a configuration and a load's or store's stride are integers, and a load or
         store names an element of an array of 4-byte values (i32 pairs of bf16, or f32)."""
         want = A.TILE_OPS[s.op]
-        if len(s.args) != want and not (s.op == "tile_config" and len(s.args) == A.TILE_CONFIG_WIDTHS):
+        widths = s.op == "tile_config" and len(s.args) == A.TILE_CONFIG_WIDTHS
+        if len(s.args) != want and not widths:
             takes = f"{want} or {A.TILE_CONFIG_WIDTHS}" if s.op == "tile_config" else str(want)
             raise self.fail(f"{s.op} takes {takes} argument{'s' if want != 1 else ''}, "
                             f"got {len(s.args)}", s)

@@ -6,9 +6,9 @@ shapes be checked against numpy on any machine. It follows the instructions' def
 (Intel SDM, AMX): ldtilecfg zeroes every tile, a tile row holds up to 64 bytes, tdpbf16ps
 adds to each f32 element of C the products of a row of A's bf16 pairs and a column of B's,
 tdpbsud to each i32 element the products of a row of A's signed bytes and a column of B's
-unsigned ones, and a load or store touches exactly the configured rows and bytes. It checks what the hardware would fault
-on or compute wrong: an unconfigured tile, a shape tdpbf16ps cannot take, a row outside
-its array.
+unsigned ones, and a load or store touches exactly the configured rows and bytes. It checks
+what the hardware would fault on or compute wrong: an unconfigured tile, a shape tdpbf16ps
+or tdpbsud cannot take, a row outside its array.
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ class KernelSchedule(JsonMixin):
     slice: ComputeSlice
     polymerization: Polymerization
     pack_n: int  # packed weight layout W[N/pack_n, K, pack_n]
-    op: str = GEMM_OP  # the DSL family; AMX_OP / AMX8_OP: bf16 / byte products on AMX tiles (compiler/gemm_dsl.py)
+    op: str = GEMM_OP  # the DSL family; AMX_OP / AMX8_OP: bf16 / byte products on tiles (gemm_dsl)
     dtype: str = "float32"
 
     def key(self) -> str:
