@@ -215,16 +215,15 @@ def _roof(row: FormatRow, host: rs.HostRates, cpu) -> None:
     below it); on int weights its VEC term is their rounding to bf16, once per chunk of the
     schedule's b_m rows (rs.amx_signature); with byte products (AMX8_OP) its per-row scaling
     and per-block work (rs.amx8_signature)."""
-    op = row.schedule.split("_", 1)[0]
-    amx = op in AMX_OPS
+    s = parse_schedule_key(row.schedule)
+    amx = s.op in AMX_OPS
     if amx and not host.amx_flops:
         return
     mbw = row.read_gbs or row.cache_read_gbs
     rates = dataclasses.replace(host, mbw=mbw * 1e9) if mbw else host
-    if op == AMX8_OP:
+    if s.op == AMX8_OP:
         sig = rs.amx8_signature(row.weights, cpu.lanes_f32, m=row.m, k=row.k)
     elif amx and parse_format(row.weights).quantized:
-        s = parse_schedule_key(row.schedule)
         sig = rs.amx_signature(row.weights, cpu.lanes_f32, m=row.m, rows=s.slice.b_m,
                                t_m=s.polymerization.t_m, k=row.k)
     else:

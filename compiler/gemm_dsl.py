@@ -18,6 +18,7 @@ from sandwich.compiler.gemm_formats import (
     amx8_format,
     amx_format,
     int_activations,
+    op_takes,
     weight_args,
     weight_format,
 )
@@ -309,8 +310,7 @@ def amx_tvmscript(schedule: KernelSchedule, *, n: int, k: int, lanes: int,
     by vcvtne2ps2bf16. `kernel`: another version of it (load_family), else the shipped one."""
     from sandwich.dsl.load import load_kernel
 
-    takes = amx8_format if schedule.op == AMX8_OP else amx_format
-    if schedule.op not in _KERNELS or not takes(schedule.dtype, k):
+    if schedule.op not in _KERNELS or not op_takes(schedule.op, schedule.dtype, k):
         raise ConfigError(f"schedule {schedule.key()} is not an AMX schedule of a format its "
                           f"kernel takes (bf16 on bf16 products; int8 and int4 in groups of 32 "
                           f"values on both)")

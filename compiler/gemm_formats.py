@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from sandwich.errors import ConfigError
+from sandwich.types import AMX8_OP, AMX_OP, GEMM_OP
 from sandwich.weight_formats import WeightFormat, format_of
 
 ACT_BLOCK = 32  # values along K per activation scale when act = 1
@@ -60,6 +61,17 @@ def amx8_format(dtype: str, k: int) -> bool:
     """Whether the AMX byte-product kernel (gemm_amx_int8) takes weights of this format: the
     int8 and int4 ones of amx_format (its products are the family's, on 8-bit activations)."""
     return weight_format(dtype).bits in (8, 4) and amx_format(dtype, k)
+
+
+def op_takes(op: str, dtype: str, k: int) -> bool:
+    """Whether the kernel that schedules of `op` build takes weights of this format: the
+    family every format it builds, the AMX kernels theirs (amx_format, amx8_format); an
+    unknown op none."""
+    if op == AMX8_OP:
+        return amx8_format(dtype, k)
+    if op == AMX_OP:
+        return amx_format(dtype, k)
+    return op == GEMM_OP
 
 
 def quantized_activations(a: np.ndarray) -> np.ndarray:

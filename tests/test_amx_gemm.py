@@ -180,13 +180,8 @@ def test_amx_records_are_bf16_records():
 def test_the_cache_serves_an_amx_record_at_any_m(tmp_path, split, dtype):
     """Stored and recorded as the tuner stores a winner, then loaded by a GemmKernel (which
     asks Linux for the tile state first): 20 random M, every tail of the 32-row blocks."""
-    cache = KernelCache(tmp_path)
-    s = amx_schedules(n=N, k=K, pack_n=64, threads=2, cpu=cache.cpu, dtype=dtype)[split]
-    cache.store_kernel(build_gemm_dsl(s, n=N, k=K, cpu=cache.cpu, threads=2), n=N, k=K,
-                       dtype=dtype, schedule=s)
-    cache.db.put_record(TuneRecord(cache.fingerprint, "t", N, K, dtype, 1, 256, s, 900.0, 1, 0.1),
-                        threads=2)
-    gemm = KernelCache(tmp_path).gemm(n=N, k=K, dtype=dtype, threads=2)
+    cpu = KernelCache(tmp_path).cpu
+    gemm = _served(tmp_path, amx_schedules(n=N, k=K, pack_n=64, threads=2, cpu=cpu, dtype=dtype)[split])
     assert gemm.schedule_for(7).op == AMX_OP
     rng = np.random.default_rng(3)
     assert _errors(gemm, sorted(rng.choice(np.arange(1, 300), 20, replace=False)), rng, dtype) == []
@@ -198,15 +193,21 @@ def test_the_cache_serves_an_amx_byte_record_at_any_m(tmp_path, dtype):
     """The byte-product kernel stored and recorded as a tune's winner, then served at decode's
     Ms and past them (every tail of the 16-row blocks) against numpy on what it multiplies:
     the family's 8-bit activations times the dequantized weights."""
-    cache = KernelCache(tmp_path)
-    (s,) = amx8_schedules(n=N, k=K, pack_n=64, threads=2, cpu=cache.cpu, dtype=dtype)
-    cache.store_kernel(build_gemm_dsl(s, n=N, k=K, cpu=cache.cpu, threads=2), n=N, k=K,
-                       dtype=dtype, schedule=s)
-    cache.db.put_record(TuneRecord(cache.fingerprint, "t", N, K, dtype, 1, 256, s, 900.0, 1, 0.1),
-                        threads=2)
-    gemm = KernelCache(tmp_path).gemm(n=N, k=K, dtype=dtype, threads=2)
+    (s,) = amx8_schedules(n=N, k=K, pack_n=64, threads=2, cpu=KernelCache(tmp_path).cpu, dtype=dtype)
+    gemm = _served(tmp_path, s)
     assert gemm.schedule_for(3).op == AMX8_OP
     assert _errors(gemm, [1, 2, 4, 8, 15, 16, 17, 40, 77], np.random.default_rng(6), dtype) == []
+
+
+def _served(tmp_path, s):
+    """Schedule `s`'s kernel stored and recorded for every M as the tuner stores a winner,
+    then the GEMM a fresh KernelCache serves from them."""
+    cache = KernelCache(tmp_path)
+    cache.store_kernel(build_gemm_dsl(s, n=N, k=K, cpu=cache.cpu, threads=2), n=N, k=K,
+                       dtype=s.dtype, schedule=s)
+    cache.db.put_record(TuneRecord(cache.fingerprint, "t", N, K, s.dtype, 1, 256, s, 900.0, 1, 0.1),
+                        threads=2)
+    return KernelCache(tmp_path).gemm(n=N, k=K, dtype=s.dtype, threads=2)
 
 
 def _errors(gemm, ms, rng, dtype: str = "bf16") -> list[str]:

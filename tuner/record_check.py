@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from sandwich.errors import ConfigError
 from sandwich.tuner.tuning_db import StoredRecord
-from sandwich.types import AMX8_OP, AMX_OP, GEMM_OP
 
 
 def record_problem(rec: StoredRecord, *, lanes: int) -> str | None:
     """Why this record must not be used, or None."""
-    from sandwich.compiler.gemm_formats import amx8_format, amx_format
+    from sandwich.compiler.gemm_formats import op_takes
     from sandwich.compiler.gemm_template import GemmProblem, validate
 
     r = rec.record
@@ -24,9 +23,7 @@ def record_problem(rec: StoredRecord, *, lanes: int) -> str | None:
     if r.schedule.polymerization.threads > rec.threads:
         return f"{r.schedule.polymerization.threads} threads in a schedule tuned for {rec.threads}"
     try:
-        takes = {GEMM_OP: lambda *_: True, AMX_OP: amx_format, AMX8_OP: amx8_format}
-        if r.schedule.dtype != r.dtype or r.schedule.op not in takes or \
-                not takes[r.schedule.op](r.dtype, r.k):
+        if r.schedule.dtype != r.dtype or not op_takes(r.schedule.op, r.dtype, r.k):
             return f"schedule {r.schedule.op}/{r.schedule.dtype} for a {r.dtype} record"
         validate(r.schedule, GemmProblem(r.n, r.k, lanes))
     except ConfigError as e:
