@@ -327,6 +327,7 @@ def test_bench_amx_checks_and_times_both_kernels_with_the_interpreter_standing_i
     import dataclasses
 
     from sandwich.bench import amx as bench_amx
+    from sandwich.bench import cache_ab
     from sandwich.compiler.gemm_dsl import amx_tunables, kernel_name
     from sandwich.compiler.gemm_formats import weight_args
     from sandwich.compiler.target import detect_cpu
@@ -357,6 +358,9 @@ def test_bench_amx_checks_and_times_both_kernels_with_the_interpreter_standing_i
         return {"main": main}
 
     monkeypatch.setattr(bench_amx, "build_gemm_dsl", interpreted)
+    # two calls a timing (one warm-up, one repeat): the interpreted kernels take seconds a call,
+    # and their figures mean nothing here
+    monkeypatch.setattr(cache_ab, "TIMING", {"warmup": 1, "repeat": 1, "min_repeat_s": 0.0})
     lines = []
     rows = bench_amx.run_amx(schedule=key, n=64, k=64, ms=[5, 33], threads=2, rounds=2,
                              log=lines.append)
