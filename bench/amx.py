@@ -65,7 +65,10 @@ def run_amx(*, schedule: str, n: int, k: int, ms: list[int], threads: int, round
     kernels = [build_gemm_dsl(a, n=n, k=k, cpu=cpu, threads=threads)["main"] for a in amxs]
     rng = np.random.default_rng(0)
     w, ref, rows_of = problem(s, n, k, rng)  # the weights, their values, A as the family rounds it
-    amx_ref = kernel_weights(ref, s.dtype, AMX_OP)  # int values times scales, rounded to bf16
+    # what each AMX kernel multiplies, once: bf16 products int values times scales rounded to
+    # bf16, byte products the values themselves
+    op_ref = {op: kernel_weights(ref, s.dtype, op) for op in {AMX_OP, *(a.op for a in amxs)}}
+    amx_ref = op_ref[AMX_OP]
     packed = family.prepare(w)  # the family's packing is the one the AMX kernel reads
     vendors = [(p, p.prepare(amx_ref)) for p in bf16_peers]  # the same bf16 values
     rows = []
@@ -85,8 +88,8 @@ def run_amx(*, schedule: str, n: int, k: int, ms: list[int], threads: int, round
 
             run_once()
             rows_of_op = kernel_rows(s.dtype, k, sched.op)
-            check_gemm(c, rows_of_op(a) if rows_of_op else a,
-                       kernel_weights(ref, s.dtype, sched.op), what=f"the AMX kernel ({sched.key()})")
+            check_gemm(c, rows_of_op(a) if rows_of_op else a, op_ref[sched.op],
+                       what=f"the AMX kernel ({sched.key()})")
             timers.append(gemm_timer(run_once, a, [packed], n, k))
         for peer, handle in vendors:
             check_gemm(peer.run(a, handle), want, amx_ref, rtol=BF16_RTOL, what=peer.name)
