@@ -162,16 +162,21 @@ def prefill_tiling(*, head_dim: int, vlen: int, registers: int = 16) -> dict[str
     return {"b_q": 2 * vlen, "b_kv": 32, "mu_k": mu, "mu_q": mu, "n_d": _row_lanes(head_dim, vlen)}
 
 
-def head_rows(x: np.ndarray) -> np.ndarray | None:
+def head_rows(x: np.ndarray, width: int = 0) -> np.ndarray | None:
     """The (T, R, D) rows whose first heads are x's (T, H, D) (a strided view of the QKV
     GEMM's output), as one C-contiguous, 64-byte aligned view; None when x does not lie so.
-    The view spans the rows' other heads, which a kernel given H leaves alone."""
+    The view spans the rows' other heads, which a kernel given H leaves alone.
+
+    One row's first stride says nothing of the buffer (numpy gives a reshaped single row
+    its own width), so a one-token x is taken as `width` heads wide (at least H): the
+    caller has checked that the heads after x's lie in the same row (a decode step's q,
+    k and v)."""
     t, h, d = x.shape
     item = x.itemsize
     if (x.dtype != np.float32 or x.ctypes.data % 64 or x.strides[1:] != (d * item, item)
-            or x.strides[0] % (d * item)):
+            or (t > 1 and x.strides[0] % (d * item))):
         return None
-    r = x.strides[0] // (d * item)
+    r = max(h, width) if t == 1 else x.strides[0] // (d * item)
     if r < h:
         return None
     return np.lib.stride_tricks.as_strided(x, shape=(t, r, d), strides=(r * d * item, d * item, item))

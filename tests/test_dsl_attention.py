@@ -234,3 +234,40 @@ def test_amx_prefill_attention_reads_a_cache_of_either_type(kv):
     ops = DslOps(max_tokens=16, max_batch=2, heads=4, kv_heads=2, head_dim=64, hidden=256,
                  intermediate=512, max_seq=64, cpu=CPU, threads=2, kv_dtype=kv, attention="bf16")
     assert ops._prefill.amx
+
+
+@pytest.mark.parametrize("t", [1, 3])
+def test_rope_kv_runs_on_the_qkv_rows_at_one_token_too(t):
+    """The executor's q, k, v are views of the fused QKV rows, and rope_kv rotates and stores
+    them where they lie. A decode step's single row has numpy's own first stride for each view
+    (q's row 9 heads wide, k's 3), which made the ops take the fallback (compact copies, numpy
+    stores: 10 of a SmolLM2 decode layer's 145 us on a Zen 3); it must not, and must match the
+    numpy ops. The compact-copy buffer is filled with NaN: the fused path never touches it."""
+    from sandwich.compiler.buffers import aligned_zeros
+    from sandwich.runtime.ops_dsl import DslOps
+    from sandwich.runtime.ops_fallback import NumpyOps
+
+    h, kvh, d = 3, 1, 64
+    ops = DslOps(max_tokens=4, max_batch=4, heads=h, kv_heads=kvh, head_dim=d, hidden=192,
+                 intermediate=256, max_seq=16, cpu=CPU, threads=2)
+    ref = NumpyOps(max_tokens=4, heads=h, head_dim=d, max_seq=16)
+    ang = np.arange(16, dtype=np.float32)[:, None] * np.float32(0.1) ** np.arange(d // 2, dtype=np.float32)
+    cos, sin = aligned_zeros(ang.shape), aligned_zeros(ang.shape)
+    cos[...], sin[...] = np.cos(ang), np.sin(ang)
+    pos, slots = np.array([5, 2, 9][:t]), np.array([1, 3, 0][:t])
+    init = rand(t, (h + 2 * kvh) * d)
+    outs = []
+    for o in (ops, ref):
+        qkv = aligned_zeros((4, (h + 2 * kvh) * d))[:t]  # the executor's buffer and views
+        qkv[...] = init
+        q = qkv[:, : h * d].reshape(t, -1, d)
+        k = qkv[:, h * d: (h + kvh) * d].reshape(t, -1, d)
+        v = qkv[:, (h + kvh) * d:].reshape(t, -1, d)
+        cache = aligned_zeros((2, 16, 4, kvh, d))
+        if o is ops:
+            o._q[...] = np.nan
+        o.rope_kv(q, k, v, pos, slots, cos, sin, None, cache[0], cache[1])
+        outs.append((qkv.copy(), cache))
+    assert np.isnan(ops._q).all()
+    close(outs[0][0], outs[1][0])
+    close(outs[0][1], outs[1][1])
