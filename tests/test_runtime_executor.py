@@ -183,6 +183,35 @@ def test_decode_steps_replay_their_bound_attention(llama160m, monkeypatch):
             monkeypatch.setattr(DecodeAttention, "__call__", looked_up)
 
 
+def test_decode_steps_replay_each_layers_recorded_calls(llama160m, monkeypatch):
+    """A plain layer's decode step (no KV hook, all-reduce, MoE or bias between its calls)
+    records its bound calls on the first step at a batch size and replays them after: no
+    later step binds or looks a call up for a layer (only the head's own), and the logits
+    are bit for bit those of an executor that never replays, at either batch size."""
+    _, model, _ = llama160m
+    runs = {r: Executor(model, max_batch=2, max_seq=32, max_tokens=16, ops="dsl", threads=2)
+            for r in ("replay", "bind")}
+    monkeypatch.setattr(runs["bind"], "_plain", lambda layer: False)
+    slots = {r: [ex.start(PROMPT)[0], ex.start(PROMPT[:3])[0]] for r, ex in runs.items()}
+    call = Executor._call
+
+    def head_only(self, layer, site, n_tok, bind):
+        if self is runs["replay"] and layer >= 0:
+            raise AssertionError(f"layer {layer}'s {site} was looked up in a replayed step")
+        return call(self, layer, site, n_tok, bind)
+
+    for step, tokens in enumerate(([3, 4], [5, 6], [7, 8], [9], [10])):
+        n = len(tokens)
+        if step in (1, 4):  # the first step at each batch size records; the others replay
+            monkeypatch.setattr(Executor, "_call", head_only)
+        elif step == 3:
+            monkeypatch.setattr(Executor, "_call", call)
+        out = {r: ex.decode(slots[r][:n], tokens).copy() for r, ex in runs.items()}
+        np.testing.assert_array_equal(out["replay"], out["bind"])
+    assert len(runs["replay"]._programs) == 2 * model.config.num_hidden_layers
+    assert not runs["bind"]._programs
+
+
 def test_capacity_errors_leave_other_sequences_running(llama160m):
     _, model, _ = llama160m
     ex = Executor(model, max_batch=2, max_seq=12, max_tokens=8)
