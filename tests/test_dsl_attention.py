@@ -247,10 +247,10 @@ def test_rope_kv_runs_on_the_qkv_rows_at_one_token_too(t):
     from sandwich.runtime.ops_dsl import DslOps
     from sandwich.runtime.ops_fallback import NumpyOps
 
-    h, kvh, d = 3, 1, 64
-    ops = DslOps(max_tokens=4, max_batch=4, heads=h, kv_heads=kvh, head_dim=d, hidden=192,
-                 intermediate=256, max_seq=16, cpu=CPU, threads=2)
-    ref = NumpyOps(max_tokens=4, heads=h, head_dim=d, max_seq=16)
+    h, kvh, d = 12, 12, 64  # Llama-160M's executor tests build these kernels (the build cache)
+    ops = DslOps(max_tokens=16, max_batch=2, heads=h, kv_heads=kvh, head_dim=d, hidden=768,
+                 intermediate=3072, max_seq=32, cpu=CPU, threads=2)
+    ref = NumpyOps(max_tokens=16, heads=h, head_dim=d, max_seq=32)
     ang = np.arange(16, dtype=np.float32)[:, None] * np.float32(0.1) ** np.arange(d // 2, dtype=np.float32)
     cos, sin = aligned_zeros(ang.shape), aligned_zeros(ang.shape)
     cos[...], sin[...] = np.cos(ang), np.sin(ang)
@@ -258,7 +258,7 @@ def test_rope_kv_runs_on_the_qkv_rows_at_one_token_too(t):
     init = rand(t, (h + 2 * kvh) * d)
     outs = []
     for o in (ops, ref):
-        qkv = aligned_zeros((4, (h + 2 * kvh) * d))[:t]  # the executor's buffer and views
+        qkv = aligned_zeros((16, (h + 2 * kvh) * d))[:t]  # the executor's buffer and views
         qkv[...] = init
         q = qkv[:, : h * d].reshape(t, -1, d)
         k = qkv[:, h * d: (h + kvh) * d].reshape(t, -1, d)
