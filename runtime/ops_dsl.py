@@ -52,6 +52,15 @@ def _pow2_at_most(n: int, cap: int) -> int:
     return p
 
 
+def _follows(b: np.ndarray, a: np.ndarray) -> bool:
+    """Whether b's (T, ., D) heads follow a's in each row of one buffer: b starts where a's
+    heads end, with a's strides (but one row's first, which numpy sets from each view's own
+    width)."""
+    first = 1 if a.shape[0] == 1 else 0
+    return (b.dtype == a.dtype and b.strides[first:] == a.strides[first:]
+            and b.ctypes.data == a.ctypes.data + a.shape[1] * a.shape[2] * a.itemsize)
+
+
 def leading_heads(q: np.ndarray, k: np.ndarray, width: int = 0) -> np.ndarray | None:
     """The (T, R, D) rows whose first heads are q's (T, H, D) and then k's (T, KVH, D) (the
     fused QKV GEMM's output, v's heads after them): dsl_attention.head_rows of q where k's
@@ -59,10 +68,7 @@ def leading_heads(q: np.ndarray, k: np.ndarray, width: int = 0) -> np.ndarray | 
     sets from their own widths) span `width` heads (at least H + KVH): the caller has
     checked that the heads up to there follow k's in the row."""
     t, h, d = q.shape
-    first = 1 if t == 1 else 0  # one row's first stride is numpy's, not its buffer's
-    if (k.dtype != q.dtype or (k.shape[0], k.shape[2]) != (t, d)
-            or k.strides[first:] != q.strides[first:]
-            or k.ctypes.data != q.ctypes.data + h * d * q.itemsize):
+    if (k.shape[0], k.shape[2]) != (t, d) or not _follows(k, q):
         return None
     rows = head_rows(q, max(width, h + k.shape[1]))
     if rows is None or rows.shape[1] < h + k.shape[1]:
@@ -165,10 +171,8 @@ class DslOps(NumpyOps):
         the RoPE kernel on compact copies (below), then numpy's stores."""
         t = q.shape[0]
         h, kvh, d = self.dims
-        first = 1 if t == 1 else 0  # as in leading_heads
-        after_k = v.strides[first:] == k.strides[first:] and \
-            v.ctypes.data == k.ctypes.data + kvh * d * k.itemsize  # v's heads follow k's
-        rows = None if norms is not None or not after_k else leading_heads(q, k, h + 2 * kvh)
+        rows = (None if norms is not None or not _follows(v, k)
+                else leading_heads(q, k, h + 2 * kvh))
         if (rows is None or rows.shape[1] < h + 2 * kvh
                 or any(c.dtype != np.float32 for c in (k_cache, v_cache))):
             rope = self._bind_rope(q, k, positions, cos, sin, norms)

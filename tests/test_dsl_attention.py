@@ -240,7 +240,7 @@ def test_amx_prefill_attention_reads_a_cache_of_either_type(kv):
 def test_rope_kv_runs_on_the_qkv_rows_at_one_token_too(t):
     """The executor's q, k, v are views of the fused QKV rows, and rope_kv rotates and stores
     them where they lie. A decode step's single row has numpy's own first stride for each view
-    (q's row 9 heads wide, k's 3), which made the ops take the fallback (compact copies, numpy
+    (q's row H heads wide, k's KVH), which made the ops take the fallback (compact copies, numpy
     stores: 10 of a SmolLM2 decode layer's 145 us on a Zen 3); it must not, and must match the
     numpy ops. The compact-copy buffer is filled with NaN: the fused path never touches it."""
     from sandwich.compiler.buffers import aligned_zeros
