@@ -687,3 +687,69 @@ def test_a_measure_that_times_many_at_once_gets_whole_rounds():
         assert batched.tune_m(m).schedule == one.tune_m(m).schedule
     assert max(sizes) > 1 and [t.schedule for t in batched.trials] != []
     assert sorted(t.schedule.key() for t in batched.trials) == sorted(t.schedule.key() for t in one.trials)
+
+
+def test_cache_blocked_slice_sizes_its_blocks_from_the_caches():
+    from sandwich.tuner.space import cache_blocked_slice
+
+    zen3 = dict(l1_bytes=32 * 1024, l2_bytes=512 * 1024)
+    split_m = Polymerization(2, 1, 1)
+    # a 6 x 16 fp32 tile's panel (16 x 256 x 4 B) is half of L1; 8 such panels a quarter of L2
+    assert cache_blocked_slice(MicroKernel(6, 16), 1024, 32000, 768, split_m, **zen3) == \
+        ComputeSlice(12, 128, 256)
+    # 24 wide: b_k rounds down to cache lines of fp32 (170 -> 160), 8 panels of 15 KiB
+    assert cache_blocked_slice(MicroKernel(4, 24), 1024, 2304, 768, split_m, **zen3) == \
+        ComputeSlice(8, 192, 160)
+    spr = dict(l1_bytes=48 * 1024, l2_bytes=2 * 1024 * 1024)
+    assert cache_blocked_slice(MicroKernel(8, 48), 1024, 2304, 768, Polymerization(1, 2, 1),
+                               **spr) == ComputeSlice(16, 1008, 128)
+    # clamped so that every thread keeps work: K of 64, 48 rows over two threads
+    assert cache_blocked_slice(MicroKernel(6, 16), 48, 32000, 64, split_m, **zen3) == \
+        ComputeSlice(12, 128, 64)
+
+
+def _blocked_search(fn, **settings):
+    meas = FakeMeasure(fn)
+    s = SandwichSearch(n=1024, k=512, pack_n=64, micro_kernels=[MicroKernel(4, 64)], threads=2,
+                       measure=meas, caches=(32 * 1024, 512 * 1024),
+                       settings=SearchSettings(blocked_from=128, **settings))
+    return s, meas
+
+
+BLOCKED = ComputeSlice(8, 512, 64)  # 4 x 64 at L1 32 KiB, L2 512 KiB
+
+
+def test_prefill_searches_time_the_cache_blocked_slice_and_keep_it_only_when_faster():
+    def fn(s, m, gain=2.0):  # _good ranks the blocked slice at 0.57 of its own best
+        return _good(s, m) * (gain if s.slice == BLOCKED and s.polymerization.t_m == 2 else 1.0)
+
+    search, meas = _blocked_search(fn)
+    assert search.tune_m(64).schedule.slice != BLOCKED  # below blocked_from: never timed
+    assert all(s.slice != BLOCKED for s, _ in meas.calls)
+    res = search.tune_m(256)
+    assert res.schedule.slice == BLOCKED and res.schedule.polymerization == Polymerization(2, 1, 1)
+    # timed again beside the search's own best before it won
+    again = [t.schedule for t in search.trials if t.m == 256 and t.phase == "blocked"]
+    assert again.count(res.schedule) == 2 and len(set(again)) == 3  # 2 rivals, 1 best
+
+    slower, _ = _blocked_search(lambda s, m: fn(s, m, gain=1.7))  # 0.97 of the best
+    assert slower.tune_m(256).schedule.slice != BLOCKED
+    plain = SandwichSearch(n=1024, k=512, pack_n=64, micro_kernels=[MicroKernel(4, 64)],
+                           threads=2, measure=FakeMeasure(fn),
+                           settings=SearchSettings(blocked_from=128))  # caches unknown
+    assert plain.tune_m(256).schedule.slice != BLOCKED
+
+
+def test_a_frozen_schedule_gives_way_to_a_faster_cache_blocked_slice():
+    def fn(s, m):
+        return _good(s, 32) * (2.0 if s.slice == BLOCKED else 1.0)
+
+    search, _ = _blocked_search(fn, sigma=2, reuse_patience=2)
+    for m in (8, 16, 32):
+        search.tune_m(m)
+    frozen = search.state.frozen
+    assert frozen is not None and frozen.slice != BLOCKED
+    res = search.tune_m(128)
+    assert res.schedule.slice == BLOCKED and not res.reused
+    assert search.state.frozen == res.schedule  # later Ms reuse it
+    assert search.tune_m(256).reused

@@ -51,6 +51,10 @@ class Budget:
         return self.measure_share if asked is None else asked
 
 
+# prefill Ms, compute-bound: from here the search also times the slice the caches ask for
+# (SearchSettings.blocked_from); tiny (tests) leaves it out
+BLOCKED_FROM = 128
+
 BUDGETS = {
     # tiny (tests, a smoke run) leaves split-K out: it built and checked a second kernel per
     # shape for a scheme that at M <= 2 wins by noise (tests/test_gemm_dsl.py checks it); its
@@ -60,14 +64,16 @@ BUDGETS = {
                    mk_widths=1, dense_until=2, per_octave=1, machine_model=False, repeat=3,
                    min_repeat_ms=3),
     "quick": Budget("quick", SearchSettings(sigma=4, mk_keep=1, finetune_steps=1, reuse_patience=2,
-                                                 max_seconds_per_m=6.0, skinny_rounds=3),
+                                                 max_seconds_per_m=6.0, skinny_rounds=3,
+                                                 blocked_from=BLOCKED_FROM),
                     mk_widths=1, dense_until=4, per_octave=1),
     "default": Budget("default", SearchSettings(sigma=16, mk_keep=2, finetune_steps=2, reuse_patience=2,
                                                      max_seconds_per_m=12.0, min_trials_per_m=10,
-                                                     skinny_rounds=5, refine_from=256),
+                                                     skinny_rounds=5, refine_from=256,
+                                                     blocked_from=BLOCKED_FROM),
                       mk_widths=2, dense_until=4, per_octave=2, sparse_from=256, measure_share=0.25),
     "full": Budget("full", SearchSettings(sigma=16, mk_keep=4, finetune_steps=6, reuse_patience=3,
-                                               skinny_rounds=9),
+                                               skinny_rounds=9, blocked_from=BLOCKED_FROM),
                    mk_widths=3, dense_until=16, per_octave=4),
 }
 

@@ -17,6 +17,7 @@ from sandwich.tuner.measure import Measure
 from sandwich.tuner.space import (
     K_UNIT,
     align,
+    cache_blocked_slice,
     clamp,
     polymerizations,
     slice_caps,
@@ -51,6 +52,9 @@ class SearchSettings:
     max_seconds_per_m: float | None = None  # past this, candidates count as no gain ...
     min_trials_per_m: int = 0  # ... once this many were measured at the M (long calls need them)
     refine_from: int | None = None  # from this M on, a search refines the last winner
+    # from this M on, fp32 searches also time the winner's tile at the slice the caches ask
+    # for (space.cache_blocked_slice), and so does a frozen schedule's reuse
+    blocked_from: int | None = None
     # a candidate whose bound (tuner/search_bound.py), this much higher, is below the best
     # measured at its M is dropped: Zen 4's int rows reach up to 107% of their MTX bound
     # (the scaling ops overlap the dot products), and a timing can land in fast DRAM
@@ -67,7 +71,7 @@ class Trial:
     """One measured candidate, for the per-step log."""
 
     m: int
-    phase: str  # "probe" | "fast_start" | "finetune" | "reuse" | "confirm" | "round"
+    phase: str  # "probe" | "fast_start" | "finetune" | "reuse" | "confirm" | "round" | "blocked"
     schedule: KernelSchedule
     gflops: float
 
@@ -111,8 +115,10 @@ class SandwichSearch:
                  clock: Callable[[], float] = time.perf_counter, dtype: str = "float32",
                  guide: Guide | None = None,
                  bound: Callable[[KernelSchedule, int], float] | None = None,
-                 lanes: int | None = None, batch_tile: MicroKernel | None = None) -> None:
+                 lanes: int | None = None, batch_tile: MicroKernel | None = None,
+                 caches: tuple[int, int] | None = None) -> None:
         self.n, self.k, self.pack_n, self.dtype = n, k, pack_n, dtype
+        self.caches = caches  # one core's L1d and L2 bytes: the cache-blocked slice's sizes
         self.batch_tile = batch_tile  # a narrower tile skinny M also tries (space.decode_batch_tile)
         self.lanes = lanes  # f32 lanes a vector: which tiles run fp32 prefill's unrolled loop
         self.all_mks = list(micro_kernels)
@@ -382,6 +388,33 @@ class SandwichSearch:
         rerun = [(self._seen[(s, m)], s) for s in scheds]
         return max(rerun + [best], key=lambda t: t[0])
 
+    def _cache_blocked(self, m: int, best: tuple[float, KernelSchedule],
+                       mks: Sequence[MicroKernel]) -> tuple[float, KernelSchedule]:
+        """`best`, or a cache-blocked slice of one of `mks` (space.cache_blocked_slice, under
+        each polymerization that splits M or N) that beats it by min_gain, both timed again
+        first so that one lucky run does not decide. fp32 weights, from `blocked_from` on,
+        where the search knows the caches; else `best`."""
+        if (self.caches is None or self.dtype != "float32" or self.settings.blocked_from is None
+                or m < self.settings.blocked_from):
+            return best
+        l1, l2 = self.caches
+        rivals = list(dict.fromkeys(
+            self._schedule(mk, cache_blocked_slice(mk, m, self.n, self.k, pl, l1_bytes=l1,
+                                                   l2_bytes=l2), pl)
+            for mk in mks for pl in polymerizations(self.threads, split_k=False)
+            if useful(pl, m, self.n, self.k, mk)))
+        rivals = [r for r in rivals if r != best[1]]
+        if not rivals:
+            return best
+        g, rival = max(zip(self._eval_many(rivals, m, "blocked"), rivals, strict=True),
+                       key=lambda t: t[0])
+        if g <= best[0] * (1 + self.settings.min_gain) or self._time_spent():
+            return best
+        if (best[1], m) in self._seen:  # else only the rival ran at this M
+            self._remeasure([best[1], rival], m, "blocked")
+        g, g0 = self._seen[(rival, m)], max(best[0], self._seen.get((best[1], m), 0.0))
+        return (g, rival) if g > g0 * (1 + self.settings.min_gain) else (g0, best[1])
+
     def _remeasure(self, scheds: Sequence[KernelSchedule], m: int, phase: str) -> list[float]:
         """Time already measured candidates again (together where the measure can); each
         keeps its better run, and the new runs are returned."""
@@ -536,7 +569,11 @@ class SandwichSearch:
                 # at M = 1024 and searched 310 s for nothing faster); one more timing settles it
                 g = max(g, *self._remeasure([frozen], m, "reuse"))
             if g >= floor:
-                res = MResult(m, frozen, g, len(self.trials) - n0, self.clock() - t0, reused=True)
+                g, sched = self._cache_blocked(m, (g, frozen), [frozen.micro_kernel])
+                if sched != frozen:  # later Ms reuse the faster slice
+                    self.state.frozen, self.state.frozen_gflops = sched, g
+                res = MResult(m, sched, g, len(self.trials) - n0, self.clock() - t0,
+                              reused=sched == frozen)
                 self._record(res)
                 return res
             # the frozen schedule fell off at this M: refine it (fast start from its slice
@@ -582,6 +619,7 @@ class SandwichSearch:
         assert best is not None
         if hist and prev >= best[0]:
             best = (prev, hist[-1].schedule)
+        best = self._cache_blocked(m, best, mks)
         best = self._rounds(m, best) if self._skinny_rounds(m) else self._confirm(m, best)
         stable = bool(hist) and prev * (1 + self.settings.reuse_gain) >= best[0]
         res = MResult(m, best[1], best[0], len(self.trials) - n0, self.clock() - t0, stable=stable)

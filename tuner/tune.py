@@ -247,7 +247,8 @@ def _tune_shape(measure: TvmMeasure | RpcMeasure | RpcPool, *, names: list[str],
                                                         panel_gflops=panels),
                             threads=threads, measure=clocked, settings=budget.settings,
                             dtype=op.dtype, guide=guide, bound=bound, lanes=isa.lanes,
-                            batch_tile=_batch_tile(isa, op, pack_n, budget, cache.cpu.bf16_dot))
+                            batch_tile=_batch_tile(isa, op, pack_n, budget, cache.cpu.bf16_dot),
+                            caches=(cache.cpu.l1d_bytes, cache.cpu.l2_bytes))
     records = cache.records(op.n, op.k, op.dtype, threads)
     if any(r.record.schedule.pack_n != pack_n for r in records):
         # tuned for another weight layout (an older sandwichc): every M shares one packing,
