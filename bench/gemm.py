@@ -73,6 +73,12 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else 0.0
 
 
+def ratio_text(x: float) -> str:
+    """A summary's geomean as the reports print it: 0 stands for no rows (an --m list of
+    prefill Ms has none at M <= 64)."""
+    return f"{x:.2f}" if x > 0 else "none (no such rows)"
+
+
 def summarize(rows: list[dict], peers: list[str], peak: float, tile: float = 0.0) -> dict:
     """Geomean speedup over the best peer per row; fraction of peak for large M, and of the
     L1-fed register tile's rate (`tile`, 0 when not measured)."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sandwich.bench.gemm import ratio_text
+
 
 def write_markdown(res, path: Path) -> None:
     js = res.to_json()
@@ -28,8 +30,8 @@ def write_markdown(res, path: Path) -> None:
         "- OpenVINO, rotated: one compiled model holds every weight copy (one model per copy would"
         " start a thread pool each); its time per call is divided by the copies",
         "",
-        f"**Geomean speedup over the best peer per row: {s['geomean_speedup_all']:.2f} overall, "
-        f"{s['geomean_speedup_m_le_64']:.2f} for M <= 64.** Rows with M >= 512 reach "
+        f"**Geomean speedup over the best peer per row: {ratio_text(s['geomean_speedup_all'])} "
+        f"overall, {ratio_text(s['geomean_speedup_m_le_64'])} for M <= 64.** Rows with M >= 512 reach "
         f"{100 * s['geomean_fraction_of_peak_m_ge_512']:.0f}% of the measured peak on average "
         f"(min {100 * s['min_fraction_of_peak_m_ge_512']:.0f}%) by their median repeat, "
         f"{100 * s['geomean_best_fraction_of_peak_m_ge_512']:.0f}% (min "

@@ -278,7 +278,7 @@ def report_paths(json_out: str | None, md: str | None, png: str | None,
 def _run(args) -> int:
     from tqdm import tqdm
 
-    from sandwich.bench.gemm import run_bench
+    from sandwich.bench.gemm import ratio_text, run_bench
     from sandwich.bench.gemm_report import write_markdown, write_png
     from sandwich.tuner.kernel_cache import KernelCache
 
@@ -304,8 +304,8 @@ def _run(args) -> int:
     write_markdown(res, Path(args.md))
     write_png(res, Path(args.png))
     s = res.to_json()["summary"]
-    print(f"geomean speedup over the best peer: all {s['geomean_speedup_all']:.2f}, "
-          f"M<=64 {s['geomean_speedup_m_le_64']:.2f}; M>=512 at "
+    print(f"geomean speedup over the best peer: all {ratio_text(s['geomean_speedup_all'])}, "
+          f"M<=64 {ratio_text(s['geomean_speedup_m_le_64'])}; M>=512 at "
           f"{100 * s['geomean_fraction_of_peak_m_ge_512']:.0f}% of peak (min "
           f"{100 * s['min_fraction_of_peak_m_ge_512']:.0f}%)")
     print(f"wrote {args.json_out}, {args.md}, {args.png}")
