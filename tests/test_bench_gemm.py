@@ -34,12 +34,17 @@ def test_summary_geomeans_and_peak_fraction():
     assert s["geomean_fraction_of_tile_m_ge_512"] == 0.0  # not measured: no figure
 
 
-def test_a_prefill_only_run_says_it_has_no_small_m_rows(tmp_path):
+def test_a_run_without_small_or_large_m_rows_says_so(tmp_path):
     res = BenchResult("sandwichc bench gemm --m 512", "2026-01-01", "test cpu", 2, 200.0, 25.0,
                       ["numpy"], [], rows=[_row(512, 180.0, 150.0)])
     write_markdown(res, tmp_path / "g.md")
     text = (tmp_path / "g.md").read_text()
     assert "1.20 overall, none (no such rows) for M <= 64" in text and "0.00" not in text
+    decode = BenchResult("sandwichc bench gemm --m 1", "2026-01-01", "test cpu", 2, 200.0, 25.0,
+                         ["numpy"], [], rows=[_row(1, 20.0, 10.0)])
+    write_markdown(decode, tmp_path / "d.md")
+    text = (tmp_path / "d.md").read_text()
+    assert "No rows with M >= 512" in text and "reach 0%" not in text
 
 
 def test_reports_are_written(tmp_path):
