@@ -180,10 +180,10 @@ def clamp(s: ComputeSlice, caps: ComputeSlice) -> ComputeSlice:
 
 
 def cache_blocked_slice(mk: MicroKernel, m: int, n: int, k: int, pl: Polymerization, *,
-                        l1_bytes: int, l2_bytes: int, weight_bytes: float = 4.0) -> ComputeSlice:
-    """The slice this CPU's caches ask for at a compute-bound (prefill) M, sized as BLIS's
-    analytical model sizes its blocks (Low et al., TOMS 2016) for the family's loop order:
-    a tile's panel of weights (mu_n x b_k) takes half of L1, the row block of A that every
+                        l1_bytes: int, l2_bytes: int) -> ComputeSlice:
+    """The slice this CPU's caches ask for at a compute-bound (prefill) M, for fp32 weights
+    (4 bytes a value; the search asks it of fp32 only), sized as BLIS's analytical model
+    sizes its blocks (Low et al., TOMS 2016) for the family's loop order: a tile's panel of weights (mu_n x b_k) takes half of L1, the row block of A that every
     tile of the slice re-reads is two tiles tall (L1 holds it beside the panel), and the
     slice's weights (b_n x b_k), which every row block re-reads, a quarter of one core's L2.
     Clamped to what leaves each thread of `pl` work.
@@ -192,8 +192,8 @@ def cache_blocked_slice(mk: MicroKernel, m: int, n: int, k: int, pl: Polymerizat
     stop it early: on Zen 3 (2 threads) a quick tune kept Llama-160M's lm_head (32000 x 768)
     at a 6 x 16 x 272 slice, one tile wide, 170 GFLOPS at M = 1024, where this slice,
     12 x 128 x 256 split along M, ran 184 (numpy 182) in the same rounds."""
-    b_k = max(K_UNIT, int(l1_bytes / (2 * mk.mu_n * weight_bytes)) // K_UNIT * K_UNIT)
-    tiles = max(1, int(l2_bytes / (4 * mk.mu_n * b_k * weight_bytes)))
+    b_k = max(K_UNIT, l1_bytes // (2 * mk.mu_n * 4) // K_UNIT * K_UNIT)
+    tiles = max(1, l2_bytes // (4 * mk.mu_n * b_k * 4))
     return clamp(ComputeSlice(2 * mk.mu_m, tiles * mk.mu_n, b_k), slice_caps(m, n, k, mk, pl))
 
 
